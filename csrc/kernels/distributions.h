@@ -1,0 +1,250 @@
+// The two ways a verification kernel sees one distribution over the vocabulary:
+//   ProbRow   - probabilities already in memory (the `verify` op);
+//   LogitRow  - raw logits plus sampling settings (the `verify_logits` op), turned into the
+//               processed distribution on demand: temperature, then top-k, then top-p, then
+//               min-p, each renormalising, exactly as the PyTorch reference documents.
+// Rules are templates over these, so one rule file serves both ops. Pure C++: no torch.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <limits>
+
+#include "kernels/common.h"
+
+namespace specdecode {
+namespace kernels {
+
+template <typename T>
+inline double to_double(T v) {
+  return static_cast<double>(static_cast<float>(v));
+}
+template <>
+inline double to_double<double>(double v) {
+  return v;
+}
+
+// Per-thread scratch buffers, each of V elements.
+struct Workspace {
+  double* a = nullptr;
+  double* b = nullptr;
+  float* select = nullptr;  // only LogitRow with top-k / top-p uses it
+};
+
+template <typename T>
+class ProbRow {
+ public:
+  ProbRow() = default;
+  ProbRow(const T* data, int64_t vocab_size) : data_(data), V_(vocab_size) {}
+
+  double prob(int64_t x) const { return to_double(data_[x]); }
+  void fill(double* out) const {
+    for (int64_t x = 0; x < V_; ++x) out[x] = to_double(data_[x]);
+  }
+  int64_t argmax() const {
+    int64_t best = 0;
+    double best_value = to_double(data_[0]);
+    for (int64_t x = 1; x < V_; ++x) {
+      const double value = to_double(data_[x]);
+      if (value > best_value) {
+        best_value = value;
+        best = x;
+      }
+    }
+    return best;
+  }
+  int32_t status() const { return kOk; }
+  int64_t vocab_size() const { return V_; }
+
+ private:
+  const T* data_ = nullptr;
+  int64_t V_ = 0;
+};
+
+struct SamplingParams {
+  double temperature = 1.0;  // > 0 here; temperature 0 is routed to the greedy rule
+  int64_t top_k = 0;         // 0 = off
+  double top_p = 1.0;        // 1 = off
+  double min_p = 0.0;        // 0 = off
+  bool filters() const { return top_k > 0 || top_p < 1.0 || min_p > 0.0; }
+};
+
+template <typename T>
+class LogitRow {
+ public:
+  LogitRow() = default;
+  LogitRow(const T* logits, int64_t vocab_size, const SamplingParams* params, Workspace* ws)
+      : logits_(logits), V_(vocab_size), params_(params), ws_(ws) {}
+
+  double prob(int64_t x) const {
+    prepare();
+    if (status_ != kOk) return 0.0;
+    const float l = static_cast<float>(logits_[x]);
+    if (!(l >= keep_logit_)) return 0.0;
+    const float e = fast_exp_nonpositive((l - max_logit_) * inv_temp_);
+    if (e < min_e_) return 0.0;
+    return static_cast<double>(e) * inv_norm_;
+  }
+
+  void fill(double* out) const {
+    prepare();
+    if (status_ != kOk) {
+      for (int64_t x = 0; x < V_; ++x) out[x] = 0.0;
+      return;
+    }
+    const float m = max_logit_, it = inv_temp_, keep = keep_logit_, min_e = min_e_;
+    const double inv_norm = inv_norm_;
+    const T* l = logits_;
+#pragma omp simd
+    for (int64_t x = 0; x < V_; ++x) {
+      const float lx = static_cast<float>(l[x]);
+      const float e = fast_exp_nonpositive((lx - m) * it);
+      const bool kept = (lx >= keep) && (e >= min_e);
+      out[x] = kept ? static_cast<double>(e) * inv_norm : 0.0;
+    }
+  }
+
+  // argmax of the processed distribution = argmax of the raw logits (ties: lowest id).
+  int64_t argmax() const {
+    const float inf = std::numeric_limits<float>::infinity();
+    int64_t best = 0;
+    float best_value = static_cast<float>(logits_[0]);
+    bool bad = (best_value != best_value) || (best_value == inf);
+    for (int64_t x = 1; x < V_; ++x) {
+      const float value = static_cast<float>(logits_[x]);
+      bad |= (value != value) || (value == inf);
+      if (value > best_value) {
+        best_value = value;
+        best = x;
+      }
+    }
+    if (bad) status_ = kNonFiniteLogit;
+    else if (best_value == -inf) status_ = kEmptyDistribution;
+    return best;
+  }
+
+  int32_t status() const { return status_; }
+  int64_t vocab_size() const { return V_; }
+
+ private:
+  float exp_at(float l) const { return fast_exp_nonpositive((l - max_logit_) * inv_temp_); }
+
+  void prepare() const {
+    if (prepared_) return;
+    prepared_ = true;
+    inv_temp_ = static_cast<float>(1.0 / params_->temperature);
+    // Pass 1: max, and catch NaN / +inf.
+    float m = -std::numeric_limits<float>::infinity();
+    int32_t bad = 0;
+    for (int64_t x = 0; x < V_; ++x) {
+      const float l = static_cast<float>(logits_[x]);
+      bad |= (l != l) | (l == std::numeric_limits<float>::infinity());
+      m = l > m ? l : m;
+    }
+    if (bad) {
+      status_ = kNonFiniteLogit;
+      return;
+    }
+    if (m == -std::numeric_limits<float>::infinity()) {
+      status_ = kEmptyDistribution;
+      return;
+    }
+    max_logit_ = m;
+    keep_logit_ = -std::numeric_limits<float>::infinity();
+    min_e_ = 0.0f;
+    if (params_->filters()) apply_filters();
+    // Pass 2: the normaliser of the kept tokens.
+    const float it = inv_temp_, keep = keep_logit_, min_e = min_e_;
+    double total = 0.0;
+    const int64_t kChunk = 2048;
+    for (int64_t start = 0; start < V_; start += kChunk) {
+      const int64_t stop = std::min(V_, start + kChunk);
+      float partial = 0.0f;
+#pragma omp simd reduction(+ : partial)
+      for (int64_t x = start; x < stop; ++x) {
+        const float lx = static_cast<float>(logits_[x]);
+        const float e = fast_exp_nonpositive((lx - m) * it);
+        partial += ((lx >= keep) && (e >= min_e)) ? e : 0.0f;
+      }
+      total += partial;
+    }
+    inv_norm_ = 1.0 / total;  // total >= 1: the max logit is always kept and has e = 1
+  }
+
+  // Sets keep_logit_ (top-k, then top-p) and min_e_ (min-p). Each filter keeps a set of the
+  // form {x : logit(x) >= threshold}, ties kept together, so thresholds compose.
+  void apply_filters() const {
+    const int64_t k = params_->top_k;
+    float* buf = ws_->select;
+    if (k > 0 && k < V_) {
+      for (int64_t x = 0; x < V_; ++x) buf[x] = static_cast<float>(logits_[x]);
+      std::nth_element(buf, buf + (k - 1), buf + V_, std::greater<float>());
+      keep_logit_ = buf[k - 1];  // keep every token whose logit ties the k-th largest
+    }
+    if (params_->top_p < 1.0) {
+      // Keep token x iff the mass (after top-k) of tokens strictly more likely than x is
+      // below top_p. Sort only a growing head of the kept logits: LLM rows are peaked.
+      int64_t n_kept = 0;
+      double total = 0.0;
+      for (int64_t x = 0; x < V_; ++x) {
+        const float l = static_cast<float>(logits_[x]);
+        if (l >= keep_logit_) {
+          buf[n_kept++] = l;
+          total += static_cast<double>(exp_at(l));
+        }
+      }
+      const double mass_limit = params_->top_p * total;
+      int64_t head = std::min<int64_t>(n_kept, 256);
+      float threshold = buf[0];
+      while (true) {
+        std::nth_element(buf, buf + (head - 1), buf + n_kept, std::greater<float>());
+        std::sort(buf, buf + head, std::greater<float>());
+        double mass_above = 0.0;
+        bool need_more = false;
+        int64_t i = 0;
+        threshold = buf[0];
+        while (i < head) {
+          const float v = buf[i];
+          if (!(mass_above < mass_limit)) break;
+          int64_t j = i;
+          while (j < head && buf[j] == v) ++j;
+          if (j == head && head < n_kept) {  // this group may continue past the head
+            need_more = true;
+            break;
+          }
+          threshold = v;
+          mass_above += static_cast<double>(exp_at(v)) * static_cast<double>(j - i);
+          i = j;
+        }
+        if (!need_more) break;
+        head = std::min<int64_t>(n_kept, head * 4);
+      }
+      keep_logit_ = std::max(keep_logit_, threshold);
+    }
+    if (params_->min_p > 0.0) min_e_ = static_cast<float>(params_->min_p);
+  }
+
+  const T* logits_ = nullptr;
+  int64_t V_ = 0;
+  const SamplingParams* params_ = nullptr;
+  Workspace* ws_ = nullptr;
+  mutable bool prepared_ = false;
+  mutable int32_t status_ = kOk;
+  mutable float max_logit_ = 0.0f;
+  mutable float inv_temp_ = 1.0f;
+  mutable float keep_logit_ = 0.0f;
+  mutable float min_e_ = 0.0f;
+  mutable double inv_norm_ = 0.0;
+};
+
+// Draw from a distribution with one uniform (inverse CDF over the processed probabilities).
+template <class Dist>
+inline int64_t sample_distribution(const Dist& dist, double u, double* scratch) {
+  dist.fill(scratch);
+  return sample_from_weights(scratch, dist.vocab_size(), u);
+}
+
+}  // namespace kernels
+}  // namespace specdecode

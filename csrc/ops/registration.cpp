@@ -1,0 +1,21 @@
+// The one place where every specdecode op schema is declared. Implementations register per
+// backend with TORCH_LIBRARY_IMPL (verify_cpu.cpp, verify_cuda.cu); fake (meta) kernels for
+// torch.compile live in python/specdecode/_meta.py.
+#include <torch/library.h>
+
+TORCH_LIBRARY(specdecode, m) {
+  // Verification from probabilities. Shapes: target_probs [B, gamma+1, V], draft_probs
+  // [B, gamma, V] or None, draft_tokens [B, gamma] int64, num_draft_tokens [B] int64,
+  // uniforms [B, gamma+1] float64 (column i < gamma: coin of draft i; column gamma: the
+  // emitted token's inverse-CDF coin). Returns tokens [B, gamma+1] int64 (-1 padded) and
+  // accepted_len [B] int64.
+  m.def(
+      "verify_probs(Tensor target_probs, Tensor? draft_probs, Tensor draft_tokens, "
+      "Tensor num_draft_tokens, Tensor uniforms, str rule, float[] rule_params) -> (Tensor, Tensor)");
+  // Verification from raw logits with standardized sampling (temperature, top-k, top-p,
+  // min-p applied to target and draft alike inside the op). temperature 0 = greedy.
+  m.def(
+      "verify_logits(Tensor target_logits, Tensor? draft_logits, Tensor draft_tokens, "
+      "Tensor num_draft_tokens, Tensor uniforms, float temperature, int top_k, float top_p, "
+      "float min_p, str rule, float[] rule_params) -> (Tensor, Tensor)");
+}

@@ -1,0 +1,39 @@
+"""specdecode: speculative decoding for Hugging Face models, with every verification rule
+implemented in compiled code and proven lossless by test.
+
+>>> import torch, specdecode
+>>> p = torch.softmax(torch.randn(1, 4, 50), -1)            # target p_1..p_4
+>>> q = torch.softmax(torch.randn(1, 3, 50), -1)            # draft q_1..q_3
+>>> x = torch.multinomial(q[0], 1).T                        # drafted tokens [1, 3]
+>>> out = specdecode.verify(p, q, x, rule="block")
+>>> out.tokens, out.accepted_len                            # [1, 4] (-1 padded), [1]
+"""
+
+from specdecode import _meta  # noqa: F401  (fake kernels for torch.compile)
+from specdecode._ops import build_info
+from specdecode.analysis import (
+    acceptance_rate,
+    expected_speedup,
+    expected_tokens_per_call,
+    optimal_num_draft_tokens,
+)
+from specdecode.reference import VerifyOutput
+from specdecode.rules import RuleInfo, list_rules, register_rule, unregister_rule
+from specdecode.verify import verify, verify_logits
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "RuleInfo",
+    "VerifyOutput",
+    "acceptance_rate",
+    "build_info",
+    "expected_speedup",
+    "expected_tokens_per_call",
+    "list_rules",
+    "optimal_num_draft_tokens",
+    "register_rule",
+    "unregister_rule",
+    "verify",
+    "verify_logits",
+]

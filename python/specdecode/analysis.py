@@ -1,0 +1,68 @@
+"""Analysis formulas of speculative decoding (Leviathan et al. 2022, §3; spec §9).
+
+>>> round(expected_speedup(alpha=0.8, num_draft_tokens=5, cost_ratio=0.0), 2)
+3.69
+>>> optimal_num_draft_tokens(alpha=0.8, cost_ratio=0.05)
+8
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def _check_alpha(alpha: float) -> float:
+    alpha = float(alpha)
+    if not 0.0 <= alpha <= 1.0:
+        raise ValueError(f"alpha: expected an acceptance rate in [0, 1], got {alpha}")
+    return alpha
+
+
+def _check_gamma(num_draft_tokens: int) -> int:
+    if isinstance(num_draft_tokens, bool) or int(num_draft_tokens) != num_draft_tokens or num_draft_tokens < 0:
+        raise ValueError(f"num_draft_tokens: expected an int >= 0, got {num_draft_tokens!r}")
+    return int(num_draft_tokens)
+
+
+def acceptance_rate(target_probs: Tensor, draft_probs: Tensor) -> Tensor:
+    """``beta = sum_x min(p(x), q(x)) = 1 - TV(p, q)`` per distribution pair.
+
+    Shape:
+        target_probs, draft_probs: ``[..., V]``; returns ``[...]``.
+    """
+    if target_probs.shape != draft_probs.shape:
+        raise ValueError(
+            f"draft_probs: expected the shape of target_probs {tuple(target_probs.shape)}, got {tuple(draft_probs.shape)}"
+        )
+    return torch.minimum(target_probs, draft_probs).sum(-1)
+
+
+def expected_tokens_per_call(alpha: float, num_draft_tokens: int) -> float:
+    """Expected tokens emitted per target call: ``(1 - alpha^(gamma+1)) / (1 - alpha)``."""
+    alpha, gamma = _check_alpha(alpha), _check_gamma(num_draft_tokens)
+    if alpha == 1.0:
+        return float(gamma + 1)
+    return (1.0 - alpha ** (gamma + 1)) / (1.0 - alpha)
+
+
+def expected_speedup(alpha: float, num_draft_tokens: int, cost_ratio: float) -> float:
+    """Expected wall-time improvement ``(1 - alpha^(gamma+1)) / ((1 - alpha)(gamma c + 1))``,
+    with ``c = cost_ratio = t_draft / t_target`` per call."""
+    if not cost_ratio >= 0.0:
+        raise ValueError(f"cost_ratio: expected c = t_draft / t_target >= 0, got {cost_ratio}")
+    gamma = _check_gamma(num_draft_tokens)
+    return expected_tokens_per_call(alpha, gamma) / (gamma * cost_ratio + 1.0)
+
+
+def expected_work_increase(alpha: float, num_draft_tokens: int, cost_ratio: float) -> float:
+    """Expected growth of arithmetic work ``(1 - alpha)(gamma c + gamma + 1) / (1 - alpha^(gamma+1))``."""
+    gamma = _check_gamma(num_draft_tokens)
+    return (gamma * cost_ratio + gamma + 1.0) / expected_tokens_per_call(alpha, gamma)
+
+
+def optimal_num_draft_tokens(alpha: float, cost_ratio: float, max_num_draft_tokens: int = 64) -> int:
+    """The ``gamma`` in ``1..max_num_draft_tokens`` that maximises :func:`expected_speedup`."""
+    _check_alpha(alpha)
+    best = max(range(1, max_num_draft_tokens + 1), key=lambda g: (expected_speedup(alpha, g, cost_ratio), -g))
+    return best

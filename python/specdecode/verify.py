@@ -1,0 +1,284 @@
+"""Public verification API: ``verify`` (from probabilities) and ``verify_logits`` (from raw
+logits, with standardized sampling inside the compiled op)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from specdecode import reference
+from specdecode._ops import ops
+from specdecode.reference import VerifyOutput
+from specdecode.rules import RuleInfo, builtin_rule_params, get_rule
+
+_FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+# How far a probability row may sum from 1 before verify() calls it bad input.
+_SUM_TOLERANCE = {torch.float64: 1e-6, torch.float32: 1e-4, torch.float16: 2e-2, torch.bfloat16: 2e-2}
+
+
+def _check_tensor(name: str, value: Any, ndim: int, shape_text: str) -> Tensor:
+    if not isinstance(value, Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor of shape {shape_text}, got {type(value).__name__}")
+    if value.dim() != ndim:
+        raise ValueError(f"{name}: expected shape {shape_text}, got {tuple(value.shape)}")
+    return value
+
+
+def _check_dist_tensor(name: str, value: Any, shape_text: str) -> Tensor:
+    value = _check_tensor(name, value, 3, shape_text)
+    if value.dtype not in _FLOAT_DTYPES:
+        raise TypeError(f"{name}: expected float32, float16 or bfloat16 (or float64), got {value.dtype}")
+    return value
+
+
+def _prepare_common(
+    target_name: str,
+    target: Tensor,
+    draft_name: str,
+    draft: Tensor | None,
+    draft_tokens: Tensor,
+    num_draft_tokens: Tensor | None,
+    generator: torch.Generator | None,
+    uniforms: Tensor | None,
+    info: RuleInfo,
+    check_values: bool = True,
+) -> tuple[Tensor, Tensor]:
+    """Shape, dtype and device checks shared by verify and verify_logits. Returns the filled-in
+    ``num_draft_tokens`` [B] int64 and ``uniforms`` [B, gamma+1] float64."""
+    _check_dist_tensor(target_name, target, "[B, gamma+1, V]")
+    _check_tensor("draft_tokens", draft_tokens, 2, "[B, gamma]")
+    if draft_tokens.dtype != torch.int64:
+        raise TypeError(f"draft_tokens: expected int64, got {draft_tokens.dtype}")
+    B, gamma = draft_tokens.shape
+    V = target.shape[2]
+    device = target.device
+    if gamma < 1:
+        raise ValueError(f"draft_tokens: expected shape [B, gamma] with gamma >= 1, got {tuple(draft_tokens.shape)}")
+    if V < 1:
+        raise ValueError(f"{target_name}: the vocabulary dimension must be >= 1, got {tuple(target.shape)}")
+    if tuple(target.shape[:2]) != (B, gamma + 1):
+        raise ValueError(
+            f"{target_name}: expected shape [B, gamma+1, V] = [{B}, {gamma + 1}, V] "
+            f"(from draft_tokens [{B}, {gamma}]), got {tuple(target.shape)}"
+        )
+    if draft_tokens.device != device:
+        raise ValueError(f"draft_tokens: expected device {device} (that of {target_name}), got {draft_tokens.device}")
+    if draft is None:
+        if info.needs_draft_probs:
+            raise ValueError(f"{draft_name}: rule {info.name!r} needs the draft's distributions, shape [B, gamma, V]")
+    else:
+        _check_dist_tensor(draft_name, draft, "[B, gamma, V]")
+        if tuple(draft.shape) != (B, gamma, V):
+            raise ValueError(
+                f"{draft_name}: expected shape [B, gamma, V] = [{B}, {gamma}, {V}], got {tuple(draft.shape)}"
+                + (" (the vocabulary sizes of target and draft differ)" if draft.shape[2] != V else "")
+            )
+        if draft.dtype != target.dtype:
+            raise TypeError(f"{draft_name}: expected dtype {target.dtype} (that of {target_name}), got {draft.dtype}")
+        if draft.device != device:
+            raise ValueError(f"{draft_name}: expected device {device} (that of {target_name}), got {draft.device}")
+
+    if num_draft_tokens is None:
+        num_draft_tokens = torch.full((B,), gamma, dtype=torch.int64, device=device)
+    else:
+        _check_tensor("num_draft_tokens", num_draft_tokens, 1, f"[B] = [{B}]")
+        if num_draft_tokens.shape[0] != B:
+            raise ValueError(f"num_draft_tokens: expected shape [B] = [{B}], got {tuple(num_draft_tokens.shape)}")
+        if num_draft_tokens.dtype != torch.int64:
+            raise TypeError(f"num_draft_tokens: expected int64, got {num_draft_tokens.dtype}")
+        if num_draft_tokens.device != device:
+            raise ValueError(f"num_draft_tokens: expected device {device}, got {num_draft_tokens.device}")
+        if check_values and bool(((num_draft_tokens < 0) | (num_draft_tokens > gamma)).any()):
+            raise ValueError(f"num_draft_tokens: every entry must lie in [0, gamma] = [0, {gamma}]")
+
+    # The compiled ops check these too (ValueError naming the row); checking here first gives
+    # the friendlier message at the cost of a few small tensor ops.
+    if check_values:
+        used = torch.arange(gamma, device=device)[None, :] < num_draft_tokens[:, None]
+        if bool((used & ((draft_tokens < 0) | (draft_tokens >= V))).any()):
+            raise ValueError(f"draft_tokens: every used draft token must lie in [0, V) = [0, {V})")
+
+    if uniforms is None:
+        uniforms = torch.rand((B, gamma + 1), dtype=torch.float64, device=device, generator=generator)
+    else:
+        if generator is not None:
+            raise ValueError("uniforms: pass either generator or uniforms, not both")
+        _check_tensor("uniforms", uniforms, 2, f"[B, gamma+1] = [{B}, {gamma + 1}]")
+        if tuple(uniforms.shape) != (B, gamma + 1):
+            raise ValueError(f"uniforms: expected shape [B, gamma+1] = [{B}, {gamma + 1}], got {tuple(uniforms.shape)}")
+        if uniforms.dtype not in (torch.float32, torch.float64):
+            raise TypeError(f"uniforms: expected float64 (or float32), got {uniforms.dtype}")
+        if uniforms.device != device:
+            raise ValueError(f"uniforms: expected device {device}, got {uniforms.device}")
+        uniforms = uniforms.to(torch.float64)
+        if bool(((uniforms < 0) | (uniforms >= 1) | uniforms.isnan()).any()):
+            raise ValueError("uniforms: every value must lie in [0, 1)")
+    return num_draft_tokens, uniforms
+
+
+def _check_probabilities(name: str, probs: Tensor) -> None:
+    if not bool(torch.isfinite(probs).all()):
+        raise ValueError(f"{name}: holds NaN or infinite entries")
+    if bool((probs < 0).any()):
+        raise ValueError(f"{name}: holds negative probabilities")
+    sums = probs.double().sum(-1)
+    tolerance = _SUM_TOLERANCE[probs.dtype]
+    worst = float((sums - 1.0).abs().max())
+    if worst > tolerance:
+        raise ValueError(f"{name}: every row must sum to 1 (largest deviation {worst:.3g} > {tolerance:g})")
+
+
+def _as_verify_output(result: Any, B: int, gamma: int, rule: str) -> VerifyOutput:
+    tokens, accepted_len = result
+    if tuple(tokens.shape) != (B, gamma + 1) or tuple(accepted_len.shape) != (B,):
+        raise ValueError(
+            f"rule {rule!r} returned tokens {tuple(tokens.shape)} and accepted_len {tuple(accepted_len.shape)}; "
+            f"expected [B, gamma+1] = [{B}, {gamma + 1}] and [B] = [{B}]"
+        )
+    return VerifyOutput(tokens, accepted_len)
+
+
+def verify(
+    target_probs: Tensor,
+    draft_probs: Tensor | None,
+    draft_tokens: Tensor,
+    *,
+    rule: str = "token",
+    num_draft_tokens: Tensor | None = None,
+    generator: torch.Generator | None = None,
+    uniforms: Tensor | None = None,
+    validate: bool = True,
+    **rule_options: Any,
+) -> VerifyOutput:
+    """Verify drafted tokens against the target's distributions with one rule.
+
+    Shape:
+        target_probs: ``[B, gamma+1, V]`` float32 / float16 / bfloat16 — ``p_1..p_{gamma+1}``.
+        draft_probs: ``[B, gamma, V]``, same dtype — ``q_1..q_gamma``; None for rules that do
+            not read it (greedy, typical, top_beta).
+        draft_tokens: ``[B, gamma]`` int64 — ``x_1..x_gamma``, ``x_i ~ q_i``.
+        num_draft_tokens: ``[B]`` int64 or None — row ``b`` uses only its first
+            ``num_draft_tokens[b]`` drafts (0..gamma); None means all gamma.
+        uniforms: ``[B, gamma+1]`` float64 in [0, 1) or None — column ``i < gamma`` is the
+            acceptance coin of draft ``i``, column ``gamma`` the emitted token's inverse-CDF
+            coin. None draws them from ``generator`` (or torch's default generator).
+        returns: ``VerifyOutput(tokens [B, gamma+1] int64, accepted_len [B] int64)``.
+
+    ``rule`` is a name from :func:`specdecode.list_rules`; ``rule_options`` are its options
+    (typical: ``epsilon``, ``delta``, ``sample_correction``; top_beta: ``beta``, ``tolerance``).
+    With ``validate`` (default) the probabilities are checked (finite, non-negative, rows sum
+    to 1, drafted tokens have ``q > 0``), at the cost of one extra pass over them.
+
+    Example:
+        >>> p = torch.softmax(torch.randn(2, 4, 10), -1); q = torch.softmax(torch.randn(2, 3, 10), -1)
+        >>> x = torch.multinomial(q.flatten(0, 1), 1).view(2, 3)
+        >>> out = specdecode.verify(p, q, x, rule="block", generator=torch.Generator().manual_seed(0))
+        >>> out.tokens.shape, out.accepted_len.shape
+        (torch.Size([2, 4]), torch.Size([2]))
+    """
+    info = get_rule(rule)
+    num_draft_tokens, uniforms = _prepare_common(
+        "target_probs", target_probs, "draft_probs", draft_probs, draft_tokens, num_draft_tokens,
+        generator, uniforms, info,
+    )
+    B, gamma = draft_tokens.shape
+    if validate:
+        _check_probabilities("target_probs", target_probs)
+        if draft_probs is not None:
+            _check_probabilities("draft_probs", draft_probs)
+            if info.needs_draft_probs:
+                used = torch.arange(gamma, device=draft_tokens.device)[None, :] < num_draft_tokens[:, None]
+                q_x = torch.gather(draft_probs, 2, draft_tokens.clamp(0, draft_probs.shape[2] - 1)[..., None])[..., 0]
+                bad = used & (q_x <= 0)
+                if bool(bad.any()):
+                    b, i = (int(v) for v in torch.nonzero(bad)[0])
+                    raise ValueError(
+                        f"draft_probs: draft_probs[{b}, {i}, draft_tokens[{b}, {i}]] is 0, but draft tokens are "
+                        "sampled from draft_probs, so a drafted token must have probability > 0"
+                    )
+    if not info.builtin:
+        result = info.fn(target_probs, draft_probs, draft_tokens, num_draft_tokens=num_draft_tokens,
+                         uniforms=uniforms, **rule_options)
+        return _as_verify_output(result, B, gamma, rule)
+    params = builtin_rule_params(info, rule_options)
+    tokens, accepted_len = ops.verify_probs(
+        target_probs, draft_probs if info.needs_draft_probs else None, draft_tokens, num_draft_tokens, uniforms,
+        info.name, params,
+    )
+    return VerifyOutput(tokens, accepted_len)
+
+
+def _check_sampling(temperature: float, top_k: int, top_p: float, min_p: float) -> None:
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
+        raise TypeError(f"temperature: expected a float, got {type(temperature).__name__}")
+    if not (0.0 <= float(temperature) < float("inf")):
+        raise ValueError(f"temperature: expected a finite value >= 0 (0 = greedy), got {temperature}")
+    if isinstance(top_k, bool) or not isinstance(top_k, int):
+        raise TypeError(f"top_k: expected an int (0 = off), got {type(top_k).__name__}")
+    if top_k < 0:
+        raise ValueError(f"top_k: expected >= 0 (0 = off), got {top_k}")
+    if not (0.0 < float(top_p) <= 1.0):
+        raise ValueError(f"top_p: expected a value in (0, 1] (1 = off), got {top_p}")
+    if not (0.0 <= float(min_p) <= 1.0):
+        raise ValueError(f"min_p: expected a value in [0, 1] (0 = off), got {min_p}")
+
+
+def verify_logits(
+    target_logits: Tensor,
+    draft_logits: Tensor | None,
+    draft_tokens: Tensor,
+    *,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    min_p: float = 0.0,
+    rule: str = "token",
+    num_draft_tokens: Tensor | None = None,
+    generator: torch.Generator | None = None,
+    uniforms: Tensor | None = None,
+    **rule_options: Any,
+) -> VerifyOutput:
+    """Verify from raw logits, applying standardized sampling inside the compiled op.
+
+    The same temperature, top-k, top-p and min-p are applied to target and draft logits (in
+    that order, see :func:`specdecode.reference.process_logits`), each logit row is read once,
+    and rows after the first rejection are not read by token verification. ``temperature=0``
+    is greedy decoding: every built-in rule becomes the greedy rule. A drafted token that the
+    draft's processed distribution gives probability 0 (only possible if it was drafted with
+    other settings) counts as accepted iff the target gives it positive probability.
+
+    Shape:
+        target_logits: ``[B, gamma+1, V]`` float32 / float16 / bfloat16.
+        draft_logits: ``[B, gamma, V]`` same dtype, or None for greedy / typical / top_beta.
+        draft_tokens, num_draft_tokens, uniforms, returns: as :func:`verify`.
+
+    NaN or ``+inf`` logits in a row the rule reads raise ``ValueError`` (``-inf`` masks a
+    token). Probabilities are computed in float32 with float64 sums, so results match
+    :func:`specdecode.reference.verify_logits_reference` except where a coin lies within about
+    1e-6 (relative) of a decision boundary.
+    """
+    _check_sampling(temperature, top_k, top_p, min_p)
+    info = get_rule(rule)
+    params = builtin_rule_params(info, rule_options) if info.builtin else []
+    if float(temperature) == 0.0 and info.builtin:
+        info, params = get_rule("greedy"), []
+    num_draft_tokens, uniforms = _prepare_common(
+        "target_logits", target_logits, "draft_logits", draft_logits, draft_tokens, num_draft_tokens,
+        generator, uniforms, info, check_values=False,
+    )
+    B, gamma = draft_tokens.shape
+    if not info.builtin:
+        target_probs = reference.process_logits(target_logits, temperature, top_k, top_p, min_p).to(target_logits.dtype)
+        draft_probs = None
+        if draft_logits is not None:
+            draft_probs = reference.process_logits(draft_logits, temperature, top_k, top_p, min_p).to(draft_logits.dtype)
+        result = info.fn(target_probs, draft_probs, draft_tokens, num_draft_tokens=num_draft_tokens,
+                         uniforms=uniforms, **rule_options)
+        return _as_verify_output(result, B, gamma, rule)
+    tokens, accepted_len = ops.verify_logits(
+        target_logits, draft_logits if info.needs_draft_probs else None, draft_tokens, num_draft_tokens, uniforms,
+        float(temperature), int(top_k), float(top_p), float(min_p), info.name, params,
+    )
+    return VerifyOutput(tokens, accepted_len)
