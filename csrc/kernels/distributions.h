@@ -13,6 +13,7 @@
 #include <limits>
 
 #include "kernels/common.h"
+#include "kernels/logit_loops.h"
 
 namespace specdecode {
 namespace kernels {
@@ -94,16 +95,7 @@ class LogitRow {
       for (int64_t x = 0; x < V_; ++x) out[x] = 0.0;
       return;
     }
-    const float m = max_logit_, it = inv_temp_, keep = keep_logit_, min_e = min_e_;
-    const double inv_norm = inv_norm_;
-    const T* l = logits_;
-#pragma omp simd
-    for (int64_t x = 0; x < V_; ++x) {
-      const float lx = static_cast<float>(l[x]);
-      const float e = fast_exp_nonpositive((lx - m) * it);
-      const bool kept = (lx >= keep) && (e >= min_e);
-      out[x] = kept ? static_cast<double>(e) * inv_norm : 0.0;
-    }
+    logit_loops<T>().fill_probs(logits_, V_, transform(), inv_norm_, out);
   }
 
   // argmax of the processed distribution = argmax of the raw logits (ties: lowest id).
@@ -135,15 +127,11 @@ class LogitRow {
     if (prepared_) return;
     prepared_ = true;
     inv_temp_ = static_cast<float>(1.0 / params_->temperature);
+    const LogitLoops<T>& loops = logit_loops<T>();
     // Pass 1: max, and catch NaN / +inf.
-    float m = -std::numeric_limits<float>::infinity();
-    int32_t bad = 0;
-    for (int64_t x = 0; x < V_; ++x) {
-      const float l = static_cast<float>(logits_[x]);
-      bad |= (l != l) | (l == std::numeric_limits<float>::infinity());
-      m = l > m ? l : m;
-    }
-    if (bad) {
+    int32_t non_finite = 0;
+    const float m = loops.max_logit(logits_, V_, &non_finite);
+    if (non_finite) {
       status_ = kNonFiniteLogit;
       return;
     }
@@ -155,23 +143,11 @@ class LogitRow {
     keep_logit_ = -std::numeric_limits<float>::infinity();
     min_e_ = 0.0f;
     if (params_->filters()) apply_filters();
-    // Pass 2: the normaliser of the kept tokens.
-    const float it = inv_temp_, keep = keep_logit_, min_e = min_e_;
-    double total = 0.0;
-    const int64_t kChunk = 2048;
-    for (int64_t start = 0; start < V_; start += kChunk) {
-      const int64_t stop = std::min(V_, start + kChunk);
-      float partial = 0.0f;
-#pragma omp simd reduction(+ : partial)
-      for (int64_t x = start; x < stop; ++x) {
-        const float lx = static_cast<float>(logits_[x]);
-        const float e = fast_exp_nonpositive((lx - m) * it);
-        partial += ((lx >= keep) && (e >= min_e)) ? e : 0.0f;
-      }
-      total += partial;
-    }
-    inv_norm_ = 1.0 / total;  // total >= 1: the max logit is always kept and has e = 1
+    // Pass 2: the normaliser of the kept tokens (>= 1: the max logit is kept and has e = 1).
+    inv_norm_ = 1.0 / loops.sum_exp(logits_, V_, transform());
   }
+
+  RowTransform transform() const { return RowTransform{max_logit_, inv_temp_, keep_logit_, min_e_}; }
 
   // Sets keep_logit_ (top-k, then top-p) and min_e_ (min-p). Each filter keeps a set of the
   // form {x : logit(x) >= threshold}, ties kept together, so thresholds compose.
