@@ -42,18 +42,16 @@ inline RowResult block_verify_row(const RowArgs<Dist>& a) {
     w[i] = block_weight(w[i - 1], a.target[i - 1].prob(x), a.draft[i - 1].prob(x));
   }
 
-  double* p = a.ws->a;
-  double* q = a.ws->b;
+  double* residual = a.ws->b;
   int64_t tau = 0;
   for (int64_t i = n; i >= 1; --i) {
     double h;
     if (i == n || w[i] == 0.0 || w[i] == 1.0) {
       h = w[i];  // h_n = w_n; and w = 0 gives Z = 0, h = 0; w = 1 gives h = Z / Z = 1
     } else {
-      a.target[i].fill(p);  // p_{i+1}
-      a.draft[i].fill(q);   // q_{i+1}
+      a.target[i].residual(a.draft[i], w[i], residual);  // (w_i p_{i+1} - q_{i+1})_+
       double z = 0.0;
-      for (int64_t x = 0; x < V; ++x) z += std::max(w[i] * p[x] - q[x], 0.0);
+      for (int64_t x = 0; x < V; ++x) z += residual[x];  // sequential, as the reference sums
       const double denom = z + (1.0 - w[i]);
       h = denom > 0.0 ? z / denom : 1.0;
     }
@@ -63,14 +61,11 @@ inline RowResult block_verify_row(const RowArgs<Dist>& a) {
     }
   }
   for (int64_t i = 0; i < tau; ++i) a.out_tokens[i] = a.draft_tokens[i];
-  if (tau == n) return emit(a.out_tokens, tau, sample_distribution(a.target[n], a.emit_uniform, p));
+  if (tau == n) return emit(a.out_tokens, tau, sample_distribution(a.target[n], a.emit_uniform, a.ws->a));
 
-  a.target[tau].fill(p);
-  a.draft[tau].fill(q);
-  const double w_tau = w[tau];
-  for (int64_t x = 0; x < V; ++x) q[x] = std::max(w_tau * p[x] - q[x], 0.0);
-  int64_t y = sample_from_weights(q, V, a.emit_uniform);
-  if (y < 0) y = sample_from_weights(p, V, a.emit_uniform);
+  a.target[tau].residual(a.draft[tau], w[tau], residual);
+  int64_t y = sample_from_weights(residual, V, a.emit_uniform);
+  if (y < 0) y = sample_distribution(a.target[tau], a.emit_uniform, a.ws->a);  // zero-mass residual: p
   return emit(a.out_tokens, tau, y);
 }
 

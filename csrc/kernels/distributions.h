@@ -59,6 +59,14 @@ class ProbRow {
   int32_t status() const { return kOk; }
   int64_t vocab_size() const { return V_; }
 
+  // out[x] = max(w p(x) - q(x), 0), p = this row, q = `draft`.
+  void residual(const ProbRow& draft, double w, double* out) const {
+    for (int64_t x = 0; x < V_; ++x) {
+      const double r = w * to_double(data_[x]) - to_double(draft.data_[x]);
+      out[x] = r > 0.0 ? r : 0.0;
+    }
+  }
+
  private:
   const T* data_ = nullptr;
   int64_t V_ = 0;
@@ -119,6 +127,18 @@ class LogitRow {
 
   int32_t status() const { return status_; }
   int64_t vocab_size() const { return V_; }
+
+  // out[x] = max(w p(x) - q(x), 0), p = this row, q = `draft`, in one fused pass.
+  void residual(const LogitRow& draft, double w, double* out) const {
+    prepare();
+    draft.prepare();
+    if (status_ != kOk || draft.status_ != kOk) {
+      for (int64_t x = 0; x < V_; ++x) out[x] = 0.0;
+      return;
+    }
+    logit_loops<T>().residual(logits_, transform(), inv_norm_, draft.logits_, draft.transform(), draft.inv_norm_, w,
+                              V_, out);
+  }
 
  private:
   float exp_at(float l) const { return fast_exp_nonpositive((l - max_logit_) * inv_temp_); }

@@ -75,11 +75,31 @@ SPECDECODE_ALWAYS_INLINE void fill_probs_body(const T* logits, int64_t V, RowTra
   }
 }
 
+// out[x] = max(w * p(x) - q(x), 0) with p and q computed from their logit rows on the fly:
+// the (weighted) residual of token and block verification in one pass over both rows.
+template <typename T>
+SPECDECODE_ALWAYS_INLINE void residual_body(const T* p_logits, RowTransform tp, double p_inv_norm, const T* q_logits,
+                                           RowTransform tq, double q_inv_norm, double w, int64_t V, double* out) {
+  const double wp_norm = w * p_inv_norm;
+#pragma omp simd
+  for (int64_t x = 0; x < V; ++x) {
+    const float lp = static_cast<float>(p_logits[x]);
+    const float lq = static_cast<float>(q_logits[x]);
+    const float ep = fast_exp_nonpositive((lp - tp.max_logit) * tp.inv_temp);
+    const float eq = fast_exp_nonpositive((lq - tq.max_logit) * tq.inv_temp);
+    const double p = ((lp >= tp.keep_logit) & (ep >= tp.min_e)) ? static_cast<double>(ep) * wp_norm : 0.0;
+    const double q = ((lq >= tq.keep_logit) & (eq >= tq.min_e)) ? static_cast<double>(eq) * q_inv_norm : 0.0;
+    const double r = p - q;
+    out[x] = r > 0.0 ? r : 0.0;
+  }
+}
+
 template <typename T>
 struct LogitLoops {
   float (*max_logit)(const T*, int64_t, int32_t*);
   double (*sum_exp)(const T*, int64_t, RowTransform);
   void (*fill_probs)(const T*, int64_t, RowTransform, double, double*);
+  void (*residual)(const T*, RowTransform, double, const T*, RowTransform, double, double, int64_t, double*);
   const char* isa;
 };
 
@@ -96,6 +116,11 @@ struct LogitLoops {
   ATTRIBUTE void fill_probs_##SUFFIX(const T* logits, int64_t V, RowTransform t, double inv_norm,    \
                                      double* out) {                                                   \
     fill_probs_body(logits, V, t, inv_norm, out);                                                     \
+  }                                                                                                   \
+  template <typename T>                                                                               \
+  ATTRIBUTE void residual_##SUFFIX(const T* p_logits, RowTransform tp, double p_inv_norm, const T* q_logits, \
+                                   RowTransform tq, double q_inv_norm, double w, int64_t V, double* out) {  \
+    residual_body(p_logits, tp, p_inv_norm, q_logits, tq, q_inv_norm, w, V, out);                     \
   }
 
 SPECDECODE_DEFINE_LOOPS(baseline, )
@@ -114,11 +139,11 @@ inline const LogitLoops<T>& logit_loops() {
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq"))
-      return LogitLoops<T>{&max_logit_avx512<T>, &sum_exp_avx512<T>, &fill_probs_avx512<T>, "avx512"};
+      return LogitLoops<T>{&max_logit_avx512<T>, &sum_exp_avx512<T>, &fill_probs_avx512<T>, &residual_avx512<T>, "avx512"};
     if (__builtin_cpu_supports("avx2"))
-      return LogitLoops<T>{&max_logit_avx2<T>, &sum_exp_avx2<T>, &fill_probs_avx2<T>, "avx2"};
+      return LogitLoops<T>{&max_logit_avx2<T>, &sum_exp_avx2<T>, &fill_probs_avx2<T>, &residual_avx2<T>, "avx2"};
 #endif
-    return LogitLoops<T>{&max_logit_baseline<T>, &sum_exp_baseline<T>, &fill_probs_baseline<T>, "baseline"};
+    return LogitLoops<T>{&max_logit_baseline<T>, &sum_exp_baseline<T>, &fill_probs_baseline<T>, &residual_baseline<T>, "baseline"};
   }();
   return chosen;
 }

@@ -28,13 +28,10 @@ inline RowResult token_verify_row(const RowArgs<Dist>& a) {
   }
   if (tau == n) return emit(a.out_tokens, tau, sample_distribution(a.target[n], a.emit_uniform, a.ws->a));
 
-  double* p = a.ws->a;
   double* residual = a.ws->b;
-  a.target[tau].fill(p);
-  a.draft[tau].fill(residual);
-  for (int64_t x = 0; x < a.vocab_size; ++x) residual[x] = std::max(p[x] - residual[x], 0.0);
+  a.target[tau].residual(a.draft[tau], 1.0, residual);
   int64_t y = sample_from_weights(residual, a.vocab_size, a.emit_uniform);
-  if (y < 0) y = sample_from_weights(p, a.vocab_size, a.emit_uniform);
+  if (y < 0) y = sample_distribution(a.target[tau], a.emit_uniform, a.ws->a);  // zero-mass residual: p
   return emit(a.out_tokens, tau, y);
 }
 
