@@ -18,9 +18,11 @@ enum RowStatus : int32_t {
   kNonFiniteLogit = 3,          // NaN or +inf in a logit row that was read
   kEmptyDistribution = 4,       // a distribution with no positive mass (all -inf logits, all-zero probs)
 };
+// OR-ed into a status when the bad distribution is the draft's rather than the target's.
+constexpr int32_t kStatusInDraft = 1 << 8;
 
 inline const char* row_status_message(int32_t status) {
-  switch (status) {
+  switch (status & ~kStatusInDraft) {
     case kDraftTokenOutOfRange: return "draft_tokens holds an id outside [0, V)";
     case kNumDraftTokensOutOfRange: return "num_draft_tokens[b] must lie in [0, gamma]";
     case kNonFiniteLogit: return "a logit row holds NaN or +inf";

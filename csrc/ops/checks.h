@@ -116,8 +116,16 @@ inline void check_sampling_params(double temperature, int64_t top_k, double top_
   TORCH_CHECK_VALUE(min_p >= 0.0 && min_p <= 1.0, "min_p: expected a value in [0, 1] (0 = off), got ", min_p);
 }
 
-inline void raise_row_status(const char* op, int64_t row, int32_t status) {
-  TORCH_CHECK_VALUE(status == kernels::kOk, op, ": row ", row, ": ", kernels::row_status_message(status));
+// Raises the ValueError for a row's status, naming the argument that holds the bad value.
+inline void raise_row_status(const char* op, int64_t row, int32_t status, const char* target_name = "target",
+                             const char* draft_name = "draft") {
+  if (status == kernels::kOk) return;
+  const int32_t code = status & ~kernels::kStatusInDraft;
+  const char* argument = code == kernels::kDraftTokenOutOfRange       ? "draft_tokens"
+                         : code == kernels::kNumDraftTokensOutOfRange ? "num_draft_tokens"
+                         : (status & kernels::kStatusInDraft)         ? draft_name
+                                                                      : target_name;
+  TORCH_CHECK_VALUE(false, argument, ": ", op, ", row ", row, ": ", kernels::row_status_message(code));
 }
 
 }  // namespace ops

@@ -31,7 +31,7 @@ int64_t grain_for(int64_t gamma, int64_t V) {
 // Runs `rule` over every row. make_dist(row, position, is_target, workspace) builds a row's
 // distributions; statuses are collected and raised after the parallel region.
 template <class Dist, class MakeDist>
-std::tuple<at::Tensor, at::Tensor> run_rows(const char* op, Rule rule, const RuleParams& params, const VerifyDims& d,
+std::tuple<at::Tensor, at::Tensor> run_rows(const char* op, const char* target_name, const char* draft_name, Rule rule, const RuleParams& params, const VerifyDims& d,
                                             bool has_draft, const at::Tensor& draft_tokens,
                                             const at::Tensor& num_draft_tokens, const at::Tensor& uniforms,
                                             bool needs_select_buffer, MakeDist make_dist) {
@@ -73,14 +73,15 @@ std::tuple<at::Tensor, at::Tensor> run_rows(const char* op, Rule rule, const Rul
                                   out_tokens + b * (gamma + 1), params};
       const kernels::RowResult result = kernels::verify_row(rule, args);
       out_len[b] = result.accepted_len;
-      int32_t row_status = result.status;
+      // A bad value in a distribution explains a rule's failure, so it is reported first.
+      int32_t row_status = kernels::kOk;
       for (int64_t i = 0; i <= n && row_status == kernels::kOk; ++i) row_status = target[i].status();
       for (int64_t i = 0; i < static_cast<int64_t>(draft.size()) && i < n && row_status == kernels::kOk; ++i)
-        row_status = draft[i].status();
-      status[b] = row_status;
+        if (draft[i].status() != kernels::kOk) row_status = draft[i].status() | kernels::kStatusInDraft;
+      status[b] = row_status != kernels::kOk ? row_status : result.status;
     }
   });
-  for (int64_t b = 0; b < B; ++b) raise_row_status(op, b, status[b]);
+  for (int64_t b = 0; b < B; ++b) raise_row_status(op, b, status[b], target_name, draft_name);
   return {tokens, accepted_len};
 }
 
@@ -106,7 +107,7 @@ std::tuple<at::Tensor, at::Tensor> verify_probs_cpu(const at::Tensor& target_pro
       const scalar_t* base = is_target ? t_ptr + (b * (gamma + 1) + i) * V : d_ptr + (b * gamma + i) * V;
       return ProbRow<scalar_t>(base, V);
     };
-    result = run_rows<ProbRow<scalar_t>>("verify_probs", rule, params, d, has_draft, draft_tokens, num_draft_tokens,
+    result = run_rows<ProbRow<scalar_t>>("verify_probs", "target_probs", "draft_probs", rule, params, d, has_draft, draft_tokens, num_draft_tokens,
                                          uniforms, false, make);
   });
   return result;
@@ -143,7 +144,7 @@ std::tuple<at::Tensor, at::Tensor> verify_logits_cpu(const at::Tensor& target_lo
       const scalar_t* base = is_target ? t_ptr + (b * (gamma + 1) + i) * V : d_ptr + (b * gamma + i) * V;
       return LogitRow<scalar_t>(base, V, &sampling, ws);
     };
-    result = run_rows<LogitRow<scalar_t>>("verify_logits", rule, params, d, has_draft, draft_tokens,
+    result = run_rows<LogitRow<scalar_t>>("verify_logits", "target_logits", "draft_logits", rule, params, d, has_draft, draft_tokens,
                                           num_draft_tokens, uniforms, sampling.filters(), make);
   });
   return result;

@@ -17,6 +17,10 @@ from specdecode.analysis import (
     expected_tokens_per_call,
     optimal_num_draft_tokens,
 )
+from specdecode.generation.hf import check_compatibility, custom_generate
+from specdecode.generation.loop import SpeculativeOutput, generate
+from specdecode.generation.schedules import DraftSchedule
+from specdecode.generation.stats import SpeculativeStats
 from specdecode.reference import VerifyOutput
 from specdecode.rules import RuleInfo, list_rules, register_rule, unregister_rule
 from specdecode.verify import verify, verify_logits
@@ -24,7 +28,13 @@ from specdecode.verify import verify, verify_logits
 __version__ = "0.1.0"
 
 __all__ = [
+    "DraftSchedule",
     "RuleInfo",
+    "SpeculativeOutput",
+    "SpeculativeStats",
+    "check_compatibility",
+    "custom_generate",
+    "generate",
     "VerifyOutput",
     "acceptance_rate",
     "build_info",

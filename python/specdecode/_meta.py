@@ -11,8 +11,21 @@ from specdecode import _ops  # noqa: F401  (the schemas must exist first)
 from torch import Tensor
 
 
-def _verify_outputs(draft_tokens: Tensor) -> tuple[Tensor, Tensor]:
+def _verify_outputs(target: Tensor, others: dict[str, Tensor | None], draft_tokens: Tensor) -> tuple[Tensor, Tensor]:
+    # The same checks as the compiled ops, so a mixed-device call that lands here (a meta
+    # tensor among CPU ones) raises instead of returning uninitialised tensors.
+    for name, tensor in others.items():
+        if tensor is not None:
+            torch._check_value(
+                tensor.device == target.device,
+                lambda name=name, tensor=tensor: f"{name}: expected device {target.device}, got {tensor.device}",
+            )
+    torch._check_value(draft_tokens.dim() == 2, lambda: "draft_tokens: expected shape [B, gamma]")
     B, gamma = draft_tokens.shape
+    torch._check_value(
+        target.dim() == 3 and target.shape[0] == B and target.shape[1] == gamma + 1,
+        lambda: f"target: expected shape [B, gamma+1, V] = [{B}, {gamma + 1}, V], got {tuple(target.shape)}",
+    )
     return draft_tokens.new_empty((B, gamma + 1)), draft_tokens.new_empty((B,))
 
 
@@ -26,8 +39,9 @@ def _verify_probs_fake(
     rule: str,
     rule_params: Sequence[float],
 ) -> tuple[Tensor, Tensor]:
-    torch._check(target_probs.dim() == 3, lambda: "target_probs: expected shape [B, gamma+1, V]")
-    return _verify_outputs(draft_tokens)
+    others = {"draft_probs": draft_probs, "draft_tokens": draft_tokens, "num_draft_tokens": num_draft_tokens,
+              "uniforms": uniforms}
+    return _verify_outputs(target_probs, others, draft_tokens)
 
 
 @torch.library.register_fake("specdecode::verify_logits")
@@ -44,5 +58,6 @@ def _verify_logits_fake(
     rule: str,
     rule_params: Sequence[float],
 ) -> tuple[Tensor, Tensor]:
-    torch._check(target_logits.dim() == 3, lambda: "target_logits: expected shape [B, gamma+1, V]")
-    return _verify_outputs(draft_tokens)
+    others = {"draft_logits": draft_logits, "draft_tokens": draft_tokens, "num_draft_tokens": num_draft_tokens,
+              "uniforms": uniforms}
+    return _verify_outputs(target_logits, others, draft_tokens)

@@ -64,5 +64,7 @@ def expected_work_increase(alpha: float, num_draft_tokens: int, cost_ratio: floa
 def optimal_num_draft_tokens(alpha: float, cost_ratio: float, max_num_draft_tokens: int = 64) -> int:
     """The ``gamma`` in ``1..max_num_draft_tokens`` that maximises :func:`expected_speedup`."""
     _check_alpha(alpha)
+    if isinstance(max_num_draft_tokens, bool) or int(max_num_draft_tokens) != max_num_draft_tokens or max_num_draft_tokens < 1:
+        raise ValueError(f"max_num_draft_tokens: expected an int >= 1, got {max_num_draft_tokens!r}")
     best = max(range(1, max_num_draft_tokens + 1), key=lambda g: (expected_speedup(alpha, g, cost_ratio), -g))
     return best

@@ -119,6 +119,8 @@ def _prepare_common(
 
 
 def _check_probabilities(name: str, probs: Tensor) -> None:
+    if probs.numel() == 0:
+        return
     if not bool(torch.isfinite(probs).all()):
         raise ValueError(f"{name}: holds NaN or infinite entries")
     if bool((probs < 0).any()):

@@ -70,16 +70,7 @@ __device__ RowOutcome block_verify_row_cuda(RowCtx<BLOCK, Src>& c) {
     const State sp = c.prepare_target(n);
     return emit_token(n, c.sample_target(sp, n));
   }
-  const State st = c.target_states[tau];
-  const State sd = c.draft_states[tau];
-  const double w_tau = c.w[tau];
-  const T* p_row = c.target_row(tau);
-  const T* q_row = c.draft_row(tau);
-  int64_t y = c.sample([&](int64_t v) {
-    return clip_positive(__dsub_rn(__dmul_rn(w_tau, src.prob(st, p_row, v)), src.prob(sd, q_row, v)));
-  });
-  if (y < 0) y = c.sample_target(st, tau);
-  return emit_token(tau, y);
+  return emit_token(tau, c.sample_residual(c.target_states[tau], c.draft_states[tau], tau, c.w[tau]));
 }
 
 }  // namespace cuda

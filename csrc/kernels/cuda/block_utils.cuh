@@ -16,6 +16,11 @@ namespace specdecode {
 namespace kernels {
 namespace cuda {
 
+// The kernel's dynamic shared memory (a macro so that a host-side test harness can supply it).
+#ifndef SPECDECODE_DYNAMIC_SHARED
+#define SPECDECODE_DYNAMIC_SHARED(name) extern __shared__ __align__(16) unsigned char name[]
+#endif
+
 constexpr unsigned kFullMask = 0xffffffffu;
 constexpr int kWarpSize = 32;
 constexpr int64_t kNoIndex = INT64_MAX;

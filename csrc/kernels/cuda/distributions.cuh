@@ -61,7 +61,7 @@ struct ArgMaxResult {
 // and a NaN at index 0 returns 0 (the CPU's sequential scan keeps its first element then).
 // `as_logits` reads values through float (LogitRow) and reports NaN/+inf and all -inf rows.
 template <int BLOCK, bool kAsLogits, typename T>
-__device__ ArgMaxResult block_argmax_row(const T* row, int64_t V, BlockShared& sh) {
+__device__ __noinline__ ArgMaxResult block_argmax_row(const T* row, int64_t V, BlockShared& sh) {
   ArgMax best{-double_inf(), kNoIndex};
   int bad = 0;
   row_for_each<BLOCK>(row, V, [&](int64_t x, T raw) {
@@ -86,7 +86,7 @@ __device__ ArgMaxResult block_argmax_row(const T* row, int64_t V, BlockShared& s
 // is positive, the last positive x if rounding leaves the threshold at the very top, -1 when
 // the total is not a positive finite number. Reads every weight once plus one chunk twice.
 template <int BLOCK, typename W>
-__device__ int64_t block_sample_inverse_cdf(const W& weight, int64_t V, double u, BlockShared& sh) {
+__device__ __noinline__ int64_t block_sample_inverse_cdf(const W& weight, int64_t V, double u, BlockShared& sh) {
   constexpr int kWarps = BLOCK / kWarpSize;
   const int lane = threadIdx.x & (kWarpSize - 1);
   const int warp = threadIdx.x / kWarpSize;
@@ -219,7 +219,7 @@ struct LogitState {
 
 // Collective. The logit of the k-th largest entry (1 <= k < V): radix select, 8 bits a pass.
 template <int BLOCK, typename T>
-__device__ float radix_kth_largest(const T* row, int64_t V, int64_t k, BlockShared& sh) {
+__device__ __noinline__ float radix_kth_largest(const T* row, int64_t V, int64_t k, BlockShared& sh) {
   const int lane = threadIdx.x & (kWarpSize - 1);
   uint32_t prefix = 0, mask = 0;
   int64_t rank = k;  // wanted rank among the entries whose key matches prefix on mask
@@ -277,7 +277,7 @@ __device__ float radix_kth_largest(const T* row, int64_t V, int64_t k, BlockShar
 // masses being e = fast_exp((l - max) / T) in float64. Radix search from the top, 8 bits a
 // pass, carrying the mass of everything above the current prefix.
 template <int BLOCK, typename T>
-__device__ float top_p_threshold(const T* row, int64_t V, float max_logit, float inv_temp, float keep, double top_p,
+__device__ __noinline__ float top_p_threshold(const T* row, int64_t V, float max_logit, float inv_temp, float keep, double top_p,
                                  BlockShared& sh) {
   const int lane = threadIdx.x & (kWarpSize - 1);
   uint32_t prefix = 0, mask = 0;
@@ -369,7 +369,7 @@ struct LogitSource {
   // Collective: LogitRow::prepare. Reads the row 2 times (max, normaliser), plus 4 times for
   // top-k and 4 times for top-p when those are on.
   template <int BLOCK>
-  __device__ State prepare(const T* row, int64_t V, BlockShared& sh) const {
+  __device__ __noinline__ State prepare(const T* row, int64_t V, BlockShared& sh) const {
     const float kInf = float_inf();
     State s{0.0f, -kInf, 0.0f, kOk, 0.0};
     float m = -kInf;
@@ -426,6 +426,25 @@ struct LogitSource {
   template <int BLOCK>
   __device__ ArgMaxResult argmax(const T* row, int64_t V, BlockShared& sh) const {
     return block_argmax_row<BLOCK, true>(row, V, sh);
+  }
+};
+
+// The weights every rule samples from, as one type so that the sampler is compiled once per
+// source: p(x) when q_row is null, else the residual (scale * p(x) - q(x))_+ with the product
+// and the difference rounded separately (scale = 1 gives token verification's p - q exactly).
+template <class Src>
+struct SampleWeight {
+  using T = typename Src::Elem;
+  const Src* src;
+  typename Src::State p_state;
+  const T* p_row;
+  typename Src::State q_state;
+  const T* q_row;
+  double scale;
+  __device__ __forceinline__ double operator()(int64_t x) const {
+    const double p = src->prob(p_state, p_row, x);
+    if (q_row == nullptr) return p;
+    return clip_positive(__dsub_rn(__dmul_rn(scale, p), src->prob(q_state, q_row, x)));
   }
 };
 

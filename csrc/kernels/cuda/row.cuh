@@ -83,16 +83,16 @@ struct RowCtx {
     note_target(i, r.status);
     return r.index;
   }
-  // y ~ weight (inverse CDF with the emitted token's coin).
-  template <typename W>
-  __device__ int64_t sample(const W& weight) {
+  // y ~ p_{i+1} (target row i, prepared into s), inverse CDF with the emitted token's coin.
+  __device__ int64_t sample_target(const State& s, int64_t i) {
+    const SampleWeight<Src> weight{&src, s, target_row(i), s, nullptr, 1.0};
     return block_sample_inverse_cdf<BLOCK>(weight, V, emit_uniform(), sh);
   }
-  // y ~ p_{i+1} (target row i, already prepared into s).
-  __device__ int64_t sample_target(const State& s, int64_t i) {
-    const T* row = target_row(i);
-    const Src& source = src;
-    return sample([&](int64_t x) { return source.prob(s, row, x); });
+  // y ~ norm((scale * p_{i+1} - q_{i+1})_+), falling back to p_{i+1} when that has no mass.
+  __device__ int64_t sample_residual(const State& sp, const State& sq, int64_t i, double scale) {
+    const SampleWeight<Src> weight{&src, sp, target_row(i), sq, draft_row(i), scale};
+    const int64_t y = block_sample_inverse_cdf<BLOCK>(weight, V, emit_uniform(), sh);
+    return y >= 0 ? y : sample_target(sp, i);
   }
   // The row's final status: the rule's own, else the first bad target row, else the first bad
   // draft row (verify_cpu.cpp's order).

@@ -22,13 +22,7 @@ __device__ RowOutcome token_verify_row_cuda(RowCtx<BLOCK, Src>& c) {
     const State sq = c.prepare_draft(i);
     const double p = src.prob(sp, c.target_row(i), x);
     const double q = src.prob(sq, c.draft_row(i), x);
-    if (!accept_token_dev(c.u[i], p, q)) {
-      const auto* p_row = c.target_row(i);
-      const auto* q_row = c.draft_row(i);
-      int64_t y = c.sample([&](int64_t v) { return clip_positive(src.prob(sp, p_row, v) - src.prob(sq, q_row, v)); });
-      if (y < 0) y = c.sample_target(sp, i);  // zero residual mass: p == q, sample p
-      return emit_token(i, y);
-    }
+    if (!accept_token_dev(c.u[i], p, q)) return emit_token(i, c.sample_residual(sp, sq, i, 1.0));
   }
   const State sp = c.prepare_target(c.n);
   return emit_token(c.n, c.sample_target(sp, c.n));

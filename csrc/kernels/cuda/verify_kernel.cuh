@@ -1,5 +1,5 @@
-// The row kernel behind every launcher in verify.cuh, and the launch logic. Included only by
-// the .cu files that instantiate it. Torch-free.
+// The row kernel behind every launcher in verify.cuh: one CUDA block per batch row. Included
+// by launch.cuh. Torch-free.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -17,11 +17,6 @@
 namespace specdecode {
 namespace kernels {
 namespace cuda {
-
-// Threads per row: small vocabularies use a smaller block (less reduction overhead).
-constexpr int kThreadsLarge = 512;
-constexpr int kThreadsSmall = 256;
-constexpr int64_t kSmallVocab = 4096;
 
 // Coins from a [B, gamma+1] float64 array.
 struct UniformsInMemory {
@@ -67,7 +62,7 @@ template <int BLOCK, class Src, class Uniforms>
 __global__ void __launch_bounds__(BLOCK) verify_rows_kernel(RowsArgs<typename Src::Elem> a, Src src, Uniforms coins) {
   using State = typename Src::State;
   __shared__ BlockShared sh;
-  extern __shared__ __align__(16) unsigned char dynamic_smem[];
+  SPECDECODE_DYNAMIC_SHARED(dynamic_smem);
   const int64_t gamma = a.io.gamma;
   const int64_t V = a.io.vocab_size;
   unsigned char* cursor = dynamic_smem;
@@ -117,45 +112,6 @@ __global__ void __launch_bounds__(BLOCK) verify_rows_kernel(RowsArgs<typename Sr
     a.io.out_accepted_len[b] = ok ? out.tau : -1;
     a.io.out_status[b] = status;
   }
-}
-
-template <int BLOCK, class Src, class Uniforms>
-cudaError_t launch_rows_with(const RowsArgs<typename Src::Elem>& a, const Src& src, const Uniforms& coins,
-                             cudaStream_t stream) {
-  auto kernel = verify_rows_kernel<BLOCK, Src, Uniforms>;
-  const size_t smem = dynamic_smem_bytes<typename Src::State>(a.io.gamma);
-  if (smem > 48 * 1024) {
-    int device = 0, optin = 0;
-    cudaError_t err = cudaGetDevice(&device);
-    if (err != cudaSuccess) return err;
-    err = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
-    if (err != cudaSuccess) return err;
-    if (smem + sizeof(BlockShared) > static_cast<size_t>(optin)) return cudaErrorInvalidValue;
-    err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
-    if (err != cudaSuccess) return err;
-  }
-  kernel<<<static_cast<unsigned>(a.io.batch), BLOCK, smem, stream>>>(a, src, coins);
-  return cudaGetLastError();
-}
-
-template <class Src, class Uniforms>
-cudaError_t launch_rows(const RowsArgs<typename Src::Elem>& a, const Src& src, const Uniforms& coins,
-                        cudaStream_t stream) {
-  const VerifyRowsIO& io = a.io;
-  if (io.batch < 0 || io.gamma < 1 || io.vocab_size < 1 || io.batch > 0x7fffffffLL) return cudaErrorInvalidValue;
-  if (io.batch == 0) return cudaSuccess;
-  if (io.vocab_size <= kSmallVocab) return launch_rows_with<kThreadsSmall>(a, src, coins, stream);
-  return launch_rows_with<kThreadsLarge>(a, src, coins, stream);
-}
-
-inline LogitParams make_logit_params(const SamplingParams& sampling) {
-  LogitParams p;
-  p.inv_temp = static_cast<float>(1.0 / (sampling.temperature > 0.0 ? sampling.temperature : 1.0));
-  p.top_k = sampling.top_k;
-  p.top_p = sampling.top_p;
-  p.min_e = sampling.min_p > 0.0 ? static_cast<float>(sampling.min_p) : 0.0f;
-  p.filters = sampling.filters();
-  return p;
 }
 
 }  // namespace cuda

@@ -1,6 +1,6 @@
 // verify_logits launchers (explicit uniforms and in-kernel Philox), instantiated for float,
 // __half, __nv_bfloat16 and double.
-#include "kernels/cuda/verify_kernel.cuh"
+#include "kernels/cuda/launch.cuh"
 
 namespace specdecode {
 namespace kernels {

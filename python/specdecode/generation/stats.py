@@ -1,0 +1,183 @@
+"""``SpeculativeStats``: what one speculative generation did, and how long each part took."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from specdecode.analysis import expected_speedup, expected_tokens_per_call
+
+
+def _ratio(num: float, den: float) -> float:
+    return float(num) / float(den) if den else 0.0
+
+
+@dataclass
+class SpeculativeStats:
+    """Counters and timings of one call to :func:`specdecode.generate` (or the plug-in).
+
+    Counting conventions (for a batch, every counter sums over rows unless it says "calls"):
+
+    - ``steps``: verification rounds (one batched target forward each, over the active rows);
+      ``row_steps`` sums the active rows over those rounds.
+    - ``target_calls`` / ``draft_calls``: forward passes of each model, prefill included
+      (``target_prefill_calls`` is the target's share of prefill; the draft's prefill is the
+      first draft call, which also yields its first proposal).
+    - ``drafted_tokens``: draft tokens that were verified; ``accepted_tokens``: those accepted
+      (tau summed over rows); ``rejections``: row-steps that rejected a draft (tau < drafted).
+    - ``new_tokens``: tokens in the output after EOS / max_new_tokens / stopping criteria cut
+      a block short.
+    - ``position_drafted[i]`` / ``position_accepted[i]``: how often draft position ``i`` (0-based)
+      was verified / accepted.
+    - Times in seconds: ``draft_time`` (draft forwards + proposal sampling + HF processors on
+      draft logits), ``target_time`` (target forwards + processors on target logits),
+      ``verify_time`` (``verify_logits`` and the uniforms it uses), ``bookkeeping_time``
+      (EOS / length / stopping checks, output writes, cache roll-back, dropping finished rows,
+      re-packing rows), of which ``alignment_time`` is the batch alignment part (roll-back
+      masks, row drops, re-packs). ``total_time`` is the whole call.
+    """
+
+    rule: str = "token"
+    batch_size: int = 0
+    draft_schedule: str = "constant"
+    steps: int = 0
+    row_steps: int = 0
+    target_calls: int = 0
+    target_prefill_calls: int = 0
+    draft_calls: int = 0
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
+    rejections: int = 0
+    new_tokens: int = 0
+    repacks: int = 0
+    position_drafted: list[int] = field(default_factory=list)
+    position_accepted: list[int] = field(default_factory=list)
+    num_draft_tokens_history: list[int] = field(default_factory=list)
+    draft_time: float = 0.0
+    draft_prefill_time: float = 0.0
+    target_time: float = 0.0
+    target_prefill_time: float = 0.0
+    verify_time: float = 0.0
+    bookkeeping_time: float = 0.0
+    alignment_time: float = 0.0
+    total_time: float = 0.0
+
+    # ------------------------------------------------------------------ derived values
+    @property
+    def acceptance_rate(self) -> float:
+        """Accepted / drafted tokens."""
+        return _ratio(self.accepted_tokens, self.drafted_tokens)
+
+    @property
+    def acceptance_rate_per_position(self) -> list[float]:
+        """P(draft position i accepted | it was verified), i = 0..max gamma - 1."""
+        return [_ratio(a, d) for a, d in zip(self.position_accepted, self.position_drafted)]
+
+    @property
+    def alpha(self) -> float:
+        """Estimate of Leviathan's per-token acceptance ``alpha``: under the i.i.d. model the
+        number of accepted drafts per row-step is a truncated geometric variable, whose maximum
+        likelihood estimate is accepted / (accepted + rejections)."""
+        return _ratio(self.accepted_tokens, self.accepted_tokens + self.rejections)
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """Mean number of accepted drafts (tau) per row-step."""
+        return _ratio(self.accepted_tokens, self.row_steps)
+
+    @property
+    def block_efficiency(self) -> float:
+        """New tokens per row per target verification call (tau + 1 on average, less where
+        EOS or the length limit cut a block)."""
+        return _ratio(self.new_tokens, self.row_steps)
+
+    @property
+    def mean_num_draft_tokens(self) -> float:
+        """Mean gamma over the steps (changes with the ``heuristic`` / ``optimal`` schedules)."""
+        return _ratio(sum(self.num_draft_tokens_history), len(self.num_draft_tokens_history))
+
+    @property
+    def draft_time_per_call(self) -> float:
+        """Seconds per draft forward, prefill excluded."""
+        return _ratio(self.draft_time - self.draft_prefill_time, self.draft_calls - (1 if self.draft_calls else 0))
+
+    @property
+    def target_time_per_call(self) -> float:
+        """Seconds per target verification forward, prefill excluded."""
+        return _ratio(self.target_time - self.target_prefill_time, self.target_calls - self.target_prefill_calls)
+
+    @property
+    def cost_ratio(self) -> float:
+        """Measured ``c = t_draft / t_target`` per forward call."""
+        return _ratio(self.draft_time_per_call, self.target_time_per_call)
+
+    @property
+    def tokens_per_second(self) -> float:
+        """New tokens (all rows) per second of wall time."""
+        return _ratio(self.new_tokens, self.total_time)
+
+    @property
+    def predicted_speedup(self) -> float:
+        """Leviathan's expected speed-up ``(1 - a^(g+1)) / ((1 - a)(g c + 1))`` at the measured
+        ``alpha``, cost ratio ``c`` and (rounded) mean gamma."""
+        gamma = round(self.mean_num_draft_tokens)
+        if gamma < 1 or self.target_time_per_call <= 0.0:
+            return 0.0
+        return expected_speedup(min(max(self.alpha, 0.0), 1.0), gamma, self.cost_ratio)
+
+    @property
+    def predicted_tokens_per_call(self) -> float:
+        """Leviathan's expected tokens per target call ``(1 - a^(g+1)) / (1 - a)``."""
+        gamma = round(self.mean_num_draft_tokens)
+        if gamma < 1:
+            return 0.0
+        return expected_tokens_per_call(min(max(self.alpha, 0.0), 1.0), gamma)
+
+    @property
+    def other_time(self) -> float:
+        """Wall time not in any of the four parts (setup, checks, Python overhead)."""
+        return max(self.total_time - self.draft_time - self.target_time - self.verify_time - self.bookkeeping_time, 0.0)
+
+    # ------------------------------------------------------------------- presentation
+    def to_dict(self) -> dict[str, Any]:
+        """Every counter and every derived value, as plain Python types."""
+        data = asdict(self)
+        for name in (
+            "acceptance_rate", "acceptance_rate_per_position", "alpha", "mean_accepted_length",
+            "block_efficiency", "mean_num_draft_tokens", "draft_time_per_call", "target_time_per_call",
+            "cost_ratio", "tokens_per_second", "predicted_speedup", "predicted_tokens_per_call", "other_time",
+        ):
+            data[name] = getattr(self, name)
+        return data
+
+    def __str__(self) -> str:
+        total = self.total_time or 1.0
+
+        def share(t: float) -> str:
+            return f"{t * 1000:9.1f} ms  {100.0 * t / total:5.1f}%"
+
+        per_pos = " ".join(f"{r:.2f}" for r in self.acceptance_rate_per_position) or "-"
+        lines = [
+            f"SpeculativeStats  rule={self.rule}  batch={self.batch_size}  schedule={self.draft_schedule}",
+            f"  new tokens            {self.new_tokens}   ({self.tokens_per_second:.1f} tok/s)",
+            f"  steps / row-steps     {self.steps} / {self.row_steps}",
+            f"  target calls          {self.target_calls}  (prefill {self.target_prefill_calls})",
+            f"  draft calls           {self.draft_calls}",
+            f"  drafted / accepted    {self.drafted_tokens} / {self.accepted_tokens}  "
+            f"(acceptance {self.acceptance_rate:.3f}, alpha {self.alpha:.3f})",
+            f"  per position          {per_pos}",
+            f"  mean gamma            {self.mean_num_draft_tokens:.2f}",
+            f"  mean accepted length  {self.mean_accepted_length:.3f}",
+            f"  block efficiency      {self.block_efficiency:.3f} new tokens / target call / row",
+            f"  cost ratio c          {self.cost_ratio:.3f}",
+            f"  predicted speedup     {self.predicted_speedup:.2f}x (Leviathan, measured alpha and c)",
+            "  time",
+            f"    draft               {share(self.draft_time)}",
+            f"    target              {share(self.target_time)}",
+            f"    verify              {share(self.verify_time)}",
+            f"    bookkeeping         {share(self.bookkeeping_time)}  (alignment {self.alignment_time * 1000:.1f} ms,"
+            f" {self.repacks} re-packs)",
+            f"    other               {share(self.other_time)}",
+            f"    total               {self.total_time * 1000:9.1f} ms",
+        ]
+        return "\n".join(lines)
