@@ -19,11 +19,9 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import specdecode  # noqa: E402
-from harness import base_parser, environment, format_table, median, time_call, write_results  # noqa: E402
-from specdecode.reference import verify_logits_reference  # noqa: E402
+import specdecode
+from specdecode.benchmarking import base_parser, environment, format_table, median, time_call, write_results
+from specdecode.reference import verify_logits_reference
 
 FULL_SHAPES = [(1, 5, 32000), (8, 8, 32000), (32, 8, 128256)]
 QUICK_SHAPES = [(1, 5, 32000), (4, 4, 4096)]
@@ -94,6 +92,7 @@ def main() -> None:
     parser.add_argument("--no-reference", action="store_true", help="skip the (slow) row-by-row reference")
     args = parser.parse_args()
     if args.device == "cuda":
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
         from cuda_verify_bench import main as cuda_main
 
         cuda_main(args)

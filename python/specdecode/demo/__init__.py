@@ -52,7 +52,7 @@ PROMPTS_FILE: Path = DEMO_DIR / "prompts.json"
 #: Default enlargement used by :func:`load_benchmark_pair` (chosen so that one decode
 #: step of the enlarged target costs >= 20x one decode step of the draft on a 2-core CPU).
 BENCHMARK_EXTRA_LAYERS: int = 10
-BENCHMARK_INTERMEDIATE_SIZE: int = 8192
+BENCHMARK_INTERMEDIATE_SIZE: int = 4096
 
 
 def load_demo_pair(

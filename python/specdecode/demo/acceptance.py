@@ -27,7 +27,7 @@ from typing import Any, Sequence
 
 import torch
 
-__all__ = ["AcceptanceEstimate", "estimate_acceptance", "expected_tokens_per_call"]
+__all__ = ["AcceptanceEstimate", "estimate_acceptance"]
 
 
 @dataclass
@@ -45,17 +45,6 @@ class AcceptanceEstimate:
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-def expected_tokens_per_call(alpha: float, k: int) -> float:
-    """Expected tokens produced per target verification call for speculation length ``k``.
-
-    >>> round(expected_tokens_per_call(0.5, 3), 4)
-    1.875
-    """
-    if alpha >= 1.0:
-        return float(k + 1)
-    return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
 
 
 @torch.no_grad()

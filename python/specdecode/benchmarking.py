@@ -1,4 +1,4 @@
-"""Shared benchmark harness: timing with warm-up and medians, a plain-text table, CSV/JSON.
+"""Shared benchmark harness (used by every script in ``benchmarks/``): timing with warm-up and medians, a plain-text table, CSV/JSON.
 
 Machines here are noisy, so every benchmark reports medians and ratios against a baseline
 measured in the same run; absolute times mean little.
@@ -83,8 +83,9 @@ def write_results(out_dir: str | Path, name: str, rows: list[dict[str, Any]], me
     return csv_path, json_path
 
 
-def base_parser(description: str) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=description)
+def base_parser(description: str, prog: str | None = None) -> argparse.ArgumentParser:
+    """Arguments every benchmark takes: --quick, --repeats, --out, --seed."""
+    parser = argparse.ArgumentParser(description=description, prog=prog)
     parser.add_argument("--quick", action="store_true", help="small shapes and few repeats (CI smoke run)")
     parser.add_argument("--repeats", type=int, default=None, help="timed runs per case (median reported)")
     parser.add_argument("--out", default="bench_results", help="directory for the CSV/JSON results")
