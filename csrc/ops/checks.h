@@ -9,6 +9,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 
 #include "kernels/common.h"
 
@@ -106,6 +107,18 @@ inline VerifyDims check_verify_inputs(const char* target_name, const at::Tensor&
     TORCH_CHECK_VALUE(t->device() == target.device(), "all inputs must be on ", target_name, "'s device ",
                       target.device(), ", got one on ", t->device());
   return {B, gamma, V};
+}
+
+// philox_seed / philox_offset: one-element int64 tensors on the inputs' device.
+inline void check_philox_args(const at::Tensor& target, const at::Tensor& philox_seed,
+                              const at::Tensor& philox_offset) {
+  for (const auto& [name, t] : {std::pair<const char*, const at::Tensor*>{"philox_seed", &philox_seed},
+                                std::pair<const char*, const at::Tensor*>{"philox_offset", &philox_offset}}) {
+    TORCH_CHECK_TYPE(t->scalar_type() == at::kLong, name, ": expected int64, got ", t->scalar_type());
+    TORCH_CHECK_VALUE(t->numel() == 1, name, ": expected exactly one element, got shape ", t->sizes());
+    TORCH_CHECK_VALUE(t->device() == target.device(), name, ": expected device ", target.device(), ", got ",
+                      t->device());
+  }
 }
 
 inline void check_sampling_params(double temperature, int64_t top_k, double top_p, double min_p) {

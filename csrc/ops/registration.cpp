@@ -18,4 +18,17 @@ TORCH_LIBRARY(specdecode, m) {
       "verify_logits(Tensor target_logits, Tensor? draft_logits, Tensor draft_tokens, "
       "Tensor num_draft_tokens, Tensor uniforms, float temperature, int top_k, float top_p, "
       "float min_p, str rule, float[] rule_params) -> (Tensor, Tensor)");
+  // The same two ops with their coins drawn inside the op from Philox4x32-10, keyed by
+  // (philox_seed, philox_offset): one-element int64 tensors on the inputs' device that the
+  // op only reads, so on CUDA the call can be captured in a graph and replayed (advance the
+  // offset between calls, e.g. offset.add_(1), itself captured). Coin of row b, column i:
+  // philox_uniform(seed, offset, b, i) (csrc/kernels/philox.h), in the uniforms layout above.
+  m.def(
+      "verify_probs_philox(Tensor target_probs, Tensor? draft_probs, Tensor draft_tokens, "
+      "Tensor num_draft_tokens, Tensor philox_seed, Tensor philox_offset, str rule, float[] rule_params) "
+      "-> (Tensor, Tensor)");
+  m.def(
+      "verify_logits_philox(Tensor target_logits, Tensor? draft_logits, Tensor draft_tokens, "
+      "Tensor num_draft_tokens, Tensor philox_seed, Tensor philox_offset, float temperature, int top_k, "
+      "float top_p, float min_p, str rule, float[] rule_params) -> (Tensor, Tensor)");
 }

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "kernels/philox.h"
 #include "kernels/rules.h"
 #include "ops/checks.h"
 
@@ -150,11 +151,49 @@ std::tuple<at::Tensor, at::Tensor> verify_logits_cpu(const at::Tensor& target_lo
   return result;
 }
 
+// The [B, gamma+1] coins of one Philox call, computed on the host exactly as the CUDA kernels
+// compute them on the device.
+at::Tensor philox_uniforms(const at::Tensor& target, const at::Tensor& draft_tokens, const at::Tensor& philox_seed,
+                           const at::Tensor& philox_offset) {
+  check_philox_args(target, philox_seed, philox_offset);
+  TORCH_CHECK_VALUE(draft_tokens.dim() == 2, "draft_tokens: expected shape [B, gamma], got ", draft_tokens.sizes());
+  const int64_t B = draft_tokens.size(0), columns = draft_tokens.size(1) + 1;
+  const uint64_t seed = static_cast<uint64_t>(philox_seed.item<int64_t>());
+  const uint64_t offset = static_cast<uint64_t>(philox_offset.item<int64_t>());
+  at::Tensor uniforms = at::empty({B, columns}, draft_tokens.options().dtype(at::kDouble));
+  double* u = uniforms.data_ptr<double>();
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t i = 0; i < columns; ++i)
+      u[b * columns + i] = kernels::cuda::philox_uniform(seed, offset, static_cast<uint64_t>(b), static_cast<uint64_t>(i));
+  return uniforms;
+}
+
+std::tuple<at::Tensor, at::Tensor> verify_probs_philox_cpu(
+    const at::Tensor& target_probs, const std::optional<at::Tensor>& draft_probs, const at::Tensor& draft_tokens,
+    const at::Tensor& num_draft_tokens, const at::Tensor& philox_seed, const at::Tensor& philox_offset,
+    c10::string_view rule_name, at::ArrayRef<double> rule_params) {
+  return verify_probs_cpu(target_probs, draft_probs, draft_tokens, num_draft_tokens,
+                          philox_uniforms(target_probs, draft_tokens, philox_seed, philox_offset), rule_name,
+                          rule_params);
+}
+
+std::tuple<at::Tensor, at::Tensor> verify_logits_philox_cpu(
+    const at::Tensor& target_logits, const std::optional<at::Tensor>& draft_logits, const at::Tensor& draft_tokens,
+    const at::Tensor& num_draft_tokens, const at::Tensor& philox_seed, const at::Tensor& philox_offset,
+    double temperature, int64_t top_k, double top_p, double min_p, c10::string_view rule_name,
+    at::ArrayRef<double> rule_params) {
+  return verify_logits_cpu(target_logits, draft_logits, draft_tokens, num_draft_tokens,
+                           philox_uniforms(target_logits, draft_tokens, philox_seed, philox_offset), temperature,
+                           top_k, top_p, min_p, rule_name, rule_params);
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(specdecode, CPU, m) {
   m.impl("verify_probs", &verify_probs_cpu);
   m.impl("verify_logits", &verify_logits_cpu);
+  m.impl("verify_probs_philox", &verify_probs_philox_cpu);
+  m.impl("verify_logits_philox", &verify_logits_philox_cpu);
 }
 
 }  // namespace ops

@@ -61,3 +61,39 @@ def _verify_logits_fake(
     others = {"draft_logits": draft_logits, "draft_tokens": draft_tokens, "num_draft_tokens": num_draft_tokens,
               "uniforms": uniforms}
     return _verify_outputs(target_logits, others, draft_tokens)
+
+
+@torch.library.register_fake("specdecode::verify_probs_philox")
+def _verify_probs_philox_fake(
+    target_probs: Tensor,
+    draft_probs: Tensor | None,
+    draft_tokens: Tensor,
+    num_draft_tokens: Tensor,
+    philox_seed: Tensor,
+    philox_offset: Tensor,
+    rule: str,
+    rule_params: Sequence[float],
+) -> tuple[Tensor, Tensor]:
+    others = {"draft_probs": draft_probs, "draft_tokens": draft_tokens, "num_draft_tokens": num_draft_tokens,
+              "philox_seed": philox_seed, "philox_offset": philox_offset}
+    return _verify_outputs(target_probs, others, draft_tokens)
+
+
+@torch.library.register_fake("specdecode::verify_logits_philox")
+def _verify_logits_philox_fake(
+    target_logits: Tensor,
+    draft_logits: Tensor | None,
+    draft_tokens: Tensor,
+    num_draft_tokens: Tensor,
+    philox_seed: Tensor,
+    philox_offset: Tensor,
+    temperature: float,
+    top_k: int,
+    top_p: float,
+    min_p: float,
+    rule: str,
+    rule_params: Sequence[float],
+) -> tuple[Tensor, Tensor]:
+    others = {"draft_logits": draft_logits, "draft_tokens": draft_tokens, "num_draft_tokens": num_draft_tokens,
+              "philox_seed": philox_seed, "philox_offset": philox_offset}
+    return _verify_outputs(target_logits, others, draft_tokens)

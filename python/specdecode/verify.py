@@ -44,7 +44,8 @@ def _prepare_common(
     uniforms: Tensor | None,
     info: RuleInfo,
     check_values: bool = True,
-) -> tuple[Tensor, Tensor]:
+    philox: tuple[Tensor, Tensor] | None = None,
+) -> tuple[Tensor, Tensor | None]:
     """Shape, dtype and device checks shared by verify and verify_logits. Returns the filled-in
     ``num_draft_tokens`` [B] int64 and ``uniforms`` [B, gamma+1] float64."""
     _check_dist_tensor(target_name, target, "[B, gamma+1, V]")
@@ -100,6 +101,12 @@ def _prepare_common(
         if bool((used & ((draft_tokens < 0) | (draft_tokens >= V))).any()):
             raise ValueError(f"draft_tokens: every used draft token must lie in [0, V) = [0, {V})")
 
+    if philox is not None:
+        if uniforms is not None or generator is not None:
+            raise ValueError("philox_seed / philox_offset: pass them instead of uniforms or generator, not with them")
+        if not info.builtin:
+            raise ValueError(f"philox_seed: rule {info.name!r} is a Python rule; pass uniforms or a generator")
+        return num_draft_tokens, None  # the op draws its own coins
     if uniforms is None:
         uniforms = torch.rand((B, gamma + 1), dtype=torch.float64, device=device, generator=generator)
     else:
@@ -116,6 +123,18 @@ def _prepare_common(
         if bool(((uniforms < 0) | (uniforms >= 1) | uniforms.isnan()).any()):
             raise ValueError("uniforms: every value must lie in [0, 1)")
     return num_draft_tokens, uniforms
+
+
+def _philox_pair(philox_seed: Tensor | None, philox_offset: Tensor | None) -> tuple[Tensor, Tensor] | None:
+    if philox_seed is None and philox_offset is None:
+        return None
+    if philox_seed is None or philox_offset is None:
+        missing = "philox_seed" if philox_seed is None else "philox_offset"
+        raise ValueError(f"{missing}: philox_seed and philox_offset go together (one-element int64 tensors)")
+    for name, value in (("philox_seed", philox_seed), ("philox_offset", philox_offset)):
+        if not isinstance(value, Tensor):
+            raise TypeError(f"{name}: expected a one-element int64 tensor, got {type(value).__name__}")
+    return philox_seed, philox_offset
 
 
 def _check_probabilities(name: str, probs: Tensor) -> None:
@@ -151,6 +170,8 @@ def verify(
     num_draft_tokens: Tensor | None = None,
     generator: torch.Generator | None = None,
     uniforms: Tensor | None = None,
+    philox_seed: Tensor | None = None,
+    philox_offset: Tensor | None = None,
     validate: bool = True,
     **rule_options: Any,
 ) -> VerifyOutput:
@@ -170,6 +191,10 @@ def verify(
 
     ``rule`` is a name from :func:`specdecode.list_rules`; ``rule_options`` are its options
     (typical: ``epsilon``, ``delta``, ``sample_correction``; top_beta: ``beta``, ``tolerance``).
+    ``philox_seed`` / ``philox_offset`` (one-element int64 tensors on the inputs' device, instead
+    of ``uniforms``/``generator``) make the op draw its coins from Philox4x32-10 itself, reading
+    seed and offset from memory: on CUDA such a call can be captured in a CUDA graph (advance
+    the offset between calls). The coins equal those documented in ``csrc/kernels/philox.h``.
     With ``validate`` (default) the probabilities are checked (finite, non-negative, rows sum
     to 1, drafted tokens have ``q > 0``), at the cost of one extra pass over them.
 
@@ -181,9 +206,10 @@ def verify(
         (torch.Size([2, 4]), torch.Size([2]))
     """
     info = get_rule(rule)
+    philox = _philox_pair(philox_seed, philox_offset)
     num_draft_tokens, uniforms = _prepare_common(
         "target_probs", target_probs, "draft_probs", draft_probs, draft_tokens, num_draft_tokens,
-        generator, uniforms, info,
+        generator, uniforms, info, philox=philox,
     )
     B, gamma = draft_tokens.shape
     if validate:
@@ -205,10 +231,13 @@ def verify(
                          uniforms=uniforms, **rule_options)
         return _as_verify_output(result, B, gamma, rule)
     params = builtin_rule_params(info, rule_options)
-    tokens, accepted_len = ops.verify_probs(
-        target_probs, draft_probs if info.needs_draft_probs else None, draft_tokens, num_draft_tokens, uniforms,
-        info.name, params,
-    )
+    draft = draft_probs if info.needs_draft_probs else None
+    if philox is not None:
+        tokens, accepted_len = ops.verify_probs_philox(
+            target_probs, draft, draft_tokens, num_draft_tokens, *philox, info.name, params)
+    else:
+        tokens, accepted_len = ops.verify_probs(
+            target_probs, draft, draft_tokens, num_draft_tokens, uniforms, info.name, params)
     return VerifyOutput(tokens, accepted_len)
 
 
@@ -240,6 +269,8 @@ def verify_logits(
     num_draft_tokens: Tensor | None = None,
     generator: torch.Generator | None = None,
     uniforms: Tensor | None = None,
+    philox_seed: Tensor | None = None,
+    philox_offset: Tensor | None = None,
     **rule_options: Any,
 ) -> VerifyOutput:
     """Verify from raw logits, applying standardized sampling inside the compiled op.
@@ -254,7 +285,8 @@ def verify_logits(
     Shape:
         target_logits: ``[B, gamma+1, V]`` float32 / float16 / bfloat16.
         draft_logits: ``[B, gamma, V]`` same dtype, or None for greedy / typical / top_beta.
-        draft_tokens, num_draft_tokens, uniforms, returns: as :func:`verify`.
+        draft_tokens, num_draft_tokens, uniforms, philox_seed, philox_offset, returns: as
+            :func:`verify`.
 
     NaN or ``+inf`` logits in a row the rule reads raise ``ValueError`` (``-inf`` masks a
     token). Probabilities are computed in float32 with float64 sums, so results match
@@ -266,9 +298,10 @@ def verify_logits(
     params = builtin_rule_params(info, rule_options) if info.builtin else []
     if float(temperature) == 0.0 and info.builtin:
         info, params = get_rule("greedy"), []
+    philox = _philox_pair(philox_seed, philox_offset)
     num_draft_tokens, uniforms = _prepare_common(
         "target_logits", target_logits, "draft_logits", draft_logits, draft_tokens, num_draft_tokens,
-        generator, uniforms, info, check_values=False,
+        generator, uniforms, info, check_values=False, philox=philox,
     )
     B, gamma = draft_tokens.shape
     if not info.builtin:
@@ -279,8 +312,12 @@ def verify_logits(
         result = info.fn(target_probs, draft_probs, draft_tokens, num_draft_tokens=num_draft_tokens,
                          uniforms=uniforms, **rule_options)
         return _as_verify_output(result, B, gamma, rule)
-    tokens, accepted_len = ops.verify_logits(
-        target_logits, draft_logits if info.needs_draft_probs else None, draft_tokens, num_draft_tokens, uniforms,
-        float(temperature), int(top_k), float(top_p), float(min_p), info.name, params,
-    )
+    draft = draft_logits if info.needs_draft_probs else None
+    sampling = (float(temperature), int(top_k), float(top_p), float(min_p))
+    if philox is not None:
+        tokens, accepted_len = ops.verify_logits_philox(
+            target_logits, draft, draft_tokens, num_draft_tokens, *philox, *sampling, info.name, params)
+    else:
+        tokens, accepted_len = ops.verify_logits(
+            target_logits, draft, draft_tokens, num_draft_tokens, uniforms, *sampling, info.name, params)
     return VerifyOutput(tokens, accepted_len)

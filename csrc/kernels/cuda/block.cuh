@@ -5,7 +5,7 @@
 //         denominator is 0), for i < n;  h_n = w_n
 //   tau = max{i : u_i < h_i} (0 if none), searched from the top down
 //   y ~ p_{n+1} if tau = n, else y ~ norm((w_tau p_{tau+1} - q_{tau+1})_+) (zero mass: p_{tau+1})
-// w_i p - q is rounded as two operations (no FMA), as on the CPU.
+// The residual (w_i p - q)_+ is rounded exactly as the CPU's residual() (no FMA).
 #pragma once
 
 #include "kernels/cuda/row.cuh"
@@ -55,7 +55,7 @@ __device__ RowOutcome block_verify_row_cuda(RowCtx<BLOCK, Src>& c) {
       const State sd = c.draft_states[i];   // q_{i+1}
       double z = 0.0;
       row_pair_for_each<BLOCK>(c.target_row(i), c.draft_row(i), c.V, [&](int64_t, T p_raw, T q_raw) {
-        z += clip_positive(__dsub_rn(__dmul_rn(wi, src.value_prob(st, p_raw)), src.value_prob(sd, q_raw)));
+        z += src.residual_value(st, p_raw, sd, q_raw, wi);
       });
       z = block_reduce<BLOCK>(z, OpSum(), c.sh.reduce);
       const double denom = z + (1.0 - wi);

@@ -77,9 +77,6 @@ __device__ __forceinline__ float scaled_exp(float logit, float max_logit, float 
   return fast_exp_nonpositive_dev(__fmul_rn(__fsub_rn(logit, max_logit), inv_temp));
 }
 
-// std::max(d, 0.0) exactly (a NaN difference stays NaN, as on the CPU).
-__device__ __forceinline__ double clip_positive(double d) { return d < 0.0 ? 0.0 : d; }
-
 // Order-preserving map float -> uint32 (larger float, larger key); -0 is folded onto +0 so
 // that keys are equal exactly when the floats compare equal. NaN never reaches it.
 __device__ __forceinline__ uint32_t float_to_key(float v) {

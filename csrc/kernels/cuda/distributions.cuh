@@ -13,6 +13,9 @@
 //     for bit (same polynomial, no FMA contraction); the normaliser sum(e) is accumulated in
 //     float64 per thread (the CPU sums float32 partials of 2048 entries), so 1/sum may differ
 //     from the CPU's by ~1e-7..1e-6 relative: see tests/test_cuda.py for what that allows;
+//   * residuals (w p - q)_+ round exactly as the CPU's residual(): w * p - q for probabilities,
+//     e_p * (w * inv_norm_p) - e_q * inv_norm_q for logits, each product and difference
+//     rounded on its own (explicit _rn intrinsics: no FMA contraction);
 //   * the inverse CDF uses the same rule (first x whose cumulative weight exceeds u * total,
 //     never a zero-weight x) with a chunked parallel prefix sum in float64 instead of a
 //     sequential one: results agree unless u * total lies within ~1e-13 (relative) of a
@@ -192,6 +195,11 @@ struct ProbSource {
   }
   __device__ __forceinline__ double value_prob(const State&, T raw) const { return to_double(raw); }
   __device__ __forceinline__ double prob(const State&, const T* row, int64_t x) const { return to_double(row[x]); }
+  // ProbRow::residual for one element: max(w p - q, 0), product and difference rounded apart.
+  __device__ __forceinline__ double residual_value(const State&, T p_raw, const State&, T q_raw, double w) const {
+    const double r = __dsub_rn(__dmul_rn(w, to_double(p_raw)), to_double(q_raw));
+    return r > 0.0 ? r : 0.0;
+  }
   template <int BLOCK>
   __device__ ArgMaxResult argmax(const T* row, int64_t V, BlockShared& sh) const {
     return block_argmax_row<BLOCK, false>(row, V, sh);
@@ -277,8 +285,8 @@ __device__ __noinline__ float radix_kth_largest(const T* row, int64_t V, int64_t
 // masses being e = fast_exp((l - max) / T) in float64. Radix search from the top, 8 bits a
 // pass, carrying the mass of everything above the current prefix.
 template <int BLOCK, typename T>
-__device__ __noinline__ float top_p_threshold(const T* row, int64_t V, float max_logit, float inv_temp, float keep, double top_p,
-                                 BlockShared& sh) {
+__device__ __noinline__ float top_p_threshold(const T* row, int64_t V, float max_logit, float inv_temp, float keep,
+                                              double top_p, BlockShared& sh) {
   const int lane = threadIdx.x & (kWarpSize - 1);
   uint32_t prefix = 0, mask = 0;
   double above = 0.0;  // kept mass strictly above every key matching prefix
@@ -422,6 +430,21 @@ struct LogitSource {
   __device__ __forceinline__ double prob(const State& s, const T* row, int64_t x) const {
     return value_prob(s, row[x]);
   }
+  // LogitRow::residual (logit_loops.h residual_body) for one element:
+  //   max(e_p * (w * inv_norm_p) - e_q * inv_norm_q, 0), 0 when either row is bad.
+  __device__ __forceinline__ double residual_value(const State& sp, T p_raw, const State& sq, T q_raw,
+                                                   double w) const {
+    if (sp.status != kOk || sq.status != kOk) return 0.0;
+    const float lp = to_float(p_raw);
+    const float lq = to_float(q_raw);
+    const float ep = scaled_exp(lp, sp.max_logit, params.inv_temp);
+    const float eq = scaled_exp(lq, sq.max_logit, params.inv_temp);
+    const double wp_norm = __dmul_rn(w, sp.inv_norm);
+    const double p = (lp >= sp.keep_logit && ep >= sp.min_e) ? __dmul_rn(static_cast<double>(ep), wp_norm) : 0.0;
+    const double q = (lq >= sq.keep_logit && eq >= sq.min_e) ? __dmul_rn(static_cast<double>(eq), sq.inv_norm) : 0.0;
+    const double r = __dsub_rn(p, q);
+    return r > 0.0 ? r : 0.0;
+  }
   // argmax of the processed distribution = argmax of the raw logits; sets the row's status.
   template <int BLOCK>
   __device__ ArgMaxResult argmax(const T* row, int64_t V, BlockShared& sh) const {
@@ -430,8 +453,8 @@ struct LogitSource {
 };
 
 // The weights every rule samples from, as one type so that the sampler is compiled once per
-// source: p(x) when q_row is null, else the residual (scale * p(x) - q(x))_+ with the product
-// and the difference rounded separately (scale = 1 gives token verification's p - q exactly).
+// source: p(x) when q_row is null, else the residual (scale * p(x) - q(x))_+ exactly as the
+// CPU's residual() rounds it (scale = 1 for token verification, w_tau for block).
 template <class Src>
 struct SampleWeight {
   using T = typename Src::Elem;
@@ -442,9 +465,8 @@ struct SampleWeight {
   const T* q_row;
   double scale;
   __device__ __forceinline__ double operator()(int64_t x) const {
-    const double p = src->prob(p_state, p_row, x);
-    if (q_row == nullptr) return p;
-    return clip_positive(__dsub_rn(__dmul_rn(scale, p), src->prob(q_state, q_row, x)));
+    if (q_row == nullptr) return src->prob(p_state, p_row, x);
+    return src->residual_value(p_state, p_row[x], q_state, q_row[x], scale);
   }
 };
 

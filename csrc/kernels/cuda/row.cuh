@@ -94,12 +94,12 @@ struct RowCtx {
     const int64_t y = block_sample_inverse_cdf<BLOCK>(weight, V, emit_uniform(), sh);
     return y >= 0 ? y : sample_target(sp, i);
   }
-  // The row's final status: the rule's own, else the first bad target row, else the first bad
-  // draft row (verify_cpu.cpp's order).
+  // The row's final status, in verify_cpu.cpp's order: the first bad target row read, else the
+  // first bad draft row read (flagged kStatusInDraft), else the rule's own status.
   __device__ int32_t final_status(int32_t rule_status) const {
-    if (rule_status != kOk) return rule_status;
     if (bad_target_status != kOk) return bad_target_status;
-    return bad_draft_status;
+    if (bad_draft_status != kOk) return bad_draft_status | kStatusInDraft;
+    return rule_status;
   }
 };
 

@@ -8,7 +8,8 @@
 //   uniforms [B, gamma+1] float64: column i < num_draft_tokens[b] is draft i's acceptance coin,
 //   column gamma the emitted token's inverse-CDF coin (the layout of the CPU ops);
 //   out_tokens [B, gamma+1] int64: accepted drafts, the emitted token, then -1;
-//   out_accepted_len [B] int64; out_status [B] int32 (kernels::RowStatus; kOk = 0).
+//   out_accepted_len [B] int64; out_status [B] int32: kernels::RowStatus (kOk = 0), with
+//   kStatusInDraft OR-ed in when the bad distribution is the draft's (as the CPU ops).
 // Every output element is written, so the outputs may be uninitialised memory. A row whose
 // status is not kOk gets out_tokens all -1 and out_accepted_len -1.
 //

@@ -8,7 +8,7 @@
 
 #include "kernels/cuda/block.cuh"
 #include "kernels/cuda/greedy.cuh"
-#include "kernels/cuda/philox.cuh"
+#include "kernels/philox.h"
 #include "kernels/cuda/token.cuh"
 #include "kernels/cuda/top_beta.cuh"
 #include "kernels/cuda/typical.cuh"

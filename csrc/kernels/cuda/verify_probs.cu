@@ -25,8 +25,11 @@ __global__ void philox_uniforms_kernel(PhiloxSeedOffset rng, int64_t batch, int6
   const int64_t total = batch * (gamma + 1);
   const uint64_t seed = static_cast<uint64_t>(*rng.seed);
   const uint64_t offset = static_cast<uint64_t>(*rng.offset);
-  for (int64_t k = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; k < total; k += int64_t{gridDim.x} * blockDim.x)
-    out[k] = philox_uniform(seed, offset, static_cast<uint64_t>(k / (gamma + 1)), static_cast<uint64_t>(k % (gamma + 1)));
+  for (int64_t k = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; k < total; k += int64_t{gridDim.x} * blockDim.x) {
+    const uint64_t row = static_cast<uint64_t>(k / (gamma + 1));
+    const uint64_t column = static_cast<uint64_t>(k % (gamma + 1));
+    out[k] = philox_uniform(seed, offset, row, column);
+  }
 }
 
 cudaError_t launch_philox_uniforms(PhiloxSeedOffset rng, int64_t batch, int64_t gamma, double* out,
