@@ -156,7 +156,10 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
             per_position = [statistics.median(s.acceptance_rate_per_position[i] for s in stats_runs
                                               if i < len(s.acceptance_rate_per_position))
                             for i in range(gamma)]
-            row.update(alpha=alpha, block_efficiency=statistics.median(s.block_efficiency for s in stats_runs),
+            efficiency = statistics.median(s.block_efficiency for s in stats_runs)
+            row.update(alpha=alpha, block_efficiency=efficiency,
+                       draft_call_s=statistics.median(s.draft_time_per_call for s in stats_runs),
+                       verify_call_s=statistics.median(s.target_time_per_call for s in stats_runs),
                        acceptance_by_position=[round(a, 4) for a in per_position],
                        predicted_speedup=expected_speedup(min(alpha, 1.0), gamma, c_measured),
                        verify_share=statistics.median(s.verify_time / max(s.total_time, 1e-12) for s in stats_runs),
@@ -173,6 +176,13 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
         row["x_hf"] = row["tok_per_s"] / hf
         if "predicted_speedup" in row:
             row["measured_over_predicted"] = row["x_target"] / row["predicted_speedup"]
+            # Leviathan's formula assumes a verify call (gamma+1 tokens) costs one decode step of
+            # the target. On a CPU it costs more; this prediction uses the measured costs instead:
+            # tokens per call x (target-alone time per token) / (gamma draft calls + one verify call).
+            step_s = batch_size / base  # target alone: seconds per decode step of the batch
+            row["cost_aware_prediction"] = (row["block_efficiency"] * step_s
+                                            / (gamma * row["draft_call_s"] + row["verify_call_s"]))
+            row["measured_over_cost_aware"] = row["x_target"] / row["cost_aware_prediction"]
         rows.append(row)
     meta = {**environment(), "pair": pair_name, "cost_ratio_c": c_measured, "gamma": gamma,
             "max_new_tokens": args.max_new_tokens, "num_prompts": len(prompts), "args": vars(args)}
@@ -182,7 +192,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
         meta["gamma_sweep"] = sweep
         plot(rows, sweep, Path(args.out))
     columns = ["temperature", "batch", "method", "tok_per_s", "x_target", "x_hf", "alpha", "block_efficiency",
-               "predicted_speedup", "measured_over_predicted"]
+               "predicted_speedup", "measured_over_predicted", "cost_aware_prediction", "measured_over_cost_aware"]
     print(format_table(rows, columns))
     for row in rows:
         if "acceptance_by_position" in row:
