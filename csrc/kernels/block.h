@@ -49,9 +49,7 @@ inline RowResult block_verify_row(const RowArgs<Dist>& a) {
     if (i == n || w[i] == 0.0 || w[i] == 1.0) {
       h = w[i];  // h_n = w_n; and w = 0 gives Z = 0, h = 0; w = 1 gives h = Z / Z = 1
     } else {
-      a.target[i].residual(a.draft[i], w[i], residual);  // (w_i p_{i+1} - q_{i+1})_+
-      double z = 0.0;
-      for (int64_t x = 0; x < V; ++x) z += residual[x];  // sequential, as the reference sums
+      const double z = a.target[i].residual(a.draft[i], w[i], residual);  // sum (w_i p_{i+1} - q_{i+1})_+
       const double denom = z + (1.0 - w[i]);
       h = denom > 0.0 ? z / denom : 1.0;
     }
@@ -63,8 +61,8 @@ inline RowResult block_verify_row(const RowArgs<Dist>& a) {
   for (int64_t i = 0; i < tau; ++i) a.out_tokens[i] = a.draft_tokens[i];
   if (tau == n) return emit(a.out_tokens, tau, sample_distribution(a.target[n], a.emit_uniform, a.ws->a));
 
-  a.target[tau].residual(a.draft[tau], w[tau], residual);
-  int64_t y = sample_from_weights(residual, V, a.emit_uniform);
+  const double mass = a.target[tau].residual(a.draft[tau], w[tau], residual);
+  int64_t y = sample_from_weights(residual, V, a.emit_uniform, mass);
   if (y < 0) y = sample_distribution(a.target[tau], a.emit_uniform, a.ws->a);  // zero-mass residual: p
   return emit(a.out_tokens, tau, y);
 }

@@ -42,24 +42,32 @@ struct RuleParams {
 
 enum class Rule : int32_t { kToken = 0, kBlock = 1, kGreedy = 2, kTypical = 3, kTopBeta = 4 };
 
-// Inverse-CDF sampling from non-negative weights w[0..V) with one uniform u in [0, 1).
-// The cumulative sum runs sequentially in double, exactly as torch.cumsum does on the CPU, so
-// the PyTorch reference returns the same index for the same weights and uniform. Returns the
-// first x with cumsum[x] > u * total; only a strictly positive weight can raise the cumsum, so
-// a zero-weight token is never returned. Returns -1 when there is no positive finite mass.
-inline int64_t sample_from_weights(const double* w, int64_t V, double u) {
-  double total = 0.0;
-  for (int64_t x = 0; x < V; ++x) total += w[x];
+// Inverse-CDF sampling from non-negative weights w[0..V) with one uniform u in [0, 1), given
+// their total mass: the first x with cumsum[x] > u * total. The cumulative sum runs
+// sequentially in double, exactly as torch.cumsum does on the CPU, and stops at the hit. Only a
+// strictly positive weight can raise the cumsum, so a zero-weight token is never returned.
+// Returns -1 when there is no positive finite mass.
+inline int64_t sample_from_weights(const double* w, int64_t V, double u, double total) {
   if (!(total > 0.0) || !std::isfinite(total)) return -1;
   const double threshold = u * total;
   double cum = 0.0;
   int64_t last_positive = -1;
   for (int64_t x = 0; x < V; ++x) {
     cum += w[x];
-    if (w[x] > 0.0) last_positive = x;
-    if (cum > threshold && w[x] > 0.0) return x;
+    if (w[x] > 0.0) {
+      if (cum > threshold) return x;
+      last_positive = x;
+    }
   }
   return last_positive;  // rounding put the threshold at the very top: take the last token
+}
+
+// The same with the total computed here, sequentially: then total equals the reference's
+// torch.cumsum(w)[-1] bit for bit, and so does every decision.
+inline int64_t sample_from_weights(const double* w, int64_t V, double u) {
+  double total = 0.0;
+  for (int64_t x = 0; x < V; ++x) total += w[x];
+  return sample_from_weights(w, V, u, total);
 }
 
 // argmax with ties resolved to the lowest index (torch.argmax's behaviour).

@@ -41,8 +41,14 @@ class ProbRow {
   ProbRow(const T* data, int64_t vocab_size) : data_(data), V_(vocab_size) {}
 
   double prob(int64_t x) const { return to_double(data_[x]); }
-  void fill(double* out) const {
-    for (int64_t x = 0; x < V_; ++x) out[x] = to_double(data_[x]);
+  // Writes the row as doubles; returns its sequential sum (= torch.cumsum(row)[-1]).
+  double fill(double* out) const {
+    double total = 0.0;
+    for (int64_t x = 0; x < V_; ++x) {
+      out[x] = to_double(data_[x]);
+      total += out[x];
+    }
+    return total;
   }
   int64_t argmax() const {
     int64_t best = 0;
@@ -59,12 +65,15 @@ class ProbRow {
   int32_t status() const { return kOk; }
   int64_t vocab_size() const { return V_; }
 
-  // out[x] = max(w p(x) - q(x), 0), p = this row, q = `draft`.
-  void residual(const ProbRow& draft, double w, double* out) const {
+  // out[x] = max(w p(x) - q(x), 0), p = this row, q = `draft`; returns the sequential sum.
+  double residual(const ProbRow& draft, double w, double* out) const {
+    double total = 0.0;
     for (int64_t x = 0; x < V_; ++x) {
       const double r = w * to_double(data_[x]) - to_double(draft.data_[x]);
       out[x] = r > 0.0 ? r : 0.0;
+      total += out[x];
     }
+    return total;
   }
 
  private:
@@ -97,13 +106,14 @@ class LogitRow {
     return static_cast<double>(e) * inv_norm_;
   }
 
-  void fill(double* out) const {
+  // Writes the processed probabilities; returns their sum (about 1).
+  double fill(double* out) const {
     prepare();
     if (status_ != kOk) {
       for (int64_t x = 0; x < V_; ++x) out[x] = 0.0;
-      return;
+      return 0.0;
     }
-    logit_loops<T>().fill_probs(logits_, V_, transform(), inv_norm_, out);
+    return logit_loops<T>().fill_probs(logits_, V_, transform(), inv_norm_, out);
   }
 
   // argmax of the processed distribution = argmax of the raw logits (ties: lowest id).
@@ -128,15 +138,15 @@ class LogitRow {
   int32_t status() const { return status_; }
   int64_t vocab_size() const { return V_; }
 
-  // out[x] = max(w p(x) - q(x), 0), p = this row, q = `draft`, in one fused pass.
-  void residual(const LogitRow& draft, double w, double* out) const {
+  // out[x] = max(w p(x) - q(x), 0), p = this row, q = `draft`, in one fused pass; returns its mass.
+  double residual(const LogitRow& draft, double w, double* out) const {
     prepare();
     draft.prepare();
     if (status_ != kOk || draft.status_ != kOk) {
       for (int64_t x = 0; x < V_; ++x) out[x] = 0.0;
-      return;
+      return 0.0;
     }
-    logit_loops<T>().residual(logits_, transform(), inv_norm_, draft.logits_, draft.transform(), draft.inv_norm_, w,
+    return logit_loops<T>().residual(logits_, transform(), inv_norm_, draft.logits_, draft.transform(), draft.inv_norm_, w,
                               V_, out);
   }
 
@@ -238,8 +248,8 @@ class LogitRow {
 // Draw from a distribution with one uniform (inverse CDF over the processed probabilities).
 template <class Dist>
 inline int64_t sample_distribution(const Dist& dist, double u, double* scratch) {
-  dist.fill(scratch);
-  return sample_from_weights(scratch, dist.vocab_size(), u);
+  const double total = dist.fill(scratch);
+  return sample_from_weights(scratch, dist.vocab_size(), u, total);
 }
 
 }  // namespace kernels

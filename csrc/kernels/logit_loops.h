@@ -64,24 +64,31 @@ SPECDECODE_ALWAYS_INLINE double sum_exp_body(const T* logits, int64_t V, RowTran
   return total;
 }
 
+// Writes the probabilities and returns their sum.
 template <typename T>
-SPECDECODE_ALWAYS_INLINE void fill_probs_body(const T* logits, int64_t V, RowTransform t, double inv_norm,
-                                             double* out) {
-#pragma omp simd
+SPECDECODE_ALWAYS_INLINE double fill_probs_body(const T* logits, int64_t V, RowTransform t, double inv_norm,
+                                               double* out) {
+  double total = 0.0;
+#pragma omp simd reduction(+ : total)
   for (int64_t x = 0; x < V; ++x) {
     const float l = static_cast<float>(logits[x]);
     const float e = fast_exp_nonpositive((l - t.max_logit) * t.inv_temp);
-    out[x] = ((l >= t.keep_logit) & (e >= t.min_e)) ? static_cast<double>(e) * inv_norm : 0.0;
+    const double p = ((l >= t.keep_logit) & (e >= t.min_e)) ? static_cast<double>(e) * inv_norm : 0.0;
+    out[x] = p;
+    total += p;
   }
+  return total;
 }
 
 // out[x] = max(w * p(x) - q(x), 0) with p and q computed from their logit rows on the fly:
 // the (weighted) residual of token and block verification in one pass over both rows.
+// Returns its total mass.
 template <typename T>
-SPECDECODE_ALWAYS_INLINE void residual_body(const T* p_logits, RowTransform tp, double p_inv_norm, const T* q_logits,
+SPECDECODE_ALWAYS_INLINE double residual_body(const T* p_logits, RowTransform tp, double p_inv_norm, const T* q_logits,
                                            RowTransform tq, double q_inv_norm, double w, int64_t V, double* out) {
   const double wp_norm = w * p_inv_norm;
-#pragma omp simd
+  double total = 0.0;
+#pragma omp simd reduction(+ : total)
   for (int64_t x = 0; x < V; ++x) {
     const float lp = static_cast<float>(p_logits[x]);
     const float lq = static_cast<float>(q_logits[x]);
@@ -89,17 +96,19 @@ SPECDECODE_ALWAYS_INLINE void residual_body(const T* p_logits, RowTransform tp, 
     const float eq = fast_exp_nonpositive((lq - tq.max_logit) * tq.inv_temp);
     const double p = ((lp >= tp.keep_logit) & (ep >= tp.min_e)) ? static_cast<double>(ep) * wp_norm : 0.0;
     const double q = ((lq >= tq.keep_logit) & (eq >= tq.min_e)) ? static_cast<double>(eq) * q_inv_norm : 0.0;
-    const double r = p - q;
-    out[x] = r > 0.0 ? r : 0.0;
+    const double r = p - q > 0.0 ? p - q : 0.0;
+    out[x] = r;
+    total += r;
   }
+  return total;
 }
 
 template <typename T>
 struct LogitLoops {
   float (*max_logit)(const T*, int64_t, int32_t*);
   double (*sum_exp)(const T*, int64_t, RowTransform);
-  void (*fill_probs)(const T*, int64_t, RowTransform, double, double*);
-  void (*residual)(const T*, RowTransform, double, const T*, RowTransform, double, double, int64_t, double*);
+  double (*fill_probs)(const T*, int64_t, RowTransform, double, double*);
+  double (*residual)(const T*, RowTransform, double, const T*, RowTransform, double, double, int64_t, double*);
   const char* isa;
 };
 
@@ -113,14 +122,14 @@ struct LogitLoops {
     return sum_exp_body(logits, V, t);                                                                \
   }                                                                                                   \
   template <typename T>                                                                               \
-  ATTRIBUTE void fill_probs_##SUFFIX(const T* logits, int64_t V, RowTransform t, double inv_norm,    \
-                                     double* out) {                                                   \
-    fill_probs_body(logits, V, t, inv_norm, out);                                                     \
+  ATTRIBUTE double fill_probs_##SUFFIX(const T* logits, int64_t V, RowTransform t, double inv_norm,  \
+                                       double* out) {                                                 \
+    return fill_probs_body(logits, V, t, inv_norm, out);                                              \
   }                                                                                                   \
   template <typename T>                                                                               \
-  ATTRIBUTE void residual_##SUFFIX(const T* p_logits, RowTransform tp, double p_inv_norm, const T* q_logits, \
-                                   RowTransform tq, double q_inv_norm, double w, int64_t V, double* out) {  \
-    residual_body(p_logits, tp, p_inv_norm, q_logits, tq, q_inv_norm, w, V, out);                     \
+  ATTRIBUTE double residual_##SUFFIX(const T* p_logits, RowTransform tp, double p_inv_norm, const T* q_logits, \
+                                     RowTransform tq, double q_inv_norm, double w, int64_t V, double* out) {  \
+    return residual_body(p_logits, tp, p_inv_norm, q_logits, tq, q_inv_norm, w, V, out);              \
   }
 
 SPECDECODE_DEFINE_LOOPS(baseline, )

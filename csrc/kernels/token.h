@@ -29,8 +29,8 @@ inline RowResult token_verify_row(const RowArgs<Dist>& a) {
   if (tau == n) return emit(a.out_tokens, tau, sample_distribution(a.target[n], a.emit_uniform, a.ws->a));
 
   double* residual = a.ws->b;
-  a.target[tau].residual(a.draft[tau], 1.0, residual);
-  int64_t y = sample_from_weights(residual, a.vocab_size, a.emit_uniform);
+  const double mass = a.target[tau].residual(a.draft[tau], 1.0, residual);
+  int64_t y = sample_from_weights(residual, a.vocab_size, a.emit_uniform, mass);
   if (y < 0) y = sample_distribution(a.target[tau], a.emit_uniform, a.ws->a);  // zero-mass residual: p
   return emit(a.out_tokens, tau, y);
 }

@@ -5,6 +5,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <memory>
 #include <vector>
 
 #include "kernels/philox.h"
@@ -50,9 +51,10 @@ std::tuple<at::Tensor, at::Tensor> run_rows(const char* op, const char* target_n
   std::vector<int32_t> status(B, kernels::kOk);
 
   at::parallel_for(0, B, grain_for(gamma, V), [&](int64_t begin, int64_t end) {
-    std::vector<double> buf_a(V), buf_b(V);
-    std::vector<float> buf_select(needs_select_buffer ? V : 0);
-    Workspace ws{buf_a.data(), buf_b.data(), buf_select.data()};
+    // Scratch rows, left uninitialised: every use writes before it reads.
+    std::unique_ptr<double[]> buf_a(new double[V]), buf_b(new double[V]);
+    std::unique_ptr<float[]> buf_select(needs_select_buffer ? new float[V] : nullptr);
+    Workspace ws{buf_a.get(), buf_b.get(), buf_select.get()};
     std::vector<Dist> target(gamma + 1), draft(has_draft ? gamma : 0);
     for (int64_t b = begin; b < end; ++b) {
       const int64_t n = n_ptr[b];
