@@ -27,54 +27,56 @@ FULL_SHAPES = [(1, 5, 32000), (8, 8, 32000), (32, 8, 128256)]
 QUICK_SHAPES = [(1, 5, 32000), (4, 4, 4096)]
 
 
-def torch_vectorized_token(target_logits: torch.Tensor, draft_logits: torch.Tensor, draft_tokens: torch.Tensor,
-                           generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    """Token verification written with batched tensor ops, as a PyTorch user would."""
-    B, gamma = draft_tokens.shape
+def _probs_at_drafts(target_logits: torch.Tensor, draft_logits: torch.Tensor, draft_tokens: torch.Tensor):
+    """Softmax of both, and p_i(x_i), q_i(x_i) for every draft position: [B, gamma] each."""
+    gamma = draft_tokens.shape[1]
     p = torch.softmax(target_logits.float(), -1)
     q = torch.softmax(draft_logits.float(), -1)
     p_x = p[:, :gamma].gather(-1, draft_tokens[..., None])[..., 0]
     q_x = q.gather(-1, draft_tokens[..., None])[..., 0]
-    u = torch.rand((B, gamma), generator=generator)
-    accepted = (u < p_x / q_x).int().cumprod(-1)
-    accepted_len = accepted.sum(-1)
-    rows = torch.arange(B)
-    p_next = p[rows, accepted_len]
-    q_next = q[rows, accepted_len.clamp(max=gamma - 1)]
-    residual = torch.where((accepted_len < gamma)[:, None], (p_next - q_next).clamp_min(0), p_next)
-    y = torch.multinomial(residual, 1, generator=generator)[:, 0]
-    tokens = torch.where(accepted.bool(), draft_tokens, -1)
-    tokens = torch.cat([tokens, torch.full((B, 1), -1)], 1)
-    tokens[rows, accepted_len] = y
-    return tokens, accepted_len
+    return p, q, p_x, q_x
 
 
-def torch_vectorized_block(target_logits: torch.Tensor, draft_logits: torch.Tensor, draft_tokens: torch.Tensor,
-                           generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    """Block verification written with batched tensor ops, as a PyTorch user would."""
+def _emit(p, q, draft_tokens, accepted_len, weight, generator):
+    """y ~ norm((weight p_{tau+1} - q_{tau+1})_+), or p_{gamma+1} when all were accepted."""
     B, gamma = draft_tokens.shape
-    p = torch.softmax(target_logits.float(), -1)
-    q = torch.softmax(draft_logits.float(), -1)
-    p_x = p[:, :gamma].gather(-1, draft_tokens[..., None])[..., 0]
-    q_x = q.gather(-1, draft_tokens[..., None])[..., 0]
-    w = torch.cumprod(p_x / q_x, -1).clamp(max=1.0)  # min(1, w_{i-1} p/q) == clip of the running product here
-    w = torch.minimum(w, torch.cummin(torch.cat([torch.ones(B, 1), w], 1), -1).values[:, 1:])
-    z = (w[:, :-1, None] * p[:, 1:gamma] - q[:, 1:]).clamp_min(0).sum(-1)
-    h = torch.cat([z / (z + 1 - w[:, :-1]).clamp_min(1e-30), w[:, -1:]], 1)
-    u = torch.rand((B, gamma), generator=generator)
-    hits = (u < h).int() * torch.arange(1, gamma + 1)
-    accepted_len = hits.max(-1).values
     rows = torch.arange(B)
-    w_full = torch.cat([torch.ones(B, 1), w], 1)
     p_next = p[rows, accepted_len]
     q_next = q[rows, accepted_len.clamp(max=gamma - 1)]
-    residual = (w_full[rows, accepted_len][:, None] * p_next - q_next).clamp_min(0)
+    residual = (weight[:, None] * p_next - q_next).clamp_min(0)
     residual = torch.where((accepted_len < gamma)[:, None], residual, p_next)
     y = torch.multinomial(residual, 1, generator=generator)[:, 0]
     tokens = torch.where(torch.arange(gamma)[None] < accepted_len[:, None], draft_tokens, -1)
     tokens = torch.cat([tokens, torch.full((B, 1), -1)], 1)
     tokens[rows, accepted_len] = y
     return tokens, accepted_len
+
+
+def torch_vectorized_token(target_logits: torch.Tensor, draft_logits: torch.Tensor, draft_tokens: torch.Tensor,
+                           generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token verification written with batched tensor ops, as a PyTorch user would."""
+    B, gamma = draft_tokens.shape
+    p, q, p_x, q_x = _probs_at_drafts(target_logits, draft_logits, draft_tokens)
+    u = torch.rand((B, gamma), generator=generator)
+    accepted_len = (u < p_x / q_x).int().cumprod(-1).sum(-1)
+    return _emit(p, q, draft_tokens, accepted_len, torch.ones(B), generator)
+
+
+def torch_vectorized_block(target_logits: torch.Tensor, draft_logits: torch.Tensor, draft_tokens: torch.Tensor,
+                           generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Block verification written with batched tensor ops, as a PyTorch user would."""
+    B, gamma = draft_tokens.shape
+    p, q, p_x, q_x = _probs_at_drafts(target_logits, draft_logits, draft_tokens)
+    weights = [torch.ones(B)]
+    for i in range(gamma):  # w_i = min(1, w_{i-1} p_i(x_i) / q_i(x_i))
+        weights.append(torch.clamp(weights[-1] * (p_x[:, i] / q_x[:, i]), max=1.0))
+    w = torch.stack(weights, 1)  # [B, gamma+1], w[:, 0] = 1
+    z = (w[:, 1:gamma, None] * p[:, 1:gamma] - q[:, 1:]).clamp_min(0).sum(-1)
+    denom = z + 1 - w[:, 1:gamma]
+    h = torch.cat([torch.where(denom > 0, z / denom, torch.ones_like(z)), w[:, -1:]], 1)
+    u = torch.rand((B, gamma), generator=generator)
+    accepted_len = ((u < h).int() * torch.arange(1, gamma + 1)).max(-1).values
+    return _emit(p, q, draft_tokens, accepted_len, w[torch.arange(B), accepted_len], generator)
 
 
 def make_inputs(B: int, gamma: int, V: int, seed: int, noise: float = 1.0):
