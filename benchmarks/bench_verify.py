@@ -20,63 +20,13 @@ from pathlib import Path
 import torch
 
 import specdecode
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from torch_baselines import torch_block, torch_token  # noqa: E402
 from specdecode.benchmarking import base_parser, environment, format_table, median, time_call, write_results
 from specdecode.reference import verify_logits_reference
 
 FULL_SHAPES = [(1, 5, 32000), (8, 8, 32000), (32, 8, 128256)]
 QUICK_SHAPES = [(1, 5, 32000), (4, 4, 4096)]
-
-
-def _probs_at_drafts(target_logits: torch.Tensor, draft_logits: torch.Tensor, draft_tokens: torch.Tensor):
-    """Softmax of both, and p_i(x_i), q_i(x_i) for every draft position: [B, gamma] each."""
-    gamma = draft_tokens.shape[1]
-    p = torch.softmax(target_logits.float(), -1)
-    q = torch.softmax(draft_logits.float(), -1)
-    p_x = p[:, :gamma].gather(-1, draft_tokens[..., None])[..., 0]
-    q_x = q.gather(-1, draft_tokens[..., None])[..., 0]
-    return p, q, p_x, q_x
-
-
-def _emit(p, q, draft_tokens, accepted_len, weight, generator):
-    """y ~ norm((weight p_{tau+1} - q_{tau+1})_+), or p_{gamma+1} when all were accepted."""
-    B, gamma = draft_tokens.shape
-    rows = torch.arange(B)
-    p_next = p[rows, accepted_len]
-    q_next = q[rows, accepted_len.clamp(max=gamma - 1)]
-    residual = (weight[:, None] * p_next - q_next).clamp_min(0)
-    residual = torch.where((accepted_len < gamma)[:, None], residual, p_next)
-    y = torch.multinomial(residual, 1, generator=generator)[:, 0]
-    tokens = torch.where(torch.arange(gamma)[None] < accepted_len[:, None], draft_tokens, -1)
-    tokens = torch.cat([tokens, torch.full((B, 1), -1)], 1)
-    tokens[rows, accepted_len] = y
-    return tokens, accepted_len
-
-
-def torch_vectorized_token(target_logits: torch.Tensor, draft_logits: torch.Tensor, draft_tokens: torch.Tensor,
-                           generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    """Token verification written with batched tensor ops, as a PyTorch user would."""
-    B, gamma = draft_tokens.shape
-    p, q, p_x, q_x = _probs_at_drafts(target_logits, draft_logits, draft_tokens)
-    u = torch.rand((B, gamma), generator=generator)
-    accepted_len = (u < p_x / q_x).int().cumprod(-1).sum(-1)
-    return _emit(p, q, draft_tokens, accepted_len, torch.ones(B), generator)
-
-
-def torch_vectorized_block(target_logits: torch.Tensor, draft_logits: torch.Tensor, draft_tokens: torch.Tensor,
-                           generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    """Block verification written with batched tensor ops, as a PyTorch user would."""
-    B, gamma = draft_tokens.shape
-    p, q, p_x, q_x = _probs_at_drafts(target_logits, draft_logits, draft_tokens)
-    weights = [torch.ones(B)]
-    for i in range(gamma):  # w_i = min(1, w_{i-1} p_i(x_i) / q_i(x_i))
-        weights.append(torch.clamp(weights[-1] * (p_x[:, i] / q_x[:, i]), max=1.0))
-    w = torch.stack(weights, 1)  # [B, gamma+1], w[:, 0] = 1
-    z = (w[:, 1:gamma, None] * p[:, 1:gamma] - q[:, 1:]).clamp_min(0).sum(-1)
-    denom = z + 1 - w[:, 1:gamma]
-    h = torch.cat([torch.where(denom > 0, z / denom, torch.ones_like(z)), w[:, -1:]], 1)
-    u = torch.rand((B, gamma), generator=generator)
-    accepted_len = ((u < h).int() * torch.arange(1, gamma + 1)).max(-1).values
-    return _emit(p, q, draft_tokens, accepted_len, w[torch.arange(B), accepted_len], generator)
 
 
 def make_inputs(B: int, gamma: int, V: int, seed: int, noise: float = 1.0):
@@ -94,7 +44,6 @@ def main() -> None:
     parser.add_argument("--no-reference", action="store_true", help="skip the (slow) row-by-row reference")
     args = parser.parse_args()
     if args.device == "cuda":
-        sys.path.insert(0, str(Path(__file__).resolve().parent))
         from cuda_verify_bench import main as cuda_main
 
         cuda_main(args)
@@ -111,8 +60,10 @@ def main() -> None:
         cases = {
             "specdecode token": lambda: specdecode.verify_logits(target, draft, tokens, rule="token", generator=gen),
             "specdecode block": lambda: specdecode.verify_logits(target, draft, tokens, rule="block", generator=gen),
-            "torch vectorized token": lambda: torch_vectorized_token(target, draft, tokens, gen),
-            "torch vectorized block": lambda: torch_vectorized_block(target, draft, tokens, gen),
+            "torch vectorized token": lambda: torch_token(
+                target, draft, tokens, torch.rand((B, gamma + 1), dtype=torch.float64, generator=gen)),
+            "torch vectorized block": lambda: torch_block(
+                target, draft, tokens, torch.rand((B, gamma + 1), dtype=torch.float64, generator=gen)),
         }
         if not args.no_reference:
             u = torch.rand((B, gamma + 1), dtype=torch.float64, generator=gen)

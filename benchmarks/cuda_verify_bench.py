@@ -28,7 +28,13 @@ import argparse
 import statistics
 from typing import Any, Callable
 
+import sys
+from pathlib import Path
+
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from torch_baselines import TORCH_IMPLS  # noqa: E402
 
 FULL_SHAPES = [(1, 5, 32000), (16, 5, 128256), (64, 8, 128256), (64, 8, 151936)]
 QUICK_SHAPES = [(1, 5, 32000), (16, 5, 128256)]
@@ -38,67 +44,6 @@ DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch
 # ------------------------------------------------------------------ pure-PyTorch baselines
 
 
-def _inverse_cdf(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """One draw per row from non-negative weights [N, V] with coins u [N] (no host sync)."""
-    cum = weights.cumsum(-1)
-    threshold = (u * cum[:, -1])[:, None]
-    idx = torch.searchsorted(cum, threshold, right=True)[:, 0]
-    return idx.clamp(max=weights.shape[-1] - 1)
-
-
-def torch_token(target_logits: torch.Tensor, draft_logits: torch.Tensor, draft_tokens: torch.Tensor,
-                uniforms: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Token verification with batched tensor ops on the logits' device."""
-    B, gamma = draft_tokens.shape
-    dev = target_logits.device
-    p = torch.softmax(target_logits.float(), -1)
-    q = torch.softmax(draft_logits.float(), -1)
-    p_x = p[:, :gamma].gather(-1, draft_tokens[..., None])[..., 0]
-    q_x = q.gather(-1, draft_tokens[..., None])[..., 0]
-    accepted = (uniforms[:, :gamma] < (p_x / q_x).double()).int().cumprod(-1)
-    tau = accepted.sum(-1)
-    rows = torch.arange(B, device=dev)
-    p_next = p[rows, tau]
-    q_next = q[rows, tau.clamp(max=gamma - 1)]
-    residual = torch.where((tau < gamma)[:, None], (p_next - q_next).clamp_min(0), p_next)
-    y = _inverse_cdf(residual, uniforms[:, gamma].float())
-    pos = torch.arange(gamma + 1, device=dev)[None]
-    padded = torch.cat([draft_tokens, draft_tokens[:, :1]], 1)
-    tokens = torch.where(pos < tau[:, None], padded, torch.where(pos == tau[:, None], y[:, None], -1))
-    return tokens, tau
-
-
-def torch_block(target_logits: torch.Tensor, draft_logits: torch.Tensor, draft_tokens: torch.Tensor,
-                uniforms: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Block verification with batched tensor ops on the logits' device."""
-    B, gamma = draft_tokens.shape
-    dev = target_logits.device
-    p = torch.softmax(target_logits.float(), -1)
-    q = torch.softmax(draft_logits.float(), -1)
-    p_x = p[:, :gamma].gather(-1, draft_tokens[..., None])[..., 0]
-    q_x = q.gather(-1, draft_tokens[..., None])[..., 0]
-    ratio = p_x / q_x
-    w_list = [torch.ones(B, device=dev)]
-    for i in range(gamma):
-        w_list.append(torch.clamp(w_list[-1] * ratio[:, i], max=1.0))
-    w = torch.stack(w_list, 1)  # [B, gamma+1]
-    z = (w[:, 1:gamma, None] * p[:, 1:gamma] - q[:, 1:]).clamp_min(0).sum(-1)
-    h = torch.cat([z / (z + 1 - w[:, 1:gamma]).clamp_min(1e-30), w[:, gamma:]], 1)
-    hits = (uniforms[:, :gamma] < h.double()).int() * torch.arange(1, gamma + 1, device=dev)
-    tau = hits.amax(-1)
-    rows = torch.arange(B, device=dev)
-    p_next = p[rows, tau]
-    q_next = q[rows, tau.clamp(max=gamma - 1)]
-    residual = (w[rows, tau][:, None] * p_next - q_next).clamp_min(0)
-    residual = torch.where((tau < gamma)[:, None], residual, p_next)
-    y = _inverse_cdf(residual, uniforms[:, gamma].float())
-    pos = torch.arange(gamma + 1, device=dev)[None]
-    padded = torch.cat([draft_tokens, draft_tokens[:, :1]], 1)
-    tokens = torch.where(pos < tau[:, None], padded, torch.where(pos == tau[:, None], y[:, None], -1))
-    return tokens, tau
-
-
-TORCH_IMPLS = {"token": torch_token, "block": torch_block}
 
 
 # ------------------------------------------------------------------------------ timing
