@@ -129,6 +129,20 @@ inline void check_sampling_params(double temperature, int64_t top_k, double top_
   TORCH_CHECK_VALUE(min_p >= 0.0 && min_p <= 1.0, "min_p: expected a value in [0, 1] (0 = off), got ", min_p);
 }
 
+// logits [B, V] floating; uniforms [B] float64; same device (sample_logits).
+inline void check_sample_inputs(const at::Tensor& logits, const at::Tensor& uniforms) {
+  TORCH_CHECK_VALUE(logits.dim() == 2, "logits: expected shape [B, V], got ", logits.sizes());
+  TORCH_CHECK_TYPE(is_supported_float(logits.scalar_type()),
+                   "logits: expected float32, float16, bfloat16 or float64, got ", logits.scalar_type());
+  TORCH_CHECK_VALUE(logits.size(1) >= 1, "logits: the vocabulary dimension V must be >= 1, got shape ",
+                    logits.sizes());
+  TORCH_CHECK_VALUE(uniforms.dim() == 1 && uniforms.size(0) == logits.size(0), "uniforms: expected shape [B] = [",
+                    logits.size(0), "], got ", uniforms.sizes());
+  TORCH_CHECK_TYPE(uniforms.scalar_type() == at::kDouble, "uniforms: expected float64, got ", uniforms.scalar_type());
+  TORCH_CHECK_VALUE(uniforms.device() == logits.device(), "uniforms: expected device ", logits.device(), ", got ",
+                    uniforms.device());
+}
+
 // Raises the ValueError for a row's status, naming the argument that holds the bad value.
 inline void raise_row_status(const char* op, int64_t row, int32_t status, const char* target_name = "target",
                              const char* draft_name = "draft") {

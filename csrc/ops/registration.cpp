@@ -31,4 +31,15 @@ TORCH_LIBRARY(specdecode, m) {
       "verify_logits_philox(Tensor target_logits, Tensor? draft_logits, Tensor draft_tokens, "
       "Tensor num_draft_tokens, Tensor philox_seed, Tensor philox_offset, float temperature, int top_k, "
       "float top_p, float min_p, str rule, float[] rule_params) -> (Tensor, Tensor)");
+  // One token per row from the processed distribution of logits [B, V] (temperature, then
+  // top-k, top-p, min-p; temperature 0 = argmax), with one inverse-CDF coin per row: uniforms
+  // [B] float64 in [0, 1). The distribution is computed by the same code the verify ops use,
+  // so a drafted token is drawn from exactly the q that verification reads. Returns [B] int64.
+  m.def(
+      "sample_logits(Tensor logits, Tensor uniforms, float temperature, int top_k, float top_p, float min_p) "
+      "-> Tensor");
+  // The same with the coin of row b drawn in the op: philox_uniform(seed, offset, b, 0).
+  m.def(
+      "sample_logits_philox(Tensor logits, Tensor philox_seed, Tensor philox_offset, float temperature, "
+      "int top_k, float top_p, float min_p) -> Tensor");
 }

@@ -97,3 +97,25 @@ def _verify_logits_philox_fake(
     others = {"draft_logits": draft_logits, "draft_tokens": draft_tokens, "num_draft_tokens": num_draft_tokens,
               "philox_seed": philox_seed, "philox_offset": philox_offset}
     return _verify_outputs(target_logits, others, draft_tokens)
+
+
+def _sample_outputs(logits: Tensor, others: dict[str, Tensor]) -> Tensor:
+    for name, tensor in others.items():
+        torch._check_value(
+            tensor.device == logits.device,
+            lambda name=name, tensor=tensor: f"{name}: expected device {logits.device}, got {tensor.device}",
+        )
+    torch._check_value(logits.dim() == 2, lambda: f"logits: expected shape [B, V], got {tuple(logits.shape)}")
+    return logits.new_empty((logits.shape[0],), dtype=torch.int64)
+
+
+@torch.library.register_fake("specdecode::sample_logits")
+def _sample_logits_fake(logits: Tensor, uniforms: Tensor, temperature: float, top_k: int, top_p: float,
+                        min_p: float) -> Tensor:
+    return _sample_outputs(logits, {"uniforms": uniforms})
+
+
+@torch.library.register_fake("specdecode::sample_logits_philox")
+def _sample_logits_philox_fake(logits: Tensor, philox_seed: Tensor, philox_offset: Tensor, temperature: float,
+                               top_k: int, top_p: float, min_p: float) -> Tensor:
+    return _sample_outputs(logits, {"philox_seed": philox_seed, "philox_offset": philox_offset})
