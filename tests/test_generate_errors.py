@@ -6,8 +6,7 @@ import pytest
 import torch
 from test_generate_models import PAD, _one_thread, left_padded, make_model, make_pair  # noqa: F401
 
-from specdecode.generation.hf import check_compatibility, custom_generate
-from specdecode.generation.loop import generate
+from specdecode import check_compatibility, custom_generate, generate
 
 
 @pytest.fixture(scope="module")
@@ -146,8 +145,12 @@ def test_num_draft_tokens_must_be_at_least_one(pair, value):
 def test_unknown_rule_and_rule_options_are_refused(pair):
     with pytest.raises(ValueError, match="unknown rule 'nope'"):
         run(pair, rule="nope")
-    with pytest.raises(TypeError, match="unexpected option"):
+    with pytest.raises(TypeError, match="unexpected keyword argument 'bogus'"):
         run(pair, rule="typical", bogus=1)
+    with pytest.raises(TypeError, match="'max_new_token'; did you mean 'max_new_tokens'"):
+        run(pair, max_new_token=8)
+    with pytest.raises(TypeError, match="did you mean 'epsilon'"):
+        run(pair, rule="typical", epsilom=0.1)
 
 
 def test_bad_sampling_settings_are_refused(pair):

@@ -27,7 +27,7 @@ import torch
 from specdecode.analysis import optimal_num_draft_tokens
 
 if TYPE_CHECKING:
-    from specdecode.generation.stats import SpeculativeStats
+    from specdecode.engine.stats import SpeculativeStats
 
 SCHEDULES = ("constant", "heuristic", "optimal")
 DEFAULT_MAX_NUM_DRAFT_TOKENS = 32

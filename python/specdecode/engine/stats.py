@@ -2,10 +2,26 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import torch
+
 from specdecode.analysis import expected_speedup, expected_tokens_per_call
+
+
+class Clock:
+    """``perf_counter`` after synchronising the CUDA devices in use, so that phases are timed,
+    not merely launched."""
+
+    def __init__(self, *devices: torch.device) -> None:
+        self.cuda = sorted({d for d in devices if d.type == "cuda"}, key=str)
+
+    def __call__(self) -> float:
+        for d in self.cuda:
+            torch.cuda.synchronize(d)
+        return time.perf_counter()
 
 
 def _ratio(num: float, den: float) -> float:
@@ -38,6 +54,7 @@ class SpeculativeStats:
     """
 
     rule: str = "token"
+    drafter: str = "model"
     batch_size: int = 0
     draft_schedule: str = "constant"
     steps: int = 0
@@ -158,7 +175,7 @@ class SpeculativeStats:
 
         per_pos = " ".join(f"{r:.2f}" for r in self.acceptance_rate_per_position) or "-"
         lines = [
-            f"SpeculativeStats  rule={self.rule}  batch={self.batch_size}  schedule={self.draft_schedule}",
+            f"SpeculativeStats  rule={self.rule}  drafter={self.drafter}  batch={self.batch_size}  schedule={self.draft_schedule}",
             f"  new tokens            {self.new_tokens}   ({self.tokens_per_second:.1f} tok/s)",
             f"  steps / row-steps     {self.steps} / {self.row_steps}",
             f"  target calls          {self.target_calls}  (prefill {self.target_prefill_calls})",

@@ -1,0 +1,42 @@
+"""``EngineSettings``: everything one generation needs besides the models and the inputs,
+already validated (the integrations normalise user arguments into it, in one place)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from specdecode.engine.schedules import DraftSchedule
+from specdecode.sampling import SamplingParams
+
+
+@dataclass
+class EngineSettings:
+    """Settings of one speculative generation.
+
+    - ``sampling``: applied identically to target and draft (``is_greedy`` at temperature 0).
+    - ``rule`` / ``rule_options``: the verification rule and its checked options.
+    - ``max_new_tokens``: per row; ``eos_ids`` end a row (empty: never); ``pad_id`` fills a
+      finished row.
+    - ``processors`` / ``stopping``: Hugging Face logits processors and stopping criteria (the
+      EOS and max-length criteria are handled natively), or None.
+    - ``streamer``: batch 1 only: receives the prompt, each step's tokens, then ``end()``.
+    - ``generator``: drives every coin (drafting and verification).
+    - ``schedule``: how many tokens to draft per step.
+    - ``vocab_size``: the ids both models share (verification runs over ``[0, vocab_size)``).
+    """
+
+    sampling: SamplingParams
+    rule: str
+    max_new_tokens: int
+    pad_id: int
+    schedule: DraftSchedule
+    vocab_size: int
+    rule_options: dict[str, Any] = field(default_factory=dict)
+    eos_ids: tuple[int, ...] = ()
+    processors: Any = None
+    stopping: Any = None
+    streamer: Any = None
+    generator: torch.Generator | None = None
