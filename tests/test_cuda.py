@@ -11,7 +11,7 @@ What is checked:
     V in {111, 32000, 128256, 151936}, B in {1, 17, 64}, every rule, both ops, float32 /
     float16 / bfloat16, plus top-k / top-p / min-p with tied logits, ragged rows, float64,
     non-contiguous inputs, large gamma, an empty batch;
-  * the exact joint-distribution test of spec §8 for token and block verification run on the
+  * the exact joint-distribution test of docs/verification.md §8 for token and block verification run on the
     GPU, and a deliberately broken variant (y ~ p instead of the residual after a rejection)
     that the same test must reject; E[tau] against its exact value;
   * torch.library.opcheck with CUDA inputs; bad input raising the CPU's ValueError;

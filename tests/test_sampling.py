@@ -71,7 +71,7 @@ def test_sample_logits_greedy_is_argmax_lowest_tie():
 
 def test_sample_logits_law_matches_verify_q():
     """Chi-square: the tokens drawn by sample_logits follow the processed distribution q of
-    the spec (temperature, top-k, top-p, min-p); no filtered-out token is ever drawn."""
+    docs/verification.md (temperature, top-k, top-p, min-p); no filtered-out token is ever drawn."""
     gen = torch.Generator().manual_seed(5)
     logits = torch.randn(1, 9, generator=gen) * 2
     params = SamplingParams(0.9, 6, 0.95, 0.0)
