@@ -120,8 +120,21 @@ class SpeculativeEngine:
     # ------------------------------------------------------------------ public
     @torch.no_grad()
     def generate(self, input_ids: Tensor, attention_mask: Tensor | None) -> Tensor:
-        """Generate for a checked, left-padded batch; returns ``[B, L + new]`` sequences."""
+        """Generate for a checked, left-padded batch; returns ``[B, L + new]`` sequences.
+
+        Shape:
+            input_ids: ``[B, L]`` int64; attention_mask: ``[B, L]`` 0/1 or None.
+        """
         s, stats = self.settings, self.stats
+        if s.streamer is not None and input_ids.shape[0] != 1:
+            raise ValueError(
+                f"streamer: streaming needs batch size 1 (as Hugging Face's streamers), got {input_ids.shape[0]}"
+            )
+        if self.window is not None and input_ids.shape[1] + s.max_new_tokens > self.window:
+            raise ValueError(
+                f"max_new_tokens: prompt_len + max_new_tokens = {input_ids.shape[1] + s.max_new_tokens} exceeds the "
+                f"sliding window ({self.window}); sliding-window attention is only supported within the window"
+            )
         devices = [self.device] + [d for d in (getattr(self.drafter, "device", None),) if isinstance(d, torch.device)]
         self.clock = Clock(*devices)
         self.batch = BatchState(input_ids, attention_mask, device=self.device, max_new_tokens=s.max_new_tokens,
@@ -348,6 +361,8 @@ def run_engine(target: torch.nn.Module, drafter: Drafter, input_ids: Tensor, att
     """Generate with a fresh :class:`SpeculativeEngine`; returns ``(sequences, stats)``.
     ``stats.total_time`` counts from ``start_time`` (a ``time.perf_counter()`` value taken
     when the caller started checking its arguments), or from now."""
+    if stats is not None and not isinstance(stats, SpeculativeStats):
+        raise TypeError(f"stats: expected a SpeculativeStats or None, got {type(stats).__name__}")
     engine = SpeculativeEngine(target, drafter, settings, stats)
     start = time.perf_counter() if start_time is None else start_time
     sequences = engine.generate(input_ids, attention_mask)

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from specdecode.engine.schedules import DraftSchedule
+from specdecode.rules import get_rule
 from specdecode.sampling import SamplingParams
 
 
@@ -40,3 +41,20 @@ class EngineSettings:
     stopping: Any = None
     streamer: Any = None
     generator: torch.Generator | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.sampling, SamplingParams):
+            raise TypeError(f"sampling: expected a SamplingParams, got {type(self.sampling).__name__}")
+        get_rule(self.rule)  # ValueError listing the known rules
+        for name in ("max_new_tokens", "vocab_size"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"{name}: expected an int >= 1, got {value!r}")
+            if value < 1:
+                raise ValueError(f"{name}: expected an int >= 1, got {value}")
+        if not isinstance(self.schedule, DraftSchedule):
+            raise TypeError(f"draft_schedule: expected a DraftSchedule, got {type(self.schedule).__name__}")
+        if self.generator is not None and not isinstance(self.generator, torch.Generator):
+            raise TypeError(f"generator: expected a torch.Generator or None, got {type(self.generator).__name__}")
+        self.eos_ids = tuple(int(i) for i in self.eos_ids)
+        self.pad_id = int(self.pad_id)

@@ -13,7 +13,7 @@ from torch import Tensor
 from specdecode.drafters.base import Drafter
 from specdecode.drafters.model import ModelDrafter
 from specdecode.integrations.hf.compat import check_compatibility, check_model
-from specdecode.models.facts import sliding_window, vocab_rows
+from specdecode.models.facts import vocab_rows
 from specdecode.rules import builtin_rule_params, get_rule, rule_option_names
 from specdecode.sampling import SamplingParams
 
@@ -213,23 +213,3 @@ def as_drafter(target: torch.nn.Module, draft: Any, *, target_tokenizer: Any = N
 def _embedding_rows(model: torch.nn.Module) -> int:
     emb = model.get_input_embeddings()
     return int(emb.weight.shape[0]) if emb is not None else int(model.config.vocab_size)
-
-
-def check_window(target: torch.nn.Module, drafter: Drafter, prompt_len: int, max_new_tokens: int) -> None:
-    """Sliding-window attention is supported while the sequence fits in the window."""
-    windows = [w for w in (sliding_window(target), getattr(drafter, "max_columns", None)) if w is not None]
-    if windows and prompt_len + max_new_tokens > min(windows):
-        raise ValueError(
-            f"max_new_tokens: prompt_len + max_new_tokens = {prompt_len + max_new_tokens} exceeds the sliding "
-            f"window ({min(windows)}); sliding-window attention is only supported within the window"
-        )
-
-
-def check_streamer(streamer: Any, batch_size: int) -> None:
-    if streamer is not None and batch_size != 1:
-        raise ValueError(f"streamer: streaming needs batch size 1 (as Hugging Face's streamers), got {batch_size}")
-
-
-def check_generator(generator: Any) -> None:
-    if generator is not None and not isinstance(generator, torch.Generator):
-        raise TypeError(f"generator: expected a torch.Generator or None, got {type(generator).__name__}")

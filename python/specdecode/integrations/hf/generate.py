@@ -122,18 +122,11 @@ def generate(
                 f"stopping_criteria: MaxLengthCriteria(max_length={max_length}) leaves no room after the prompt"
             )
     args.check_int("num_draft_tokens", num_draft_tokens, 1)
-    schedule = make_schedule(draft_schedule, num_draft_tokens, max_num_draft_tokens)
-    args.check_streamer(streamer, input_ids.shape[0])
-    args.check_generator(generator)
-    args.check_window(target, drafter, input_ids.shape[1], max_new_tokens)
-    if stats is not None and not isinstance(stats, SpeculativeStats):
-        raise TypeError(f"stats: expected a SpeculativeStats or None, got {type(stats).__name__}")
-    if pad_token_id is None:
-        pad_token_id = eos_ids[0] if eos_ids else 0
     settings = EngineSettings(
-        sampling=sampling, rule=rule, rule_options=rule_options, max_new_tokens=max_new_tokens,
-        eos_ids=tuple(eos_ids), pad_id=int(pad_token_id), processors=processors, stopping=stopping,
-        streamer=streamer, generator=generator, schedule=schedule, vocab_size=vocab,
+        sampling=sampling, rule=rule, rule_options=rule_options, max_new_tokens=max_new_tokens, eos_ids=eos_ids,
+        pad_id=eos_ids[0] if pad_token_id is None and eos_ids else (pad_token_id or 0), processors=processors,
+        stopping=stopping, streamer=streamer, generator=generator, vocab_size=vocab,
+        schedule=make_schedule(draft_schedule, num_draft_tokens, max_num_draft_tokens),
     )
     sequences, stats = run_engine(target, drafter, input_ids, mask, settings, stats, start_time=start)
     return SpeculativeOutput(sequences, stats)

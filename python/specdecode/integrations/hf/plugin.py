@@ -128,18 +128,13 @@ def custom_generate(
     mask = args.check_input_ids(input_ids, model_kwargs.get("attention_mask"), [], vocab_limit,
                                 mask_required_for_pads=False)
     args.check_int("num_draft_tokens", num_draft_tokens, 1)
-    schedule = make_schedule(draft_schedule, num_draft_tokens, max_num_draft_tokens)
-    args.check_streamer(speculative_streamer, input_ids.shape[0])
-    args.check_generator(generator)
-    args.check_window(model, drafter, input_ids.shape[1], max_new_tokens)
     if speculative_stats is not None and not isinstance(speculative_stats, SpeculativeStats):
         raise TypeError(f"speculative_stats: expected a SpeculativeStats or None, got {type(speculative_stats).__name__}")
-    if pad_id is None:
-        pad_id = eos_ids[0] if eos_ids else 0
     settings = EngineSettings(
-        sampling=sampling, rule=rule, rule_options=options, max_new_tokens=max_new_tokens, eos_ids=tuple(eos_ids),
-        pad_id=int(pad_id), processors=processors, stopping=stopping, streamer=speculative_streamer,
-        generator=generator, schedule=schedule, vocab_size=vocab,
+        sampling=sampling, rule=rule, rule_options=options, max_new_tokens=max_new_tokens, eos_ids=eos_ids,
+        pad_id=eos_ids[0] if pad_id is None and eos_ids else (pad_id or 0), processors=processors,
+        stopping=stopping, streamer=speculative_streamer, generator=generator, vocab_size=vocab,
+        schedule=make_schedule(draft_schedule, num_draft_tokens, max_num_draft_tokens),
     )
     with torch.no_grad():
         sequences, stats = run_engine(model, drafter, input_ids, mask, settings, speculative_stats, start_time=start)
