@@ -42,4 +42,8 @@ TORCH_LIBRARY(specdecode, m) {
   m.def(
       "sample_logits_philox(Tensor logits, Tensor philox_seed, Tensor philox_offset, float temperature, "
       "int top_k, float top_p, float min_p) -> Tensor");
+  // The processed distribution itself: probs [B, V] float64, each row the normalised weights
+  // that sample_logits draws from and the verify ops read (temperature 0: one-hot on the
+  // argmax). For draws a kernel does not cover (e.g. children without replacement).
+  m.def("processed_probs(Tensor logits, float temperature, int top_k, float top_p, float min_p) -> Tensor");
 }

@@ -119,3 +119,9 @@ def _sample_logits_fake(logits: Tensor, uniforms: Tensor, temperature: float, to
 def _sample_logits_philox_fake(logits: Tensor, philox_seed: Tensor, philox_offset: Tensor, temperature: float,
                                top_k: int, top_p: float, min_p: float) -> Tensor:
     return _sample_outputs(logits, {"philox_seed": philox_seed, "philox_offset": philox_offset})
+
+
+@torch.library.register_fake("specdecode::processed_probs")
+def _processed_probs_fake(logits: Tensor, temperature: float, top_k: int, top_p: float, min_p: float) -> Tensor:
+    torch._check_value(logits.dim() == 2, lambda: f"logits: expected shape [B, V], got {tuple(logits.shape)}")
+    return logits.new_empty(logits.shape, dtype=torch.float64)
