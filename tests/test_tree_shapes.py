@@ -647,3 +647,33 @@ def test_fixed_shape_draws_are_lossless_and_reranking_is_not(p, q, without_repla
         law = _scheme_law(p, q, drawn, kept, without_replacement)
         assert sum(law) == 1
         assert max(abs(float(x - y)) for x, y in zip(law, p)) > 0.05, (drawn, kept, law)
+
+
+# ============================================================================ CUDA
+
+
+@pytest.mark.cuda
+def test_cuda_matches_cpu():
+    """The tensor functions give the same results on a GPU (skips without one)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    device = torch.device("cuda")
+    gen = torch.Generator().manual_seed(11)
+    rows = [_random_tree(gen, 30, monotone=True, dtype=torch.float32) for _ in range(17)]
+    parents = torch.stack([r[0] for r in rows])
+    values = torch.stack([r[1] for r in rows])
+    num_valid = torch.randint(1, 31, (17,), generator=gen)
+    valid = torch.arange(30)[None, :] < num_valid[:, None]
+    cpu = prune_to_budget(parents, values, num_valid, 11)
+    gpu = prune_to_budget(parents.to(device), values.to(device), num_valid.to(device), 11)
+    for a, b in zip(cpu, gpu):
+        assert b.device.type == "cuda" and torch.equal(a, b.cpu())
+    assert torch.equal(select_frontier(values, valid, 5),
+                       select_frontier(values.to(device), valid.to(device), 5).cpu())
+    probs = torch.softmax(torch.randn(17, 111, generator=gen, dtype=torch.float64), dim=1)
+    uniforms = torch.rand(17, 4, generator=gen, dtype=torch.float64)
+    for replacement in (True, False):
+        assert torch.equal(draw_children(probs, 4, replacement, uniforms),
+                           draw_children(probs.to(device), 4, replacement,
+                                         uniforms.to(device)).cpu())
+    assert TreeShape.chain(3).to_tensors(device).parents.device.type == "cuda"

@@ -64,12 +64,15 @@ def _check_positive_int(value: int, name: str) -> int:
     return value
 
 
-def _check_log_values(values: Tensor, name: str, where: Tensor) -> None:
+def _check_log_values(values: Tensor, name: str) -> None:
     if not isinstance(values, Tensor) or not values.dtype.is_floating_point:
         raise TypeError(f"{name}: expected a floating tensor [B, N] of log path values, got "
                         f"{getattr(values, 'dtype', type(values).__name__)}")
     if values.dim() != 2:
         raise ValueError(f"{name}: expected shape [B, N], got {tuple(values.shape)}")
+
+
+def _check_no_nan(values: Tensor, name: str, where: Tensor) -> None:
     if bool((torch.isnan(values) & where).any()):
         raise ValueError(f"{name}: NaN path value at a valid node")
 
@@ -97,15 +100,16 @@ def select_frontier(path_log_values: Tensor, valid: Tensor, k: int) -> Tensor:
         path_log_values: ``[B, F]``; valid: ``[B, F]`` bool; returns ``[B, min(k, F)]`` int64.
     """
     k = _check_positive_int(k, "k")
+    _check_log_values(path_log_values, "path_log_values")
     if not isinstance(valid, Tensor) or valid.dtype != torch.bool:
         raise TypeError(f"valid: expected a bool tensor [B, F], got "
                         f"{getattr(valid, 'dtype', type(valid).__name__)}")
-    if not isinstance(path_log_values, Tensor) or valid.shape != path_log_values.shape:
-        raise ValueError(f"valid: expected the shape of path_log_values "
-                         f"{tuple(getattr(path_log_values, 'shape', ()))}, got {tuple(valid.shape)}")
+    if valid.shape != path_log_values.shape:
+        raise ValueError(f"valid: expected shape {tuple(path_log_values.shape)} (that of "
+                         f"path_log_values), got {tuple(valid.shape)}")
     if valid.device != path_log_values.device:
         raise ValueError(f"valid: expected device {path_log_values.device}, got {valid.device}")
-    _check_log_values(path_log_values, "path_log_values", valid)
+    _check_no_nan(path_log_values, "path_log_values", valid)
     order = _stable_order(path_log_values, valid)[:, : min(k, valid.shape[1])]
     return torch.where(valid.gather(1, order), order, torch.full_like(order, -1))
 
@@ -158,9 +162,10 @@ def prune_to_budget(parents: Tensor, path_log_values: Tensor, num_valid: Tensor,
                         f"{getattr(num_valid, 'dtype', type(num_valid).__name__)}")
     if num_valid.shape != (batch,):
         raise ValueError(f"num_valid: expected shape [{batch}], got {tuple(num_valid.shape)}")
-    if not isinstance(path_log_values, Tensor) or path_log_values.shape != parents.shape:
+    _check_log_values(path_log_values, "path_log_values")
+    if path_log_values.shape != parents.shape:
         raise ValueError(f"path_log_values: expected shape {tuple(parents.shape)} (that of "
-                         f"parents), got {tuple(getattr(path_log_values, 'shape', ()))}")
+                         f"parents), got {tuple(path_log_values.shape)}")
     for name, tensor in (("path_log_values", path_log_values), ("num_valid", num_valid)):
         if tensor.device != parents.device:
             raise ValueError(f"{name}: expected device {parents.device}, got {tensor.device}")
@@ -169,7 +174,7 @@ def prune_to_budget(parents: Tensor, path_log_values: Tensor, num_valid: Tensor,
                          f"{num_valid.tolist()}")
     column = torch.arange(width, device=parents.device)
     valid = column[None, :] < num_valid[:, None]
-    _check_log_values(path_log_values, "path_log_values", valid)
+    _check_no_nan(path_log_values, "path_log_values", valid)
     if bool((parents[:, 0] != -1).any()):
         raise ValueError("parents: the root's parent parents[b, 0] must be -1 in every row")
     bad = valid[:, 1:] & ((parents[:, 1:] < 0) | (parents[:, 1:] >= column[None, 1:]))
