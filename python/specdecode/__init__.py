@@ -23,6 +23,7 @@ from specdecode.generation.schedules import DraftSchedule
 from specdecode.generation.stats import SpeculativeStats
 from specdecode.reference import VerifyOutput
 from specdecode.rules import RuleInfo, list_rules, register_rule, unregister_rule
+from specdecode.trees import TokenTree, tree_attention_mask, verify_tree
 from specdecode.verify import verify, verify_logits
 
 __version__ = "0.1.0"
@@ -32,6 +33,7 @@ __all__ = [
     "RuleInfo",
     "SpeculativeOutput",
     "SpeculativeStats",
+    "TokenTree",
     "check_compatibility",
     "custom_generate",
     "generate",
@@ -43,7 +45,9 @@ __all__ = [
     "list_rules",
     "optimal_num_draft_tokens",
     "register_rule",
+    "tree_attention_mask",
     "unregister_rule",
     "verify",
     "verify_logits",
+    "verify_tree",
 ]
