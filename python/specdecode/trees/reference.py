@@ -48,8 +48,8 @@ class CoinChooser:
     ``uniforms[c]`` (c > 0) is node c's acceptance coin: accept iff ``u < ratio`` (half-open,
     so a zero ratio never accepts). ``uniforms[0]`` draws the emitted token by inverse CDF: the
     first ``y`` with ``weights[y] > 0`` whose sequential cumulative sum exceeds ``u * total``.
-    ``margin`` records how close any answer came to flipping (the smallest ``|u - ratio|`` and
-    the smallest relative distance of ``u * total`` to a cumulative-sum boundary), so a test can
+    ``margin`` records how close any answer came to flipping (the smallest ``|u - ratio| / ratio``
+    and the smallest relative distance of ``u * total`` to a cumulative-sum boundary), so a test can
     tell a float32-vs-float64 rounding difference from a real disagreement.
     """
 
@@ -59,8 +59,9 @@ class CoinChooser:
 
     def accept(self, node: int, ratio: Number) -> bool:
         u = self.uniforms[node]
-        if math.isfinite(float(ratio)):
-            self.margin = min(self.margin, abs(u - float(ratio)))
+        r = float(ratio)
+        if math.isfinite(r):
+            self.margin = min(self.margin, abs(u - r) / max(abs(r), 1e-300))
         return u < ratio
 
     def sample(self, weights: Sequence[Number]) -> int:

@@ -79,6 +79,18 @@ def _tree_uniforms(B: int, N: int, device: torch.device, generator: torch.Genera
     return uniforms
 
 
+def _check_backend(device: torch.device) -> None:
+    """verify_tree has a CPU kernel (and a fake one); other devices need their own kernel."""
+    if device.type in ("cpu", "meta"):
+        return
+    key = {"cuda": "CUDA"}.get(device.type, device.type.upper())
+    if not torch._C._dispatch_has_kernel_for_dispatch_key("specdecode::verify_tree", key):
+        raise NotImplementedError(
+            f"verify_tree: no {device.type} kernel yet (only CPU); move the logits and the tree to the CPU "
+            "(target_logits.cpu(), tree.to('cpu')) and the outputs back"
+        )
+
+
 def verify_tree(
     target_logits: Tensor,
     draft_logits: Tensor | None,
@@ -124,7 +136,8 @@ def verify_tree(
     ``rule_options``: ``typical`` takes ``epsilon``, ``delta``, ``sample_correction``. Bad trees
     (see :meth:`TokenTree.validate`), node tokens outside ``[0, V)``, repeated sibling tokens
     under ``rrs`` / ``deterministic``, and NaN / ``+inf`` logits in a row that is read raise
-    ``ValueError`` naming the argument.
+    ``ValueError`` naming the argument. The op runs on the CPU; other devices raise
+    ``NotImplementedError`` until they have a kernel.
     """
     if not isinstance(tree, TokenTree):
         raise TypeError(f"tree: expected a specdecode.trees.TokenTree, got {type(tree).__name__}")
@@ -136,6 +149,7 @@ def verify_tree(
     B, N = tree.batch_size, tree.max_nodes
     device = tree.device
     _check_logits("target_logits", target_logits, (B, N), device)
+    _check_backend(device)
     if draft_logits is not None:
         _check_logits("draft_logits", draft_logits, (B, N), device)
         if draft_logits.shape[2] != target_logits.shape[2]:
