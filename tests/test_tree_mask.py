@@ -282,3 +282,15 @@ def test_cuda_mask_equals_cpu():
         _assert_masks_equal(gpu, cpu, f"cuda B={B} N={N} W={W}")
     with pytest.raises(ValueError, match="parents"):
         tree_attention_mask(torch.tensor([[-1, 2, 0]], device="cuda"), torch.ones(1, 1, dtype=torch.bool, device="cuda"))
+
+
+def test_docstring_examples():
+    """The examples in the docstrings of specdecode.trees run and print what they show."""
+    import doctest
+
+    import specdecode.trees
+    from specdecode.trees import mask, rules, tree, verify
+
+    for module in (specdecode.trees, tree, mask, verify, rules):
+        result = doctest.testmod(module, extraglobs={"torch": torch, "specdecode": specdecode})
+        assert result.attempted > 0 and result.failed == 0, f"{module.__name__}: {result}"

@@ -6,6 +6,7 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <memory>
 #include <tuple>
 #include <vector>
