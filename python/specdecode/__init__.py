@@ -23,6 +23,7 @@ from specdecode.integrations.hf import SpeculativeOutput, check_compatibility, c
 from specdecode.reference import VerifyOutput
 from specdecode.rules import RuleInfo, list_rules, register_rule, unregister_rule
 from specdecode.sampling import SamplingParams
+from specdecode.trees import TokenTree, tree_attention_mask, verify_tree
 from specdecode.verify import verify, verify_logits
 
 __version__ = "0.1.0"
@@ -46,6 +47,7 @@ __all__ = [
     "RuleInfo",
     "SpeculativeOutput",
     "SpeculativeStats",
+    "TokenTree",
     "check_compatibility",
     "custom_generate",
     "generate",
@@ -57,7 +59,9 @@ __all__ = [
     "list_rules",
     "optimal_num_draft_tokens",
     "register_rule",
+    "tree_attention_mask",
     "unregister_rule",
     "verify",
     "verify_logits",
+    "verify_tree",
 ]
