@@ -30,7 +30,8 @@ Draws use the compiled processed distribution (:func:`specdecode.sampling.sample
 :func:`specdecode.sampling.processed_probs`), so every child is drawn from exactly the ``q``
 that verification reads. The number of children of a node is fixed by the shape before any
 child is drawn; without replacement, a node whose ``q`` has fewer tokens than children gets
-fewer (a function of the context only) and the tree is compacted.
+fewer (a function of the context only) and the tree is compacted. At temperature 0 every
+builder takes the draft's top-k as children (sampled children would all be the argmax).
 """
 
 from __future__ import annotations
@@ -145,7 +146,7 @@ class StaticTree(TreeBuilder):
                 for i, c in enumerate(new):
                     node_logits[c] = logits[:, i]
         draft_logits = None
-        if self.children != "deterministic":
+        if self._scheme(sampling) != "deterministic":
             zeros = torch.zeros_like(root_logits)
             draft_logits = torch.stack([node_logits.get(v, zeros) for v in range(N)], 1)
         parents = parents_row.expand(b, -1)
@@ -156,21 +157,26 @@ class StaticTree(TreeBuilder):
             tree, keep = compact_tree(tokens, parents, valid)
             if draft_logits is not None:
                 draft_logits = draft_logits.gather(1, keep[:, :, None].expand(-1, -1, draft_logits.shape[2]))
-        return BuiltTree(tree, draft_logits, self.children, calls)
+        return BuiltTree(tree, draft_logits, self._scheme(sampling), calls)
+
+    def _scheme(self, sampling: SamplingParams) -> str:
+        """At temperature 0 every ``q`` is one-hot, so sampled children would all be the
+        argmax: draw the top-k instead (verification is the exact greedy walk then)."""
+        return "deterministic" if sampling.is_greedy else self.children
 
     def _draw(self, logits: list[Tensor], counts: list[int], sampling: SamplingParams, coins: Coins) -> list[Tensor]:
         """Children of several nodes at once: ``logits[j]`` ``[b, V]`` -> ``[b, counts[j]]``."""
         stacked = torch.stack(logits, 1)  # [b, m, V]
         b, m, V = stacked.shape
         k = max(counts)
-        if self.children == "deterministic":
+        scheme = self._scheme(sampling)
+        if scheme == "deterministic":
             drawn = stacked.topk(min(k, V), dim=-1).indices
             if k > V:
                 drawn = torch.cat([drawn, drawn.new_full((b, m, k - V), -1)], -1)
-        elif self.children == "iid":
+        elif scheme == "iid":
             flat = stacked.reshape(b * m, V).repeat_interleave(k, 0)
-            u = None if sampling.is_greedy else coins(b * m * k)
-            drawn = sample_logits(flat, sampling, uniforms=u).view(b, m, k)
+            drawn = sample_logits(flat, sampling, uniforms=coins(b * m * k)).view(b, m, k)
         else:
             probs = processed_probs(stacked.reshape(b * m, V), sampling)
             drawn = draw_children(probs, k, False, coins(b * m, k)).view(b, m, k)
