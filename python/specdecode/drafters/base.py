@@ -127,6 +127,9 @@ class Proposal:
             ``draft_logits`` ``[b, N, V]`` give, per node, the distribution its children were
             drawn from.
 
+    ``children`` (trees only) says how each node's children were drafted:
+    ``"deterministic"`` (a function of the context), ``"iid"`` (i.i.d. draws from ``q``) or
+    ``"without_replacement"``; it decides which tree rule verifies the tree losslessly.
     ``forward_calls`` counts the drafter's model forward passes for this proposal and
     ``prefill_seconds`` the part of its time spent on prefilling (both feed the statistics).
     """
@@ -135,6 +138,7 @@ class Proposal:
     draft_logits: Tensor | None = None
     num_draft_tokens: Tensor | None = None
     tree: TokenTree | None = None
+    children: str | None = None
     forward_calls: int = 0
     prefill_seconds: float = 0.0
 

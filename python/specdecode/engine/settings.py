@@ -10,6 +10,7 @@ import torch
 
 from specdecode.engine.schedules import DraftSchedule
 from specdecode.rules import get_rule
+from specdecode.trees.rules import is_tree_rule
 from specdecode.sampling import SamplingParams
 
 
@@ -18,7 +19,10 @@ class EngineSettings:
     """Settings of one speculative generation.
 
     - ``sampling``: applied identically to target and draft (``is_greedy`` at temperature 0).
-    - ``rule`` / ``rule_options``: the verification rule and its checked options.
+    - ``rule`` / ``rule_options``: the verification rule and its checked options: a chain rule
+      (:func:`specdecode.list_rules`) or a tree rule (:func:`specdecode.trees.list_tree_rules`);
+      None picks ``token`` for chains and, for trees, the lossless rule of the drafter's
+      children scheme.
     - ``max_new_tokens``: per row; ``eos_ids`` end a row (empty: never); ``pad_id`` fills a
       finished row.
     - ``processors`` / ``stopping``: Hugging Face logits processors and stopping criteria (the
@@ -30,7 +34,7 @@ class EngineSettings:
     """
 
     sampling: SamplingParams
-    rule: str
+    rule: str | None
     max_new_tokens: int
     pad_id: int
     schedule: DraftSchedule
@@ -45,7 +49,8 @@ class EngineSettings:
     def __post_init__(self) -> None:
         if not isinstance(self.sampling, SamplingParams):
             raise TypeError(f"sampling: expected a SamplingParams, got {type(self.sampling).__name__}")
-        get_rule(self.rule)  # ValueError listing the known rules
+        if self.rule is not None and not is_tree_rule(self.rule):
+            get_rule(self.rule)  # ValueError listing the known rules
         for name in ("max_new_tokens", "vocab_size"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int):

@@ -67,6 +67,9 @@ class SpeculativeStats:
     rejections: int = 0
     new_tokens: int = 0
     repacks: int = 0
+    tree_rule: str = ""
+    rank_tried: list[int] = field(default_factory=list)
+    rank_accepted: list[int] = field(default_factory=list)
     position_drafted: list[int] = field(default_factory=list)
     position_accepted: list[int] = field(default_factory=list)
     num_draft_tokens_history: list[int] = field(default_factory=list)
@@ -89,6 +92,13 @@ class SpeculativeStats:
     def acceptance_rate_per_position(self) -> list[float]:
         """P(draft position i accepted | it was verified), i = 0..max gamma - 1."""
         return [_ratio(a, d) for a, d in zip(self.position_accepted, self.position_drafted)]
+
+    @property
+    def acceptance_by_rank(self) -> list[float]:
+        """Token trees: P(the rank-r child of a node is accepted | the walk tried it), r = 0, 1, ...
+        (rank = drafting order among siblings). Feed it to :func:`specdecode.trees.sequoia_shape`
+        through :func:`specdecode.trees.acceptance_from_conditional`."""
+        return [_ratio(a, t) for a, t in zip(self.rank_accepted, self.rank_tried)]
 
     @property
     def alpha(self) -> float:
@@ -160,7 +170,7 @@ class SpeculativeStats:
         """Every counter and every derived value, as plain Python types."""
         data = asdict(self)
         for name in (
-            "acceptance_rate", "acceptance_rate_per_position", "alpha", "mean_accepted_length",
+            "acceptance_rate", "acceptance_rate_per_position", "acceptance_by_rank", "alpha", "mean_accepted_length",
             "block_efficiency", "mean_num_draft_tokens", "draft_time_per_call", "target_time_per_call",
             "cost_ratio", "tokens_per_second", "predicted_speedup", "predicted_tokens_per_call", "other_time",
         ):

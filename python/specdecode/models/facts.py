@@ -80,3 +80,43 @@ def forward(model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor | 
         kwargs["logits_to_keep"] = 1
     logits = model(**kwargs).logits
     return logits[:, -1] if last_only else logits
+
+
+_TREE_MASK_SUPPORT: dict[int, bool] = {}
+
+
+def check_tree_attention(model: torch.nn.Module, name: str = "target") -> None:
+    """Raise ``ValueError`` unless ``model`` honours a custom 4D attention mask together with
+    explicit position ids, which token trees need. Probed once per model with two tiny
+    forwards: a query that may not see its predecessor must give the same logits as the
+    sequence without that predecessor."""
+    key = id(model)
+    if key not in _TREE_MASK_SUPPORT:
+        _TREE_MASK_SUPPORT[key] = _probe_tree_attention(model)
+    if not _TREE_MASK_SUPPORT[key]:
+        impl = getattr(getattr(model, "config", None), "_attn_implementation", None)
+        raise ValueError(
+            f"{name}: {type(model).__name__} (attention implementation {impl!r}) does not honour a custom 4D "
+            "attention mask with position ids, which token trees need; load it with attn_implementation='sdpa' "
+            "or 'eager', or draft a chain (tree=None)"
+        )
+
+
+@torch.no_grad()
+def _probe_tree_attention(model: torch.nn.Module) -> bool:
+    device = input_device(model)
+    vocab = int(model.get_input_embeddings().weight.shape[0])
+    ids = torch.tensor([[1 % vocab, 2 % vocab, 3 % vocab]], device=device)
+    dtype = getattr(model, "dtype", torch.float32)
+    allowed = torch.tensor([[[[True, False, False], [True, True, False], [True, False, True]]]], device=device)
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill(~allowed, torch.finfo(dtype).min)
+    try:
+        from specdecode.models.kv_cache import new_cache
+
+        tree = model(input_ids=ids, attention_mask=mask, position_ids=torch.tensor([[0, 1, 1]], device=device),
+                     past_key_values=new_cache(), use_cache=True).logits[0, 2].float()
+        plain = model(input_ids=ids[:, [0, 2]], position_ids=torch.tensor([[0, 1]], device=device),
+                      past_key_values=new_cache(), use_cache=True).logits[0, 1].float()
+    except Exception:  # noqa: BLE001 - any failure means "not supported"
+        return False
+    return bool(torch.allclose(tree, plain, atol=1e-3 if dtype == torch.float32 else 5e-2, rtol=1e-3))

@@ -70,6 +70,15 @@ _TREE_RULES: dict[str, TreeRuleInfo] = {
 }
 
 
+def is_tree_rule(name: str) -> bool:
+    """Whether ``name`` is a tree rule and not a chain rule (``greedy`` and ``typical`` are both)."""
+    return name in _TREE_RULES
+
+
+#: Children schemes (see :mod:`specdecode.trees.builders`) each lossless tree rule is exact for.
+LOSSLESS_CHILDREN = {"specinfer": ("iid",), "rrs": ("without_replacement",), "deterministic": ("deterministic",)}
+
+
 def list_tree_rules() -> list[TreeRuleInfo]:
     """Every built-in tree rule, in a fixed order."""
     return list(_TREE_RULES.values())

@@ -31,7 +31,7 @@ class SpeculativeOutput:
 
 
 _KEYWORDS = (
-    "num_draft_tokens", "rule", "max_new_tokens", "do_sample", "temperature", "top_k", "top_p", "min_p",
+    "num_draft_tokens", "rule", "max_new_tokens", "tree", "num_nodes", "tree_depth", "tree_children", "do_sample", "temperature", "top_k", "top_p", "min_p",
     "eos_token_id", "pad_token_id", "logits_processor", "stopping_criteria", "streamer", "draft_schedule",
     "max_num_draft_tokens", "generator", "target_tokenizer", "draft_tokenizer", "stats",
 )
@@ -45,8 +45,12 @@ def generate(
     attention_mask: Tensor | None = None,
     *,
     num_draft_tokens: int = 5,
-    rule: str = "token",
+    rule: str | None = None,
     max_new_tokens: int = 128,
+    tree: Any = None,
+    num_nodes: int = 16,
+    tree_depth: int | None = None,
+    tree_children: str | None = None,
     do_sample: bool = False,
     temperature: float | None = None,
     top_k: int | None = None,
@@ -79,8 +83,15 @@ def generate(
     ``LayerSkipDrafter``, ``TokenizerBridgeDrafter`` or your own
     :class:`~specdecode.drafters.Drafter`. Sampling settings (``temperature``, ``top_k``,
     ``top_p``, ``min_p``; ``do_sample=False`` is greedy) and the HF ``logits_processor`` apply
-    identically to target and draft. ``rule`` is any name from :func:`specdecode.list_rules`;
-    its options are extra keywords (an unknown keyword is a ``TypeError``). ``eos_token_id`` /
+    identically to target and draft. ``rule`` is any name from :func:`specdecode.list_rules`
+    (chains; default ``token``) or :func:`specdecode.trees.list_tree_rules` (trees; default: the
+    lossless rule of the tree's children scheme); its options are extra keywords (an unknown
+    keyword is a ``TypeError``). ``tree`` drafts a token tree instead of a chain:
+    ``"dynamic"`` (EAGLE-2, deterministic children), ``"sequoia"`` (optimal shape for the
+    acceptance measured as it runs, children drawn without replacement), ``"static"``, a
+    :class:`~specdecode.trees.TreeShape`, rank paths or a tree builder; ``num_nodes`` (root
+    included), ``tree_depth`` and ``tree_children`` (``"deterministic"``, ``"iid"``,
+    ``"without_replacement"``) shape it. ``eos_token_id`` /
     ``pad_token_id`` default to the target's generation config; each row stops at EOS,
     ``max_new_tokens`` or a stopping criterion and is then right-padded. ``streamer`` (batch 1)
     receives the prompt, each step's tokens, then ``end()``. ``draft_schedule``: ``"constant"``,
@@ -96,8 +107,9 @@ def generate(
     """
     start = time.perf_counter()
     rule_options = args.rule_options(rule, rule_options, "generate", _KEYWORDS)
+    builder = args.tree_builder(draft, tree, num_nodes, tree_depth, tree_children)
     drafter, vocab, vocab_limit = args.as_drafter(target, draft, target_tokenizer=target_tokenizer,
-                                                  draft_tokenizer=draft_tokenizer)
+                                                  draft_tokenizer=draft_tokenizer, tree=builder)
     sampling = SamplingParams.from_generate_kwargs(do_sample, temperature, top_k, top_p, min_p)
     gen_config = getattr(target, "generation_config", None)
     if eos_token_id is None and gen_config is not None:

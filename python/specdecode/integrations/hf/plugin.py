@@ -26,7 +26,7 @@ from specdecode.integrations.hf import arguments as args
 _OUTPUT_CLASS: type | None = None
 
 _KEYWORDS = (
-    "draft_model", "num_draft_tokens", "rule", "rule_options", "draft_schedule", "max_num_draft_tokens",
+    "draft_model", "num_draft_tokens", "rule", "rule_options", "tree", "num_nodes", "tree_depth", "tree_children", "draft_schedule", "max_num_draft_tokens",
     "generator", "speculative_streamer", "speculative_stats", "target_tokenizer", "draft_tokenizer",
 )
 
@@ -66,8 +66,12 @@ def custom_generate(
     generation_config: Any = None,
     draft_model: Any = None,
     num_draft_tokens: int = 5,
-    rule: str = "token",
+    rule: str | None = None,
     rule_options: dict[str, Any] | None = None,
+    tree: Any = None,
+    num_nodes: int = 16,
+    tree_depth: int | None = None,
+    tree_children: str | None = None,
     draft_schedule: Any = "constant",
     max_num_draft_tokens: int | None = None,
     generator: torch.Generator | None = None,
@@ -88,7 +92,8 @@ def custom_generate(
     ``top_p``, ``min_p``, EOS and pad ids, every other logits processor (applied to target and
     draft logits alike) and every stopping criterion (per row). Extra keyword arguments of
     ``generate`` understood here: ``draft_model`` (required: a draft model or any drafter),
-    ``num_draft_tokens``, ``rule``, ``rule_options`` (a dict), ``draft_schedule``,
+    ``num_draft_tokens``, ``rule``, ``rule_options`` (a dict), ``tree``, ``num_nodes``,
+    ``tree_depth``, ``tree_children`` (token trees, as :func:`specdecode.generate`), ``draft_schedule``,
     ``max_num_draft_tokens``, ``generator``, ``speculative_streamer``, ``speculative_stats`` (a
     :class:`SpeculativeStats` to fill in place), ``target_tokenizer``, ``draft_tokenizer``.
     ``generate`` does not forward its own ``streamer`` (nor ``tokenizer``) to a callable
@@ -103,8 +108,9 @@ def custom_generate(
     if rule_options is not None and not isinstance(rule_options, dict):
         raise TypeError(f"rule_options: expected a dict or None, got {type(rule_options).__name__}")
     options = args.rule_options(rule, dict(rule_options or {}), "custom_generate", _KEYWORDS)
+    builder = args.tree_builder(draft_model, tree, num_nodes, tree_depth, tree_children)
     drafter, vocab, vocab_limit = args.as_drafter(model, draft_model, target_tokenizer=target_tokenizer,
-                                                  draft_tokenizer=draft_tokenizer)
+                                                  draft_tokenizer=draft_tokenizer, tree=builder)
     config = generation_config if generation_config is not None else model.generation_config
     if getattr(config, "num_beams", 1) not in (None, 1):
         raise ValueError(f"num_beams: beam search is not supported by speculative decoding (got {config.num_beams})")
