@@ -29,8 +29,10 @@ def input_device(model: torch.nn.Module) -> torch.device:
     offloaded by an ``accelerate`` hook, the device the hook runs them on)."""
     emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
     execution = getattr(getattr(emb, "_hf_hook", None), "execution_device", None)
-    if execution is not None and execution != "meta":
-        return torch.device(execution) if not isinstance(execution, int) else torch.device("cuda", execution)
+    if execution is not None:
+        device = torch.device("cuda", execution) if isinstance(execution, int) else torch.device(execution)
+        if device.type != "meta":
+            return device
     weight = getattr(emb, "weight", None) if emb is not None else None
     if isinstance(weight, Tensor):
         return local_tensor(weight).device
