@@ -3,6 +3,7 @@
 - :class:`Drafter` (protocol), :class:`Proposal`, :class:`CommitUpdate`, :class:`DraftState`:
   the contract between a drafter and the engine (:mod:`specdecode.drafters.base`).
 - :class:`ModelDrafter`: a second Hugging Face causal LM with its own KV cache.
+- :class:`LayerSkipDrafter`: self-speculation with some of the target's own decoder layers.
 """
 
 from specdecode.drafters.base import (
@@ -13,6 +14,7 @@ from specdecode.drafters.base import (
     Proposal,
     point_mass_logits,
 )
+from specdecode.drafters.layer_skip import LayerSkipDrafter
 from specdecode.drafters.model import ModelDrafter
 
 __all__ = [
@@ -20,6 +22,7 @@ __all__ = [
     "DraftState",
     "Drafter",
     "DrafterBase",
+    "LayerSkipDrafter",
     "ModelDrafter",
     "Proposal",
     "point_mass_logits",
