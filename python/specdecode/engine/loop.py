@@ -27,7 +27,7 @@ from specdecode.engine.processors import ProcessorRunner
 from specdecode.engine.settings import EngineSettings
 from specdecode.engine.stats import Clock, SpeculativeStats
 from specdecode.models import facts, kv_cache
-from specdecode.rules import get_rule
+from specdecode.rules import get_rule, is_chain_rule
 from specdecode.sampling import SamplingParams, sample_logits
 from specdecode.trees import TokenTree, list_tree_rules, tree_attention_mask, verify_tree
 from specdecode.trees.builders import LOSSLESS_RULE
@@ -115,7 +115,8 @@ class SpeculativeEngine:
         self.settings = settings
         self.stats = stats if stats is not None else SpeculativeStats()
         self.device = facts.input_device(target)
-        self.rule = get_rule(settings.rule or "token") if not is_tree_rule(settings.rule or "") else None
+        # The chain rule (None when the rule named is a tree rule only); tree rules are checked per proposal.
+        self.rule = get_rule(settings.rule or "token") if is_chain_rule(settings.rule or "token") else None
         self._logits_to_keep_ok = facts.accepts_logits_to_keep(target)
         self._tree_checked = False
         windows = [w for w in (facts.sliding_window(target), getattr(drafter, "max_columns", None)) if w is not None]
@@ -148,7 +149,7 @@ class SpeculativeEngine:
         self.cache = kv_cache.new_cache()
         self.eos = torch.tensor(s.eos_ids, dtype=torch.long, device=self.device) if s.eos_ids else None
         self.drafter.reset()
-        stats.rule = s.rule or "auto"
+        stats.rule = self.rule.name if self.rule is not None else (s.rule or "token")
         stats.drafter = getattr(self.drafter, "name", type(self.drafter).__name__)
         stats.batch_size = self.batch.batch
         stats.draft_schedule = getattr(s.schedule, "name", type(s.schedule).__name__)

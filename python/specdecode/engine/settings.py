@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from specdecode.engine.schedules import DraftSchedule
-from specdecode.rules import get_rule
+from specdecode.rules import get_rule, is_chain_rule
 from specdecode.trees.rules import is_tree_rule
 from specdecode.sampling import SamplingParams
 
@@ -49,7 +49,7 @@ class EngineSettings:
     def __post_init__(self) -> None:
         if not isinstance(self.sampling, SamplingParams):
             raise TypeError(f"sampling: expected a SamplingParams, got {type(self.sampling).__name__}")
-        if self.rule is not None and not is_tree_rule(self.rule):
+        if self.rule is not None and not (is_tree_rule(self.rule) or is_chain_rule(self.rule)):
             get_rule(self.rule)  # ValueError listing the known rules
         for name in ("max_new_tokens", "vocab_size"):
             value = getattr(self, name)

@@ -71,7 +71,7 @@ _TREE_RULES: dict[str, TreeRuleInfo] = {
 
 
 def is_tree_rule(name: str) -> bool:
-    """Whether ``name`` is a tree rule and not a chain rule (``greedy`` and ``typical`` are both)."""
+    """Whether ``name`` is a tree rule (``greedy`` and ``typical`` are chain rules too)."""
     return name in _TREE_RULES
 
 

@@ -14,7 +14,7 @@ from specdecode.drafters.base import Drafter
 from specdecode.drafters.model import ModelDrafter
 from specdecode.integrations.hf.compat import check_compatibility, check_model
 from specdecode.models.facts import vocab_rows
-from specdecode.rules import builtin_rule_params, get_rule, list_rules, rule_option_names
+from specdecode.rules import builtin_rule_params, get_rule, is_chain_rule, rule_option_names
 from specdecode.trees.builders import make_tree_builder
 from specdecode.trees.rules import get_tree_rule, is_tree_rule, tree_rule_params
 from specdecode.sampling import SamplingParams
@@ -57,7 +57,7 @@ def rule_options(rule: str | None, options: dict[str, Any], function: str, other
     function's own keywords: most unknown names are typos of those)."""
     if rule is None:
         declared: frozenset[str] | None = frozenset()
-    elif is_tree_rule(rule) and not _is_chain_rule(rule):
+    elif is_tree_rule(rule) and not is_chain_rule(rule):
         info = get_tree_rule(rule)
         declared = frozenset(info.options)
     else:
@@ -67,15 +67,11 @@ def rule_options(rule: str | None, options: dict[str, Any], function: str, other
         for name in options:
             if name not in declared:
                 raise unknown_keyword_error(function, name, set(declared) | set(other_keywords))
-    if rule is not None and is_tree_rule(rule) and not _is_chain_rule(rule):
+    if rule is not None and is_tree_rule(rule) and not is_chain_rule(rule):
         tree_rule_params(get_tree_rule(rule), options)
     elif rule is not None and get_rule(rule).builtin:
         builtin_rule_params(get_rule(rule), options)  # value checks
     return dict(options)
-
-
-def _is_chain_rule(name: str) -> bool:
-    return any(r.name == name for r in list_rules())
 
 
 def tree_builder(draft: Any, tree: Any, num_nodes: int, tree_depth: int | None, tree_children: str | None) -> Any:
