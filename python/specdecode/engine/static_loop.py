@@ -59,10 +59,10 @@ from specdecode.sampling import SamplingParams
 from specdecode.verify import verify_logits
 
 #: How many static layouts (caches, buffers, CUDA graphs) are kept for reuse.
-SESSION_CACHE_SIZE = 2
+SESSION_CACHE_SIZE = 8
 #: Cache capacities are rounded up to a multiple of this, so that prompts of similar lengths
 #: share one layout (and its graphs).
-CAPACITY_MULTIPLE = 32
+CAPACITY_MULTIPLE = 16
 DECODE_PATHS = ("eager", "static", "graphed")
 
 _SESSIONS: OrderedDict[tuple, "_Session"] = OrderedDict()
