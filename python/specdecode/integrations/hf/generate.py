@@ -34,7 +34,7 @@ _KEYWORDS = (
     "num_draft_tokens", "rule", "max_new_tokens", "tree", "num_nodes", "tree_depth", "tree_children", "do_sample", "temperature", "top_k", "top_p", "min_p",
     "eos_token_id", "pad_token_id", "logits_processor", "stopping_criteria", "streamer", "draft_schedule",
     "max_num_draft_tokens", "generator", "target_tokenizer", "draft_tokenizer", "stats", "decode_path",
-    "stop_check_every",
+    "stop_check_every", "phase_timing",
 )
 
 
@@ -70,6 +70,7 @@ def generate(
     stats: SpeculativeStats | None = None,
     decode_path: str = "eager",
     stop_check_every: int = 1,
+    phase_timing: bool = False,
     **rule_options: Any,
 ) -> SpeculativeOutput:
     """Speculative decoding of ``target`` with ``draft``: the same output distribution as
@@ -108,7 +109,9 @@ def generate(
     compiled rules, left-padded batches and no processors, stopping criteria or streamer; see
     :mod:`specdecode.engine.static_loop`. There, ``draft=None`` decodes the target alone, and
     ``stop_check_every=k`` checks for the end of the generation every ``k`` steps (each check
-    is one host synchronisation).
+    is one host synchronisation). ``phase_timing=True`` times the draft, target, verify and
+    bookkeeping phases separately (with ``"graphed"``: one CUDA graph per phase instead of one per
+    step, a little slower); without it the graphed path times only whole steps.
 
     Example:
         >>> target, draft, tok = specdecode.load_demo_pair()
@@ -161,5 +164,5 @@ def generate(
         args.check_int("stop_check_every", stop_check_every, 1)
         sequences, stats = run_static_engine(target, drafter, input_ids, mask, settings, stats,
                                              decode_path=decode_path, stop_check_every=stop_check_every,
-                                             start_time=start)
+                                             phase_timing=bool(phase_timing), start_time=start)
     return SpeculativeOutput(sequences, stats)
