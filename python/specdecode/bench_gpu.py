@@ -247,10 +247,13 @@ def greedy_check(pair: str, device: torch.device, args: argparse.Namespace) -> l
 
 
 # ---------------------------------------------------------------------- the run
-def run(args: argparse.Namespace) -> list[dict[str, Any]]:
+def run(args: argparse.Namespace, on_group: Callable[[list[dict[str, Any]]], None] | None = None
+        ) -> list[dict[str, Any]]:
+    """Every (batch size, pair, temperature, method), batch sizes outermost (the batch-1 goals
+    come first); ``on_group(rows so far)`` after each group (the results are written as they come)."""
     device = torch.device(args.device)
     dtype = DTYPES[args.dtype]
-    results: list[dict[str, Any]] = []
+    pairs = {}
     for pair in args.pairs:
         target, draft, tokenizer = load(pair, device, dtype)
         draft.generation_config.num_assistant_tokens = args.gamma
@@ -259,11 +262,14 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
         pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         params = sum(p.numel() for p in target.parameters()), sum(p.numel() for p in draft.parameters())
         print(f"pair {pair}: target {params[0] / 1e6:.1f}M, draft {params[1] / 1e6:.2f}M parameters, {args.dtype}, "
-              f"{device}")
-        for temperature in args.temperatures:
-            for batch in args.batch_sizes:
-                n_prompts = max(batch, args.prompts_batch1 if batch == 1 else batch)
-                batches = prompt_batches(tokenizer, n_prompts, batch, args.max_prompt_tokens, pad_id, device)
+              f"{device}", flush=True)
+        pairs[pair] = (target, draft, tokenizer, pad_id)
+    results: list[dict[str, Any]] = []
+    for batch in args.batch_sizes:
+        for pair, (target, draft, tokenizer, pad_id) in pairs.items():
+            n_prompts = args.prompts_batch1 if batch == 1 else batch
+            batches = prompt_batches(tokenizer, n_prompts, batch, args.max_prompt_tokens, pad_id, device)
+            for temperature in args.temperatures:
                 group: dict[str, dict[str, Any]] = {}
                 for method in args.methods:
                     runner = make_runner(method, target, draft, batches, args, temperature, device, pad_id)
@@ -274,15 +280,15 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                                            "batch": batch, "method": method, "tok_per_s": speed}
                     row.update(summarize(stats))
                     if method in ("target graphed", "graphed chain"):
+                        runner(True)  # records the per-phase graphs (a separate layout)
                         _, timed_stats = runner(True)
                         row.update(split_from(timed_stats))
                     group[method] = row
-                    print(f"  T={temperature} B={batch:3d} {method:15s} {speed:10.1f} tok/s")
+                    print(f"  {pair:4s} T={temperature} B={batch:3d} {method:15s} {speed:10.1f} tok/s", flush=True)
                 finish_group(group, args.gamma)
                 results += group.values()
-        del target, draft
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
+                if on_group is not None:
+                    on_group(results)
     return results
 
 
@@ -312,6 +318,7 @@ def finish_group(group: dict[str, dict[str, Any]], gamma: int) -> None:
 
 
 def plot(rows: list[dict[str, Any]], out: Path) -> list[Path]:
+    """One PNG per pair: tokens/s against batch size per temperature, and the time split."""
     try:
         import matplotlib
 
@@ -324,7 +331,8 @@ def plot(rows: list[dict[str, Any]], out: Path) -> list[Path]:
     paths = []
     for pair in sorted({r["pair"] for r in rows}):
         temps = sorted({r["temperature"] for r in rows if r["pair"] == pair})
-        fig, axes = plt.subplots(1, len(temps), figsize=(6 * len(temps), 4), squeeze=False)
+        split = [r for r in rows if r["pair"] == pair and "draft_share" in r]
+        fig, axes = plt.subplots(1, len(temps) + 1, figsize=(6 * (len(temps) + 1), 4.5), squeeze=False)
         for ax, t in zip(axes[0], temps):
             for method in METHODS:
                 pts = sorted((r["batch"], r["tok_per_s"]) for r in rows
@@ -337,30 +345,23 @@ def plot(rows: list[dict[str, Any]], out: Path) -> list[Path]:
             ax.set_ylabel("tokens / s")
             ax.set_title(f"{pair} pair, T = {t}")
             ax.legend(fontsize=7)
+        ax = axes[0][-1]
+        labels = [f"{r['method']} T={r['temperature']:g} B={r['batch']}" for r in split]
+        bottom = [0.0] * len(split)
+        for part in ("draft", "target", "verify", "bookkeeping"):
+            values = [r[f"{part}_share"] for r in split]
+            ax.bar(range(len(split)), values, bottom=bottom, label=part)
+            bottom = [b + v for b, v in zip(bottom, values)]
+        ax.set_xticks(range(len(split)))
+        ax.set_xticklabels(labels, rotation=90, fontsize=5)
+        ax.set_ylabel("share of generation time")
+        ax.set_title(f"{pair} pair: time split")
+        ax.legend(fontsize=7)
         fig.tight_layout()
-        path = out / f"bench_gpu_{pair}_tokens_per_s.png"
-        fig.savefig(path, dpi=120)
+        path = out / f"bench_gpu_{pair}.png"
+        fig.savefig(path, dpi=110)
         plt.close(fig)
         paths.append(path)
-        split = [r for r in rows if r["pair"] == pair and "draft_share" in r]
-        if split:
-            fig, ax = plt.subplots(figsize=(max(6, 0.5 * len(split)), 4))
-            labels = [f"{r['method']}\nT={r['temperature']} B={r['batch']}" for r in split]
-            bottom = [0.0] * len(split)
-            for part in ("draft", "target", "verify", "bookkeeping"):
-                values = [r[f"{part}_share"] for r in split]
-                ax.bar(range(len(split)), values, bottom=bottom, label=part)
-                bottom = [b + v for b, v in zip(bottom, values)]
-            ax.set_xticks(range(len(split)))
-            ax.set_xticklabels(labels, rotation=90, fontsize=6)
-            ax.set_ylabel("share of generation time")
-            ax.set_title(f"{pair} pair: time split")
-            ax.legend(fontsize=7)
-            fig.tight_layout()
-            path = out / f"bench_gpu_{pair}_time_split.png"
-            fig.savefig(path, dpi=120)
-            plt.close(fig)
-            paths.append(path)
     return paths
 
 
@@ -415,7 +416,10 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> list[dict[st
     if args.threads or device.type == "cpu":
         torch.set_num_threads(args.threads or 1)
     start = time.perf_counter()
-    rows = run(args)
+    meta = {**environment(), "device": str(device), "args": vars(args)}
+    if device.type == "cuda":
+        meta["gpu"] = torch.cuda.get_device_name(device)
+    rows = run(args, on_group=lambda so_far: write_results(args.out, "bench_gpu", so_far, meta))
     checks = greedy_check(args.check_pair, device, args) if args.check_prompts > 0 else []
     columns = ["pair", "temperature", "batch", "method", "tok_per_s", "x_target", "x_graphed", "x_hf", "alpha",
                "block_efficiency", "host_syncs_per_step", "draft_ms_per_forward", "draft_share", "predicted",
@@ -425,10 +429,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> list[dict[st
         print("greedy check (rows whose greedy speculative output differs from the target's own greedy generate):")
         print(format_table(checks, ["pair", "dtype", "path", "rows", "divergent_rows", "divergent_rate",
                                     "mean_first_divergence"]))
-    meta = {**environment(), "device": str(device), "args": vars(args), "seconds": time.perf_counter() - start,
-            "greedy_check": checks}
-    if device.type == "cuda":
-        meta["gpu"] = torch.cuda.get_device_name(device)
+    meta.update(seconds=time.perf_counter() - start, greedy_check=checks)
     csv_path, json_path = write_results(args.out, "bench_gpu", rows, meta)
     if checks:
         write_results(args.out, "bench_gpu_greedy_check", checks, meta)
