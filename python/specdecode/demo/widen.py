@@ -142,16 +142,17 @@ def widen_model(model: "PreTrainedModel", *, hidden_size: int, num_attention_hea
     device = torch.device(device) if device is not None else param.device
     dtype = dtype or param.dtype
     cfg.widened_from["seed"] = seed
-    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+    cuda_index = (device.index if device.index is not None else torch.cuda.current_device()) \
+        if device.type == "cuda" else None
+    with torch.random.fork_rng(devices=[cuda_index] if cuda_index is not None else []):
         torch.manual_seed(seed)
         previous = torch.get_default_dtype()
-        torch.set_default_dtype(dtype)
+        torch.set_default_dtype(dtype)  # parameters in dtype; buffers made as float32 (RoPE) stay float32
         try:
             with torch.device(device):
                 big = type(model)(cfg)
         finally:
             torch.set_default_dtype(previous)
-    big.to(dtype=dtype)
 
     h0, h1 = int(old.hidden_size), hidden_size
     d = int(cfg.head_dim)
