@@ -17,7 +17,7 @@ come from the host clock.
 from __future__ import annotations
 
 import time
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
@@ -32,7 +32,7 @@ class StepProgram:
     """
 
     def __init__(self, phases: list[tuple[str, Callable[[], None]]], device: torch.device, *, graphed: bool,
-                 phase_timing: bool) -> None:
+                 phase_timing: bool, syncs: Any = None) -> None:
         if graphed and device.type != "cuda":
             raise ValueError(f"decode_path='graphed' needs a CUDA device, got {device}")
         self.phases = phases
@@ -44,6 +44,7 @@ class StepProgram:
         self.step_seconds = 0.0
         self._events: list[list[torch.cuda.Event]] = []
         self.captures = 0
+        self.syncs = syncs  # a HostSyncs: recording a graph synchronises the device first
 
     @property
     def cuda(self) -> bool:
@@ -90,6 +91,8 @@ class StepProgram:
         try:
             for group in groups:
                 graph = torch.cuda.CUDAGraph()
+                if self.syncs is not None:
+                    self.syncs.count()
                 with torch.cuda.graph(graph, pool=pool):
                     for fn in group:
                         fn()

@@ -496,7 +496,7 @@ class StaticEngine:
         phases = ([("draft", draft)] if gamma > 0 else []) + [("target", score), ("verify", verify),
                                                               ("bookkeeping", commit)]
         return StepProgram(phases, self.device, graphed=self.decode_path == "graphed",
-                           phase_timing=self.phase_timing)
+                           phase_timing=self.phase_timing, syncs=session.syncs)
 
     # ------------------------------------------------------------------ statistics
     def _record(self, session: _Session, counters: Tensor, steps_run: int, captures: int) -> None:
