@@ -19,12 +19,12 @@ import math
 
 import pytest
 import torch
-from test_generate_models import PAD, _one_thread, left_padded, make_pair  # noqa: F401
+from test_generate_models import PAD, _one_thread, left_padded, make_model, make_pair  # noqa: F401
 from test_generate_sampling import K, PROMPT, V, chi_square_p, exact_joint
 
 import specdecode.engine.static_loop as static_loop
 import specdecode.models.static_cache as static_cache
-from specdecode import generate
+from specdecode import LayerSkipDrafter, generate
 from specdecode.drafters import DrafterBase
 from specdecode.models.static_cache import ColumnCache, column_inputs
 
@@ -112,6 +112,15 @@ def test_greedy_one_token_prompt_and_draft_equal_to_target():
     out = static(target, target, ids, mask, num_draft_tokens=6, rule="block")
     assert torch.equal(out.sequences, hf_greedy(target, ids, mask))
     assert out.stats.rejections == 0 and out.stats.acceptance_rate == 1.0
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_layer_skip_drafter_on_the_static_path(arch):
+    target = make_model(arch, layers=3, init=0.05)
+    ids, mask = left_padded([5, 8, 3], seed=12)
+    out = static(target, LayerSkipDrafter(target, layers=[0, 2]), ids, mask, num_draft_tokens=3)
+    assert torch.equal(out.sequences, hf_greedy(target, ids, mask))
+    assert out.stats.accepted_tokens > 0
 
 
 def test_eos_in_the_middle_of_an_accepted_block():
