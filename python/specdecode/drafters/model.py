@@ -164,12 +164,15 @@ class ModelDrafter(DrafterBase):
     def static_key(self) -> tuple:
         return ("model", id(self.model))
 
-    def _static_forward(self, state: StaticDraftState, first: Tensor, num_columns: int, ids: Tensor | None
-                        ) -> Tensor:
+    def _static_inputs(self, state: StaticDraftState, first: Tensor, num_columns: int) -> tuple[Tensor, Tensor, Tensor]:
         from specdecode.models.static_cache import column_inputs
 
         dtype = self.model.dtype if hasattr(self.model, "dtype") else torch.float32
-        columns, positions, mask = column_inputs(first, state.start, num_columns, state.capacity, dtype)
+        return column_inputs(first, state.start, num_columns, state.capacity, dtype)
+
+    def _static_forward(self, state: StaticDraftState, inputs: tuple[Tensor, Tensor, Tensor], ids: Tensor | None
+                        ) -> Tensor:
+        columns, positions, mask = inputs
         if ids is None:
             ids = state.tokens.gather(1, columns)
         self._static_cache.columns = columns
@@ -188,16 +191,22 @@ class ModelDrafter(DrafterBase):
         width = state.prompt_columns - 1  # the first step feeds the last prompt column with the pending token
         if width > 0:
             first = torch.zeros(state.batch_size, dtype=torch.long, device=state.device)
-            self._static_forward(state, first, width, None)
+            self._static_forward(state, self._static_inputs(state, first, width), None)
 
     def static_propose(self, state: StaticDraftState, num_tokens: int) -> tuple[Tensor, Tensor]:
-        logits = self._static_forward(state, state.lengths - 1, 2, None)
+        logits = self._static_forward(state, self._static_inputs(state, state.lengths - 1, 2), None)
         tokens = [state.sample(logits)]
         all_logits = [logits]
-        for i in range(1, num_tokens):
-            logits = self._static_forward(state, state.lengths + i, 1, tokens[-1][:, None])
-            tokens.append(state.sample(logits))
-            all_logits.append(logits)
+        if num_tokens > 1:
+            # The one-token forwards i = 1 .. k-1 feed columns lengths + i: their masks and positions
+            # are the rows of one (k-1)-column layout, built once.
+            columns, positions, mask = self._static_inputs(state, state.lengths + 1, num_tokens - 1)
+            for i in range(1, num_tokens):
+                j = slice(i - 1, i)
+                logits = self._static_forward(state, (columns[:, j], positions[:, j], mask[:, :, j]),
+                                              tokens[-1][:, None])
+                tokens.append(state.sample(logits))
+                all_logits.append(logits)
         return torch.stack(tokens, 1), torch.stack(all_logits, 1)
 
 
