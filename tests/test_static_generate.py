@@ -2,7 +2,7 @@
 the CPU: the same step functions that ``decode_path="graphed"`` records as CUDA graphs, run
 eagerly.
 
-- greedy output equals the target's own greedy ``generate`` token for token (five
+- greedy output equals the target's own greedy ``generate`` token for token (seven
   architectures, batch 1 and left-padded batches, three rules, several gammas, the target alone);
 - EOS inside an accepted block, ``max_new_tokens`` reached mid-block, rows finishing at
   different steps, layouts reused across calls, ``stop_check_every``;
@@ -29,7 +29,7 @@ from specdecode.drafters import DrafterBase
 from specdecode.models.static_cache import ColumnCache, column_inputs
 
 MAX_NEW = 20
-ARCHS = ["llama", "gpt2", "qwen2", "opt", "gpt_neox"]
+ARCHS = ["llama", "gpt2", "qwen2", "opt", "gpt_neox", "gemma", "phi"]
 PASS_P, FAIL_P = 1e-4, 1e-6
 
 
