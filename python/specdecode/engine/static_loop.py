@@ -281,8 +281,7 @@ class StaticEngine:
         Shape:
             input_ids: ``[B, L]`` int64; attention_mask: ``[B, L]`` 0/1 or None.
         """
-        s, stats = self.settings, self.stats
-        start_time = time.perf_counter()
+        s = self.settings
         B, L = input_ids.shape
         prompt_width = L + 1  # one leading padding column: the first step re-feeds column prompt_width - 2
         needed = prompt_width + s.max_new_tokens + self.gamma  # > the last column any step writes
