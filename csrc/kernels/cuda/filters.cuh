@@ -1,0 +1,499 @@
+// Top-k / top-p / min-p on the GPU: the thresholds of LogitRow::apply_filters (kernels/
+// distributions.h) and the normaliser of the kept entries, for every row unit. Torch-free.
+//
+// Every filter keeps the entries whose logit is >= some threshold (ties kept together), so the
+// result is one number per unit, `keep` (PosState): top-k's k-th largest logit, top-p's
+// smallest logit whose strictly-larger kept mass is below top_p * (kept mass), and min-p's
+// smallest logit with fast_exp((l - max) / T) >= float(min_p), combined by max.
+//
+//   filter_merge_kernel   one block per unit. Merges the chunk lists of the stats kernel:
+//       K = every listed entry > N, N = the largest unlisted entry of any chunk. K holds EVERY
+//       entry of the row above N (each chunk lists all its entries above its own `next`), so
+//       whatever is decided from K alone is exact:
+//         top-k: the k-th largest of K when |K| >= k (or -inf when N = -inf and |K| < k);
+//         top-p: walk K's entries in descending order with their exact masses; exact when the
+//                walk stops inside K or K holds every kept entry; the total kept mass comes
+//                from K (top-k on, or N = -inf) or from the exact masked sum (top-p alone);
+//         min-p: exact from the max alone (min_p_logit_threshold);
+//         normaliser: exact sum over K when every kept entry is in K (keep > N).
+//       Otherwise the unit is marked pending: the fallback computes the thresholds and / or the
+//       masked sum computes the normaliser.
+//   filter_fallback_kernel  one block per pending unit: top-k by radix select over the whole
+//       row (4 passes, integer counts), top-p by radix search with masses summed as 128-bit
+//       fixed-point integers (exact, order-independent, hence deterministic).
+//   masked_sum_kernel     one block per (unit, chunk): sum of e over kept entries, either exact
+//       (the top-p total) or with the fast exp (a normaliser).
+#pragma once
+
+#include "kernels/cuda/pipeline.cuh"
+
+namespace specdecode {
+namespace kernels {
+namespace cuda {
+
+constexpr int kRadixBins = 256;
+
+// ------------------------------------------------------------------------------ masked sum
+// kFromStats: the max comes from the chunk stats, every entry is kept (the total of top-p
+// without top-k), run for every needed unit before the merge. Otherwise: units whose state is
+// pending kPendingNorm, with the state's max and `keep`.
+template <int BLOCK, typename T, bool kExact, bool kFromStats>
+__global__ void __launch_bounds__(BLOCK, kPassMinBlocks) masked_sum_kernel(const Args<T> a) {
+  constexpr int kPer = kChunk / BLOCK;
+  __shared__ ReduceScratch scratch;
+  const float kInf = float_inf();
+  const int64_t items = a.units() * a.chunks;
+  for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
+    const int64_t unit = item / a.chunks;
+    const int64_t c = item % a.chunks;
+    const UnitId u = decode_unit(a, unit);
+    if (!unit_needed(a, u)) continue;  // block-uniform
+    float max_logit, keep;
+    if (kFromStats) {
+      float m = -kInf;
+      int bad = 0;
+      for (int64_t cc = threadIdx.x; cc < a.chunks; cc += BLOCK) {
+        const ChunkStats st = a.stats[unit * a.chunks + cc];
+        m = st.max > m ? st.max : m;
+        bad |= st.bad;
+      }
+      max_logit = block_reduce<BLOCK>(m, OpMax(), scratch);
+      bad = block_reduce<BLOCK>(bad, OpOr(), scratch);
+      if (bad || max_logit == -kInf) continue;  // block-uniform: the unit fails, nothing to sum
+      keep = -kInf;
+    } else {
+      const PosState s = a.states[unit];
+      if (s.status != kOk || !(s.pending & kPendingNorm)) continue;  // block-uniform
+      max_logit = s.max_logit;
+      keep = s.keep;
+    }
+    const int64_t start = c * kChunk;
+    const int len = static_cast<int>(a.V - start < kChunk ? a.V - start : kChunk);
+    StridedChunk<BLOCK, kPer, T> ch;
+    ch.load(unit_row(a, u) + start, len);
+    double sum;
+    if (kExact) {
+      double thread_sum = 0.0;  // the CPU adds these float e's in float64 too
+#pragma unroll
+      for (int s = 0; s < kPer; ++s)
+        if (ch.index(s) < len && ch.logit(s) >= keep)
+          thread_sum += static_cast<double>(scaled_exp(ch.logit(s), max_logit, a.logit.inv_temp));
+      sum = block_reduce<BLOCK>(thread_sum, OpSum(), scratch);
+    } else {
+      float thread_sum = 0.0f;
+#pragma unroll
+      for (int s = 0; s < kPer; ++s)
+        if (ch.index(s) < len && ch.logit(s) >= keep)
+          thread_sum += approx_exp_nonpositive(scaled_arg(ch.logit(s), max_logit, a.logit.inv_temp));
+      sum = block_reduce<BLOCK>(static_cast<double>(thread_sum), OpSum(), scratch);
+    }
+    if (threadIdx.x == 0) a.masked_sums[unit * a.chunks + c] = sum;
+  }
+}
+
+// ------------------------------------------------------------------------------ radix select
+struct RadixShared {
+  int32_t count[kRadixBins];
+  unsigned long long mass_lo[kRadixBins];  // 128-bit fixed-point masses (units of 2^-88)
+  unsigned long long mass_hi[kRadixBins];
+  uint32_t chosen_bin;
+  int64_t chosen_rank;
+  double chosen_above;
+  double limit;
+};
+
+// e (a float in [0, 1]) as a 128-bit integer in units of 2^-88: hi * 2^64 + lo. Entries below
+// 2^-88 (and subnormals) count as 0: together they weigh less than V * 2^-88.
+__device__ __forceinline__ void fixed_point_128(float e, unsigned long long* hi, unsigned long long* lo) {
+  const uint32_t bits = __float_as_uint(e);
+  const int32_t biased = static_cast<int32_t>((bits >> 23) & 0xffu);
+  *hi = 0;
+  *lo = 0;
+  if (biased == 0 || (bits >> 31)) return;  // zero, subnormal (or negative: never passed)
+  const unsigned long long mantissa = (bits & 0x7fffffu) | 0x800000u;  // 24 bits
+  const int32_t shift = biased - 127 + 65;  // e = mantissa * 2^(biased - 127 - 23); times 2^88
+  if (shift <= -64) return;
+  if (shift < 0) {
+    *lo = mantissa >> (-shift);
+  } else if (shift == 0) {
+    *lo = mantissa;
+  } else if (shift < 64) {
+    *lo = mantissa << shift;
+    *hi = mantissa >> (64 - shift);
+  } else {
+    *hi = mantissa << (shift - 64);
+  }
+}
+
+__device__ __forceinline__ double fixed_point_to_double(unsigned long long hi, unsigned long long lo) {
+  return static_cast<double>(hi) * 0x1p-24 + static_cast<double>(lo) * 0x1p-88;
+}
+
+// Collective. The k-th largest (1 <= k <= number of entries) of the values get(i), i in
+// [0, n) (no NaN): radix select over the ordered float keys, 8 bits a pass, counts only.
+template <int BLOCK, typename Get>
+__device__ float radix_kth_largest(const Get& get, int64_t n, int64_t k, RadixShared& sh) {
+  const int lane = threadIdx.x & (kWarpSize - 1);
+  uint32_t prefix = 0, mask = 0;
+  int64_t rank = k;  // wanted rank among the entries whose key matches `prefix` on `mask`
+  for (int shift = 24; shift >= 0; shift -= 8) {
+    for (int i = threadIdx.x; i < kRadixBins; i += BLOCK) sh.count[i] = 0;
+    __syncthreads();  // counts cleared before anyone adds
+    for (int64_t base = 0; base < n; base += BLOCK) {  // uniform trip count: warp intrinsics inside
+      const int64_t i = base + threadIdx.x;
+      uint32_t bin = kRadixBins;
+      if (i < n) {
+        const uint32_t key = float_to_key(get(i));
+        if ((key & mask) == prefix) bin = (key >> shift) & 0xffu;
+      }
+      const unsigned peers = __match_any_sync(kFullMask, bin);
+      if (bin < kRadixBins && lane == __ffs(peers) - 1) atomicAdd(&sh.count[bin], __popc(peers));
+    }
+    __syncthreads();  // counts complete
+    if (threadIdx.x < kWarpSize) {
+      // lane L owns bins 255 - 8L down to 248 - 8L (descending values)
+      int64_t counts[8];
+      int64_t lane_total = 0;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        counts[j] = sh.count[kRadixBins - 1 - 8 * lane - j];
+        lane_total += counts[j];
+      }
+      int64_t above = warp_inclusive_scan(lane_total) - lane_total;
+      uint32_t chosen = kRadixBins;
+      int64_t rest = 0;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        if (above < rank && rank <= above + counts[j]) {
+          chosen = kRadixBins - 1 - 8 * lane - j;
+          rest = rank - above;
+        }
+        above += counts[j];
+      }
+      chosen = warp_reduce(chosen, OpMin());  // exactly one lane found the bin
+      rest = shfl_idx(rest, static_cast<int>((kRadixBins - 1 - chosen) / 8));
+      if (lane == 0) {
+        sh.chosen_bin = chosen;
+        sh.chosen_rank = rest;
+      }
+    }
+    __syncthreads();  // chosen bin published
+    prefix |= sh.chosen_bin << shift;
+    mask |= 0xffu << shift;
+    rank = sh.chosen_rank;
+    __syncthreads();  // everyone read it before the next pass overwrites
+  }
+  return key_to_float(prefix);
+}
+
+// Collective. LogitRow's top-p threshold over the entries of `row` with logit >= keep: the
+// smallest such logit v whose strictly-larger kept mass is below top_p * (kept mass), masses
+// e = fast_exp((l - max) / T) exactly as the CPU, summed exactly (128-bit fixed point). Radix
+// search from the top, 8 bits a pass, carrying the mass above the current prefix.
+template <int BLOCK, typename T>
+__device__ float top_p_threshold_exact(const T* row, int64_t V, float max_logit, float inv_temp, float keep,
+                                       double top_p, RadixShared& sh) {
+  const int lane = threadIdx.x & (kWarpSize - 1);
+  uint32_t prefix = 0, mask = 0;
+  double above = 0.0;  // kept mass strictly above every key matching prefix
+  double limit = 0.0;
+  for (int shift = 24; shift >= 0; shift -= 8) {
+    for (int i = threadIdx.x; i < kRadixBins; i += BLOCK) {
+      sh.count[i] = 0;
+      sh.mass_lo[i] = 0;
+      sh.mass_hi[i] = 0;
+    }
+    __syncthreads();  // bins cleared before anyone adds
+    for (int64_t x = threadIdx.x; x < V; x += BLOCK) {
+      const float l = to_float(row[x]);
+      if (!(l >= keep)) continue;
+      const uint32_t key = float_to_key(l);
+      if ((key & mask) != prefix) continue;
+      const uint32_t bin = (key >> shift) & 0xffu;
+      unsigned long long hi, lo;
+      fixed_point_128(scaled_exp(l, max_logit, inv_temp), &hi, &lo);
+      atomicAdd(&sh.count[bin], 1);
+      const unsigned long long old = atomicAdd(&sh.mass_lo[bin], lo);
+      const unsigned long long carry = old + lo < old ? 1ull : 0ull;  // the low word wrapped
+      if (hi + carry != 0) atomicAdd(&sh.mass_hi[bin], hi + carry);
+    }
+    __syncthreads();  // bins complete (integer sums: independent of the order of the adds)
+    if (threadIdx.x < kWarpSize) {
+      int32_t counts[8];
+      double masses[8];
+      double lane_mass = 0.0;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const int bin = kRadixBins - 1 - 8 * lane - j;
+        counts[j] = sh.count[bin];
+        masses[j] = fixed_point_to_double(sh.mass_hi[bin], sh.mass_lo[bin]);
+        lane_mass += masses[j];
+      }
+      if (shift == 24) limit = top_p * warp_reduce(lane_mass, OpSum());  // kept mass, every lane
+      const double inclusive = warp_inclusive_scan(lane_mass);
+      double run = above + (inclusive - lane_mass);
+      uint32_t chosen = kRadixBins;
+      double chosen_above = 0.0;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        if (counts[j] != 0 && run < limit) {
+          chosen = kRadixBins - 1 - 8 * lane - j;
+          chosen_above = run;
+        }
+        if (counts[j] != 0) run += masses[j];
+      }
+      // The wanted bin is the last (lowest) non-empty bin whose mass above is < limit.
+      chosen = warp_reduce(chosen, OpMin());
+      chosen_above = shfl_idx(chosen_above, static_cast<int>((kRadixBins - 1 - chosen) / 8));
+      if (lane == 0) {
+        sh.chosen_bin = chosen;
+        sh.chosen_above = chosen_above;
+        sh.limit = limit;
+      }
+    }
+    __syncthreads();  // chosen bin published
+    prefix |= sh.chosen_bin << shift;
+    mask |= 0xffu << shift;
+    above = sh.chosen_above;
+    limit = sh.limit;
+    __syncthreads();  // everyone read it before the next pass overwrites
+  }
+  return key_to_float(prefix);
+}
+
+// ------------------------------------------------------------------------------ merge
+struct MergeShared {
+  float cand[kMergeCap];
+  RadixShared radix;
+  ReduceScratch scratch;
+  float broadcast;
+};
+
+// Collective: bitonic sort of cand[0..n) into descending order (padded with -inf to a power of
+// two; n <= kMergeCap). Each compare-exchange pair belongs to one thread; a barrier separates
+// the steps.
+template <int BLOCK>
+__device__ void sort_descending(float* cand, int n) {
+  int size = 1;
+  while (size < n) size <<= 1;
+  for (int i = n + threadIdx.x; i < size; i += BLOCK) cand[i] = -float_inf();
+  __syncthreads();  // padding written
+  for (int width = 2; width <= size; width <<= 1) {
+    for (int stride = width >> 1; stride > 0; stride >>= 1) {
+      for (int i = threadIdx.x; i < size; i += BLOCK) {
+        const int j = i ^ stride;
+        if (j > i) {
+          const float x = cand[i], y = cand[j];
+          const bool descending = (i & width) == 0;
+          if (descending ? x < y : x > y) {
+            cand[i] = y;
+            cand[j] = x;
+          }
+        }
+      }
+      __syncthreads();  // this step's exchanges done before the next step reads
+    }
+  }
+}
+
+template <int BLOCK, typename T>
+__global__ void __launch_bounds__(BLOCK) filter_merge_kernel(const Args<T> a) {
+  __shared__ MergeShared sh;
+  const float kInf = float_inf();
+  const LogitConfig& cfg = a.logit;
+  const bool top_k_on = cfg.top_k > 0;
+  const bool top_p_on = cfg.top_p < 1.0;
+  const bool min_p_on = cfg.min_e > 0.0f;
+  for (int64_t unit = blockIdx.x; unit < a.units(); unit += gridDim.x) {
+    const UnitId u = decode_unit(a, unit);
+    if (!unit_needed(a, u)) continue;  // block-uniform
+    const ChunkStats* stats = a.stats + unit * a.chunks;
+
+    // Combine the chunks: max, status, argmax, N (largest unlisted entry), list overflow.
+    float m = -kInf, next = -kInf;
+    int bad = 0, overflow = 0;
+    for (int64_t c = threadIdx.x; c < a.chunks; c += BLOCK) {
+      const ChunkStats st = stats[c];
+      m = st.max > m ? st.max : m;
+      next = st.next > next ? st.next : next;
+      bad |= st.bad;
+      overflow |= st.list_count < 0;
+    }
+    m = block_reduce<BLOCK>(m, OpMax(), sh.scratch);
+    next = block_reduce<BLOCK>(next, OpMax(), sh.scratch);
+    bad = block_reduce<BLOCK>(bad, OpOr(), sh.scratch);
+    overflow = block_reduce<BLOCK>(overflow, OpOr(), sh.scratch);
+    int64_t argmax = kNoIndex;
+    for (int64_t c = threadIdx.x; c < a.chunks; c += BLOCK)
+      if (stats[c].max == m && stats[c].argmax < argmax) argmax = stats[c].argmax;
+    argmax = block_reduce<BLOCK>(argmax, OpMin(), sh.scratch);
+
+    PosState state;
+    state.inv_norm = 0.0;
+    state.argmax = argmax == kNoIndex ? 0 : argmax;
+    state.max_logit = m;
+    state.keep = -kInf;
+    state.status = bad ? static_cast<int32_t>(kNonFiniteLogit)
+                       : (m == -kInf ? static_cast<int32_t>(kEmptyDistribution) : static_cast<int32_t>(kOk));
+    state.pending = 0;
+    if (state.status != kOk) {
+      if (threadIdx.x == 0) a.states[unit] = state;
+      continue;  // block-uniform
+    }
+
+    // min-p: exact threshold from the max (thread 0, broadcast).
+    float l_min = -kInf;
+    if (min_p_on) {
+      if (threadIdx.x == 0) sh.broadcast = min_p_logit_threshold(m, cfg.inv_temp, cfg.min_e);
+      __syncthreads();  // published
+      l_min = sh.broadcast;
+    }
+
+    // Gather K = listed entries > next, chunk by chunk, in a fixed order.
+    int n_cand = 0;
+    if (!overflow) {
+      for (int64_t c = 0; c < a.chunks; ++c) {
+        const int count = stats[c].list_count;
+        const float* list = a.lists + (unit * a.chunks + c) * kListCap;
+        float mine[kListCap / BLOCK > 0 ? (kListCap + BLOCK - 1) / BLOCK : 1];
+        int my_count = 0;
+#pragma unroll
+        for (int r = 0; r < (kListCap + BLOCK - 1) / BLOCK; ++r) {
+          const int j = r * BLOCK + threadIdx.x;
+          if (j < count) {
+            const float x = list[j];
+            if (x > next) mine[my_count++] = x;
+          }
+        }
+        int total = 0;
+        const int offset = block_exclusive_scan<BLOCK>(my_count, sh.scratch, &total);
+        for (int r = 0; r < my_count; ++r)
+          if (n_cand + offset + r < kMergeCap) sh.cand[n_cand + offset + r] = mine[r];
+        n_cand += total;
+      }
+    }
+    const bool usable = !overflow && n_cand <= kMergeCap;
+    __syncthreads();  // sh.cand complete
+
+    bool fallback = false;
+    bool complete = usable && next == -kInf;  // K holds every finite entry
+    float keep_k = -kInf;
+    if (top_k_on) {
+      if (usable && n_cand >= cfg.top_k) {
+        const float* cand = sh.cand;
+        keep_k = radix_kth_largest<BLOCK>([cand](int64_t i) { return cand[i]; }, n_cand, cfg.top_k, sh.radix);
+        complete = true;  // keep_k is in K, so every kept entry (>= keep_k > next) is in K
+      } else if (usable && next == -kInf) {
+        keep_k = -kInf;  // fewer than k finite entries: the k-th largest is -inf
+      } else {
+        fallback = true;
+      }
+    }
+
+    float keep_p = -kInf;
+    int n_kept = n_cand;  // entries of sh.cand[0..n_kept) that can be kept
+    if (!fallback && top_p_on) {
+      if (!usable) {
+        fallback = true;
+      } else {
+        // Compact K' = {x in K : x >= keep_k}, in order, then sort it in descending order.
+        int flags = 0;
+        float mine[kMergeCap / BLOCK];
+#pragma unroll
+        for (int r = 0; r < kMergeCap / BLOCK; ++r) {
+          const int j = r * BLOCK + threadIdx.x;
+          if (j < n_cand && sh.cand[j] >= keep_k) mine[flags++] = sh.cand[j];
+        }
+        int total = 0;
+        const int offset = block_exclusive_scan<BLOCK>(flags, sh.scratch, &total);  // barrier: reads done
+        for (int r = 0; r < flags; ++r) sh.cand[offset + r] = mine[r];
+        n_kept = total;
+        __syncthreads();  // compacted
+        sort_descending<BLOCK>(sh.cand, n_kept);
+
+        // Exclusive prefix masses in descending order: thread t owns [t * per, (t + 1) * per).
+        const int per = (n_kept + BLOCK - 1) / BLOCK;
+        const int lo = threadIdx.x * per;
+        const int hi = lo + per < n_kept ? lo + per : n_kept;
+        double seg = 0.0;
+        for (int j = lo; j < hi; ++j) seg += static_cast<double>(scaled_exp(sh.cand[j], m, cfg.inv_temp));
+        double k_mass = 0.0;
+        const double before = block_exclusive_scan<BLOCK>(seg, sh.scratch, &k_mass);
+        double total_mass;
+        if (complete) {
+          total_mass = k_mass;
+        } else {
+          // top-p alone: the exact masked sum over the whole row ran before this kernel.
+          total_mass = 0.0;
+          for (int64_t c = 0; c < a.chunks; ++c) total_mass += a.masked_sums[unit * a.chunks + c];
+        }
+        const double limit = cfg.top_p * total_mass;
+        int last = -1;
+        double run = before;
+        for (int j = lo; j < hi; ++j) {
+          if (run < limit) last = j;
+          run += static_cast<double>(scaled_exp(sh.cand[j], m, cfg.inv_temp));
+        }
+        last = block_reduce<BLOCK>(last, OpMax(), sh.scratch);
+        if (!(k_mass >= limit) && !complete) {
+          fallback = true;  // the walk continues below the listed entries
+        } else {
+          keep_p = sh.cand[last < 0 ? 0 : last];
+        }
+      }
+    }
+
+    float keep = keep_k > keep_p ? keep_k : keep_p;
+    keep = keep > l_min ? keep : l_min;
+    if (fallback) {
+      state.keep = l_min;  // the fallback combines it with the thresholds it computes
+      state.pending = kPendingThresholds | kPendingNorm;
+    } else if (usable && (complete || keep > next)) {
+      // Every kept entry is in sh.cand[0..n_kept): the normaliser exactly.
+      double mass = 0.0;
+      for (int j = threadIdx.x; j < n_kept; j += BLOCK)
+        if (sh.cand[j] >= keep) mass += static_cast<double>(scaled_exp(sh.cand[j], m, cfg.inv_temp));
+      mass = block_reduce<BLOCK>(mass, OpSum(), sh.scratch);
+      state.keep = keep;
+      state.inv_norm = 1.0 / mass;  // >= 1: the max is kept with e = 1
+    } else {
+      state.keep = keep;
+      state.pending = kPendingNorm;
+    }
+    if (threadIdx.x == 0) a.states[unit] = state;
+    __syncthreads();  // sh.cand and sh.broadcast are reused by the next unit
+  }
+}
+
+// ------------------------------------------------------------------------------ fallback
+template <int BLOCK, typename T>
+__global__ void __launch_bounds__(BLOCK) filter_fallback_kernel(const Args<T> a) {
+  __shared__ RadixShared radix;
+  const LogitConfig& cfg = a.logit;
+  for (int64_t unit = blockIdx.x; unit < a.units(); unit += gridDim.x) {
+    const UnitId u = decode_unit(a, unit);
+    if (!unit_needed(a, u)) continue;  // block-uniform
+    const PosState s = a.states[unit];
+    if (s.status != kOk || !(s.pending & kPendingThresholds)) continue;  // block-uniform
+    const T* row = unit_row(a, u);
+    float keep_k = -float_inf();
+    if (cfg.top_k > 0)
+      keep_k = radix_kth_largest<BLOCK>([row](int64_t x) { return to_float(row[x]); }, a.V, cfg.top_k, radix);
+    float keep_p = -float_inf();
+    if (cfg.top_p < 1.0)
+      keep_p = top_p_threshold_exact<BLOCK>(row, a.V, s.max_logit, cfg.inv_temp, keep_k, cfg.top_p, radix);
+    float keep = keep_k > keep_p ? keep_k : keep_p;
+    keep = keep > s.keep ? keep : s.keep;  // s.keep holds the min-p threshold
+    if (threadIdx.x == 0) {
+      PosState out = s;
+      out.keep = keep;
+      out.pending = kPendingNorm;
+      a.states[unit] = out;
+    }
+    __syncthreads();  // radix scratch reused by the next unit
+  }
+}
+
+}  // namespace cuda
+}  // namespace kernels
+}  // namespace specdecode

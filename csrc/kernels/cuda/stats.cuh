@@ -1,0 +1,135 @@
+// The stats kernel: the one pass over every logit row that verify_logits / sample_logits need.
+// One block of kPassThreads threads per (row unit, chunk of kChunk entries); the chunk is read
+// once into registers (32 entries per thread, 16-byte coalesced loads) and everything below is
+// computed from those registers. Torch-free.
+//
+// Per chunk (ChunkStats): the max over non-NaN logits, whether a NaN or +inf occurs (the CPU's
+// max_logit_body check), the lowest index holding the max, and (StatsMode >= kSum) the
+// normaliser relative to the chunk's own max, sum exp((l - chunk max) / T), with the fast exp
+// (the combine step rescales chunks by exp(chunk max - max); the normaliser's rounding is
+// documented in pipeline.cuh).
+//
+// Lists (filters): a chunk lists some of its largest finite entries, in a deterministic order,
+// together with `next`, the largest entry it did NOT list. The merge step relies only on this
+// completeness property ("every entry > next is listed"), never on how many were listed:
+//   kSumTopList: every finite entry >= t0, where t0 = min over warps of the ceil(list_target /
+//     warps)-th largest per-thread maximum of that warp, so the chunk lists at least
+//     list_target entries (when it has that many finite ones);
+//   kSumMinPList: every finite entry with fast-exp weight >= 0.999 * min_p relative to the
+//     chunk's max (a superset of what min-p can keep, since the row's max is >= the chunk's).
+// More than kListCap entries: the list is dropped (list_count = -1) and the merge step hands
+// the unit to the exact fallback.
+#pragma once
+
+#include "kernels/cuda/pipeline.cuh"
+
+namespace specdecode {
+namespace kernels {
+namespace cuda {
+
+template <int BLOCK, typename T, StatsMode kMode>
+__global__ void __launch_bounds__(BLOCK, kPassMinBlocks) chunk_stats_kernel(const Args<T> a) {
+  constexpr int kWarps = BLOCK / kWarpSize;
+  constexpr int kPer = kChunk / BLOCK;
+  static_assert(kPer <= 32, "chunk_stats_kernel: one bit per slot in a 32-bit mask");
+  __shared__ ReduceScratch scratch;
+  const float kInf = float_inf();
+  const int64_t items = a.units() * a.chunks;
+  for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
+    const int64_t unit = item / a.chunks;
+    const int64_t c = item % a.chunks;
+    const UnitId u = decode_unit(a, unit);
+    if (!unit_needed(a, u)) continue;  // block-uniform
+    const int64_t start = c * kChunk;
+    const int len = static_cast<int>(a.V - start < kChunk ? a.V - start : kChunk);
+    StridedChunk<BLOCK, kPer, T> ch;
+    ch.load(unit_row(a, u) + start, len);
+
+    // Max over non-NaN entries and the NaN / +inf flag.
+    float thread_max = -kInf;
+    int bad = 0;
+#pragma unroll
+    for (int s = 0; s < kPer; ++s) {
+      if (ch.index(s) < len) {
+        const float v = ch.logit(s);
+        bad |= !(v < kInf);
+        thread_max = v > thread_max ? v : thread_max;
+      }
+    }
+    const float m = block_reduce<BLOCK>(thread_max, OpMax(), scratch);
+    bad = block_reduce<BLOCK>(bad, OpOr(), scratch);
+
+    // Lowest index holding the max (a thread's slots ascend in index).
+    int first = INT32_MAX;
+#pragma unroll
+    for (int s = kPer - 1; s >= 0; --s)
+      if (ch.index(s) < len && ch.logit(s) == m) first = ch.index(s);
+    first = block_reduce<BLOCK>(first, OpMin(), scratch);
+
+    double sum = 0.0;
+    if (kMode != StatsMode::kArgmax) {
+      float thread_sum = 0.0f;
+#pragma unroll
+      for (int s = 0; s < kPer; ++s)
+        if (ch.index(s) < len) thread_sum += approx_exp_nonpositive(scaled_arg(ch.logit(s), m, a.logit.inv_temp));
+      sum = block_reduce<BLOCK>(static_cast<double>(thread_sum), OpSum(), scratch);
+    }
+
+    int32_t list_count = 0;
+    float next = -kInf;
+    if (kMode == StatsMode::kSumTopList || kMode == StatsMode::kSumMinPList) {
+      float t0 = -kInf;
+      if (kMode == StatsMode::kSumTopList) {
+        const int per_warp = (a.logit.list_target + kWarps - 1) / kWarps;  // 1..32
+        const float sorted = warp_sort_descending(thread_max);
+        t0 = block_reduce<BLOCK>(shfl_idx(sorted, per_warp - 1), OpMin(), scratch);
+      }
+      const float min_e_cut = 0.999f * a.logit.min_e;
+      int mine = 0;
+      uint32_t listed_mask = 0;  // bit s: slot s listed
+#pragma unroll
+      for (int s = 0; s < kPer; ++s) {
+        if (ch.index(s) >= len) continue;
+        const float x = ch.logit(s);
+        bool listed = x > -kInf && x < kInf;  // finite (NaN fails too)
+        if (kMode == StatsMode::kSumTopList) listed = listed && x >= t0;
+        else listed = listed && approx_exp_nonpositive(scaled_arg(x, m, a.logit.inv_temp)) >= min_e_cut;
+        if (listed) {
+          listed_mask |= 1u << s;
+          ++mine;
+        } else if (x > next) {
+          next = x;  // NaN never compares greater
+        }
+      }
+      int total = 0;
+      const int offset = block_exclusive_scan<BLOCK>(mine, scratch, &total);
+      next = block_reduce<BLOCK>(next, OpMax(), scratch);
+      if (total > kListCap) {
+        list_count = -1;
+      } else {
+        list_count = total;
+        float* out = a.lists + (unit * a.chunks + c) * kListCap + offset;
+        int k = 0;
+#pragma unroll
+        for (int s = 0; s < kPer; ++s)
+          if (listed_mask & (1u << s)) out[k++] = ch.logit(s);
+      }
+    }
+
+    if (threadIdx.x == 0) {
+      ChunkStats st;
+      st.sum = sum;
+      st.argmax = first == INT32_MAX ? kNoIndex : start + first;
+      st.max = m;
+      st.next = next;
+      st.bad = bad;
+      st.list_count = list_count;
+      a.stats[unit * a.chunks + c] = st;
+    }
+    // The next item's first block_reduce starts with a barrier, so `scratch` is free again.
+  }
+}
+
+}  // namespace cuda
+}  // namespace kernels
+}  // namespace specdecode
