@@ -45,21 +45,10 @@ import specdecode
 import stat_utils as su
 from specdecode import reference
 from specdecode.reference import VerifyOutput
+from cuda_agreement import RULES, assert_agree, assert_samples_agree, logit_inputs, prob_inputs, to_device
 
 OPS = torch.ops.specdecode
 pytestmark = pytest.mark.cuda
-
-RULES = [
-    ("token", []),
-    ("block", []),
-    ("greedy", []),
-    ("typical", [0.09, 0.3, 0.0]),
-    ("typical", [0.09, 0.3, 1.0]),  # sample_correction: y ~ p
-    ("top_beta", [3.0, 1.0]),
-]
-PROBS_MARGIN = 1e-9
-LOGITS_MARGIN = 1e-5
-
 
 @pytest.fixture
 def cuda() -> torch.device:
@@ -74,157 +63,17 @@ def cuda() -> torch.device:
     return torch.device("cuda")
 
 
-# ----------------------------------------------------------------------------------- inputs
-
-
-def _logit_inputs(B, gamma, V, dtype, seed, *, ragged=True, noise=0.7, quantize=False):
-    """Target logits [B, gamma+1, V], draft logits = target + noise (realistic acceptance),
-    drafts sampled from the draft's softmax, ragged num_draft_tokens, uniforms. CPU tensors."""
-    g = torch.Generator().manual_seed(seed)
-    target = torch.randn(B, gamma + 1, V, generator=g) * 3.0
-    draft = target[:, :gamma] + noise * torch.randn(B, gamma, V, generator=g)
-    if quantize:  # many exact ties
-        target, draft = (target * 2).round() / 2, (draft * 2).round() / 2
-    q = torch.softmax(draft.double(), -1)
-    drafts = torch.multinomial(q.reshape(-1, V), 1, generator=g).view(B, gamma)
-    if ragged:
-        num = torch.randint(0, gamma + 1, (B,), generator=g)
-        num[0] = gamma
-    else:
-        num = torch.full((B,), gamma, dtype=torch.int64)
-    u = torch.rand(B, gamma + 1, dtype=torch.float64, generator=g)
-    return target.to(dtype), draft.to(dtype), drafts, num, u
-
-
-def _prob_inputs(B, gamma, V, dtype, seed, **kw):
-    target, draft, drafts, num, u = _logit_inputs(B, gamma, V, torch.float32, seed, **kw)
-    return torch.softmax(target, -1).to(dtype), torch.softmax(draft, -1).to(dtype), drafts, num, u
-
-
-def _to(device, *tensors):
-    return [t.to(device) if isinstance(t, torch.Tensor) else t for t in tensors]
-
-
-# ------------------------------------------------------------- comparing CPU and CUDA results
-
-
-def _rows_for_reference(op, target, draft, b, n, sampling):
-    """float64 processed p [n+1, V] and q [n, V] (or None) of row b, as the reference sees them
-    (logits are read through float32, as both kernels do)."""
-    t, d = target[b, : n + 1].cpu(), (draft[b, :n].cpu() if draft is not None else None)
-    if op == "probs":
-        return t.double(), (d.double() if d is not None else None)
-    temperature, top_k, top_p, min_p = sampling
-    process = lambda x: reference.process_logits(x.float().double(), temperature, top_k, top_p, min_p)  # noqa: E731
-    return process(t), (process(d) if d is not None and d.numel() else None)
-
-
-def _block_h(p, q, x, n):
-    w = [1.0]
-    for i in range(n):
-        w.append(reference.block_weight(w[-1], float(p[i, x[i]]), float(q[i, x[i]])))
-    h = []
-    for i in range(1, n + 1):
-        if i == n:
-            h.append(w[n])
-            continue
-        z = float((w[i] * p[i] - q[i]).clamp_min(0.0).sum())
-        denom = z + (1.0 - w[i])
-        h.append(z / denom if denom > 0 else 1.0)
-    return w, h
-
-
-def _decision_margin(rule, params, p, q, x, u, n, tau_a, tau_b):
-    """Distance between the coin and the threshold of the first decision on which two results
-    with accepted lengths tau_a != tau_b disagree (relative for typical / top-beta)."""
-    if rule == "block":
-        i = max(tau_a, tau_b)  # one side accepted the sub-block of length i, the other did not
-        _, h = _block_h(p, q, x, n)
-        return abs(float(u[i - 1]) - h[i - 1])
-    i = min(tau_a, tau_b)  # both accepted drafts < i; exactly one accepted draft i
-    px = float(p[i, x[i]])
-    if rule == "token":
-        qx = float(q[i, x[i]])
-        ratio = px / qx if qx > 0 else (math.inf if px > 0 else 0.0)
-        return abs(float(u[i]) - ratio)
-    if rule == "typical":
-        epsilon, delta = params[0], params[1]
-        threshold = min(epsilon, delta * math.exp(-reference.entropy(p[i])))
-        return abs(px - threshold) / max(threshold, 1e-300)
-    if rule == "top_beta":
-        tolerance = params[1]
-        if px <= 0.0:
-            return 0.0 if float(p[i].max()) == 0.0 else math.inf
-        log_gap = abs(math.log(float(p[i].max())) - math.log(px) - tolerance)
-        others = torch.arange(p.shape[1]) != x[i]
-        near_tie = float(((p[i] - px).abs() / px)[others].min()) if p.shape[1] > 1 else math.inf
-        return min(log_gap, near_tie)
-    return math.inf  # greedy: decisions are exact
-
-
-def _emission_margin(rule, params, p, q, x, u_emit, n, tau, y):
-    """How far the coin u_emit lies from the CDF interval of token y in the distribution the
-    rule samples from at tau (float64 reference), scaled by 1 / its mass; inf when the rule
-    emits an argmax (must agree exactly)."""
-    if rule == "token":
-        weights = p[n] if tau == n else (p[tau] - q[tau]).clamp_min(0.0)
-    elif rule == "block":
-        w, _ = _block_h(p, q, x, n)
-        weights = p[n] if tau == n else (w[tau] * p[tau] - q[tau]).clamp_min(0.0)
-    elif rule == "typical" and params[2] != 0.0:
-        weights = p[tau]
-    else:
-        return math.inf
-    if float(weights.sum()) <= 0.0:
-        weights = p[tau]
-    total = float(weights.sum())
-    cdf = torch.cumsum(weights, 0) / total
-    lo = float(cdf[y - 1]) if y > 0 else 0.0
-    hi = float(cdf[y])
-    return max(lo - u_emit, u_emit - hi, 0.0) * min(total, 1.0)
-
-
-def assert_agree(op, rule, params, cpu_out, gpu_out, target, draft, drafts, num, u, sampling=None, margin=None):
-    """CPU and CUDA results must be identical except on rows where the reference puts the coin
-    of the disagreeing decision within `margin` of its threshold (see the module docstring)."""
-    margin = margin if margin is not None else (PROBS_MARGIN if op == "probs" else LOGITS_MARGIN)
-    ct, cl = (t.cpu() for t in cpu_out)
-    gt, gl = (t.cpu() for t in gpu_out)
-    assert gt.shape == ct.shape and gl.shape == cl.shape and gt.dtype == gl.dtype == torch.int64
-    bad_rows = torch.nonzero((ct != gt).any(1) | (cl != gl)).flatten().tolist()
-    gamma = drafts.shape[1]
-    for b in bad_rows:
-        n = int(num[b])
-        tau_c, tau_g = int(cl[b]), int(gl[b])
-        p, q = _rows_for_reference(op, target, draft, b, n, sampling)
-        x = drafts[b, :n].tolist()
-        row_u = u[b].cpu()
-        if tau_c != tau_g:
-            m = _decision_margin(rule, params, p, q, x, row_u, n, tau_c, tau_g)
-            what = f"accepted {tau_c} (CPU) vs {tau_g} (CUDA)"
-        else:
-            assert torch.equal(ct[b, :tau_c], gt[b, :tau_g]), f"row {b}: accepted prefixes differ"
-            m = _emission_margin(rule, params, p, q, x, float(row_u[gamma]), n, tau_g, int(gt[b, tau_g]))
-            what = f"emitted {int(ct[b, tau_c])} (CPU) vs {int(gt[b, tau_g])} (CUDA) after {tau_c} accepted"
-        assert m <= margin, (
-            f"{op} {rule} {params} {sampling or ''}: row {b} of {len(cl)}: {what}, but the coin is {m:.3g} from "
-            f"the decision boundary (allowed {margin:g}); CPU {ct[b].tolist()} CUDA {gt[b].tolist()}"
-        )
-    # Boundary cases are rare: a systematic difference must not hide behind the margin.
-    assert len(bad_rows) <= max(2, len(cl) // 10), f"{op} {rule}: {len(bad_rows)} of {len(cl)} rows differ"
-
-
 def _run_both_probs(rule, params, target, draft, drafts, num, u, device):
     needs = rule in ("token", "block")
     cpu = OPS.verify_probs(target, draft if needs else None, drafts, num, u, rule, params)
-    gpu = OPS.verify_probs(*_to(device, target, draft if needs else None, drafts, num, u), rule, params)
+    gpu = OPS.verify_probs(*to_device(device, target, draft if needs else None, drafts, num, u), rule, params)
     return cpu, gpu
 
 
 def _run_both_logits(rule, params, sampling, target, draft, drafts, num, u, device):
     needs = rule in ("token", "block")
     cpu = OPS.verify_logits(target, draft if needs else None, drafts, num, u, *sampling, rule, params)
-    gpu = OPS.verify_logits(*_to(device, target, draft if needs else None, drafts, num, u), *sampling, rule, params)
+    gpu = OPS.verify_logits(*to_device(device, target, draft if needs else None, drafts, num, u), *sampling, rule, params)
     return cpu, gpu
 
 
@@ -243,7 +92,7 @@ def test_cpu_cuda_agree_probs(cuda, V, B, dtype):
     """verify_probs: every rule gives the CPU's tokens and accepted lengths with the same
     uniforms (ragged rows included)."""
     gamma = 4
-    target, draft, drafts, num, u = _prob_inputs(B, gamma, V, dtype, seed=V + B)
+    target, draft, drafts, num, u = prob_inputs(B, gamma, V, dtype, seed=V + B)
     for rule, params in RULES:
         cpu, gpu = _run_both_probs(rule, params, target, draft, drafts, num, u, cuda)
         assert gpu[0].is_cuda and gpu[1].is_cuda
@@ -256,7 +105,7 @@ def test_cpu_cuda_agree_probs(cuda, V, B, dtype):
 def test_cpu_cuda_agree_logits(cuda, V, B, dtype):
     """verify_logits: every rule, plain sampling and temperature + top-k + top-p + min-p."""
     gamma = 4
-    target, draft, drafts, num, u = _logit_inputs(B, gamma, V, dtype, seed=2 * V + B)
+    target, draft, drafts, num, u = logit_inputs(B, gamma, V, dtype, seed=2 * V + B)
     for sampling in SAMPLINGS:
         for rule, params in RULES:
             cpu, gpu = _run_both_logits(rule, params, sampling, target, draft, drafts, num, u, cuda)
@@ -274,7 +123,7 @@ def test_cpu_cuda_agree_filters_with_ties(cuda, V, sampling):
     """Top-k / top-p / min-p thresholds with many exactly tied logits (bf16 and half-step
     quantised float32), top-k >= V, and temperature 0 (greedy)."""
     for dtype, quantize in [(torch.bfloat16, False), (torch.float32, True)]:
-        target, draft, drafts, num, u = _logit_inputs(9, 3, V, dtype, seed=V, quantize=quantize)
+        target, draft, drafts, num, u = logit_inputs(9, 3, V, dtype, seed=V, quantize=quantize)
         for rule, params in RULES:
             cpu, gpu = _run_both_logits(rule, params, sampling, target, draft, drafts, num, u, cuda)
             assert_agree("logits", rule, params, cpu, gpu, target, draft, drafts, num, u, sampling)
@@ -284,7 +133,7 @@ def test_cpu_cuda_agree_float64_and_masked(cuda):
     """float64 inputs, -inf logits masking part of a row, zero-probability rows of p == q
     (zero residual: falls back to p), one-hot rows with coins exactly 0 and just below 1."""
     B, gamma, V = 6, 3, 300
-    target, draft, drafts, num, u = _logit_inputs(B, gamma, V, torch.float64, seed=5)
+    target, draft, drafts, num, u = logit_inputs(B, gamma, V, torch.float64, seed=5)
     target[0, :, : V // 2] = -math.inf
     draft[1, :, V // 3 :] = -math.inf
     for rule, params in RULES:
@@ -306,7 +155,7 @@ def test_cpu_cuda_agree_noncontiguous_and_large_gamma(cuda):
     """Non-contiguous inputs are made contiguous; gamma = 1000 with logits needs more than
     48 KiB of shared memory per row (the kernel opts in) and still matches the CPU; a gamma
     beyond the GPU's shared memory raises ValueError naming gamma."""
-    target, draft, drafts, num, u = _logit_inputs(5, 3, 1000, torch.float32, seed=9)
+    target, draft, drafts, num, u = logit_inputs(5, 3, 1000, torch.float32, seed=9)
     t_nc = target.transpose(0, 1).contiguous().transpose(0, 1)
     d_nc = draft.transpose(0, 1).contiguous().transpose(0, 1)
     assert not t_nc.is_contiguous()
@@ -327,7 +176,7 @@ def test_cpu_cuda_agree_noncontiguous_and_large_gamma(cuda):
         assert_agree("probs", rule, params, cpu, gpu, torch.softmax(t, -1), torch.softmax(d, -1), x, n, uu)
     big = 8000
     with pytest.raises(ValueError, match="gamma"):
-        OPS.verify_logits(*_to(cuda, torch.zeros(1, big + 1, 8), torch.zeros(1, big, 8),
+        OPS.verify_logits(*to_device(cuda, torch.zeros(1, big + 1, 8), torch.zeros(1, big, 8),
                                torch.zeros(1, big, dtype=torch.int64), torch.tensor([big]),
                                torch.zeros(1, big + 1, dtype=torch.float64)), 1.0, 0, 1.0, 0.0, "block", [])
 
@@ -345,7 +194,7 @@ def test_token_does_not_read_after_first_rejection(cuda):
     """Token (and greedy / typical / top-beta) verification never reads a position after the
     first rejection: NaN logits there raise neither on the CPU nor on the GPU."""
     B, gamma, V = 4, 4, 500
-    target, draft, drafts, num, u = _logit_inputs(B, gamma, V, torch.float32, seed=3, ragged=False)
+    target, draft, drafts, num, u = logit_inputs(B, gamma, V, torch.float32, seed=3, ragged=False)
     p = torch.softmax(target.double(), -1)
     drafts[:, 0] = p[:, 0].argmin(-1)  # the least likely token: rejected (and not the argmax)
     u[:, 0] = 0.999
@@ -443,13 +292,13 @@ RULE_PARAMS = {"token": [], "block": [], "greedy": [], "typical": [0.09, 0.3, 0.
 def test_opcheck_cuda(cuda, config):
     """torch.library.opcheck with CUDA tensors (schema, fake kernel, AOT dispatch)."""
     rule, dtype, with_draft, sampling = config
-    target, draft, drafts, num, u = _logit_inputs(3, 2, 40, dtype, seed=1)
+    target, draft, drafts, num, u = logit_inputs(3, 2, 40, dtype, seed=1)
     if sampling is None:
         target, draft = torch.softmax(target.float(), -1).to(dtype), torch.softmax(draft.float(), -1).to(dtype)
-        args = (*_to(cuda, target, draft if with_draft else None, drafts, num, u), rule, RULE_PARAMS[rule])
+        args = (*to_device(cuda, target, draft if with_draft else None, drafts, num, u), rule, RULE_PARAMS[rule])
         torch.library.opcheck(OPS.verify_probs.default, args)
     else:
-        args = (*_to(cuda, target, draft if with_draft else None, drafts, num, u), *sampling, rule, RULE_PARAMS[rule])
+        args = (*to_device(cuda, target, draft if with_draft else None, drafts, num, u), *sampling, rule, RULE_PARAMS[rule])
         torch.library.opcheck(OPS.verify_logits.default, args)
 
 
@@ -459,7 +308,7 @@ def _bad_cases():
         t[idx] = value
         return t
 
-    target, draft, drafts, num, u = _logit_inputs(3, 3, 30, torch.float32, seed=4, ragged=False)
+    target, draft, drafts, num, u = logit_inputs(3, 3, 30, torch.float32, seed=4, ragged=False)
     yield "nan_target", (set_(target, (1, 0, 3), math.nan), draft, drafts, num, u)
     yield "inf_draft", (target, set_(draft, (2, 0, 5), math.inf), drafts, num, u)
     yield "all_masked", (set_(target, (0, 0), -math.inf), draft, drafts, num, u)
@@ -482,18 +331,18 @@ def test_bad_input_raises_like_cpu(cuda, rule):
         except ValueError as exc:
             cpu_error = str(exc).splitlines()[0]
         if cpu_error is None:
-            gpu = OPS.verify_logits(*_to(cuda, *args), 1.0, 0, 1.0, 0.0, rule, RULE_PARAMS[rule])
+            gpu = OPS.verify_logits(*to_device(cuda, *args), 1.0, 0, 1.0, 0.0, rule, RULE_PARAMS[rule])
             assert_agree("logits", rule, RULE_PARAMS[rule], cpu, gpu, target, draft, drafts, num, u,
                          (1.0, 0, 1.0, 0.0))
             continue
         with pytest.raises(ValueError) as gpu_err:
-            OPS.verify_logits(*_to(cuda, *args), 1.0, 0, 1.0, 0.0, rule, RULE_PARAMS[rule])
+            OPS.verify_logits(*to_device(cuda, *args), 1.0, 0, 1.0, 0.0, rule, RULE_PARAMS[rule])
         assert str(gpu_err.value).splitlines()[0] == cpu_error, name
 
 
 def test_bad_shapes_and_devices_raise(cuda):
     """Shape, dtype and device mistakes raise (ValueError / TypeError naming the argument)."""
-    target, draft, drafts, num, u = _to(cuda, *_prob_inputs(2, 3, 20, torch.float32, seed=0))
+    target, draft, drafts, num, u = to_device(cuda, *prob_inputs(2, 3, 20, torch.float32, seed=0))
     with pytest.raises(ValueError, match="draft_probs"):
         OPS.verify_probs(target, draft[:, :2], drafts, num, u, "token", [])
     with pytest.raises(ValueError, match="uniforms"):
@@ -515,7 +364,7 @@ def test_bad_shapes_and_devices_raise(cuda):
 def test_public_api_on_cuda(cuda):
     """specdecode.verify / verify_logits with CUDA tensors and a CUDA generator: outputs on the
     GPU, reproducible for a fixed seed."""
-    target, draft, drafts, num, _ = _to(cuda, *_logit_inputs(8, 4, 500, torch.bfloat16, seed=2))
+    target, draft, drafts, num, _ = to_device(cuda, *logit_inputs(8, 4, 500, torch.bfloat16, seed=2))
     runs = []
     for _ in range(2):
         gen = torch.Generator(device=cuda).manual_seed(7)
@@ -552,28 +401,28 @@ def _philox_op(name):
 def test_philox_probs_matches_cpu_with_python_coins(cuda):
     """verify_probs_philox on the GPU equals verify_probs on the CPU fed the Python Philox coins."""
     op = _philox_op("verify_probs_philox")
-    target, draft, drafts, num, _ = _prob_inputs(8, 4, 300, torch.float32, seed=6)
+    target, draft, drafts, num, _ = prob_inputs(8, 4, 300, torch.float32, seed=6)
     seed = torch.tensor([0x1234_5678_9ABC], dtype=torch.int64, device=cuda)
     for offset_value in (0, 1, 2**33 + 5):
         offset = torch.tensor([offset_value], dtype=torch.int64, device=cuda)
         coins = philox_uniforms(0x1234_5678_9ABC, offset_value, 8, 4)
         for rule, params in RULES:
             needs = rule in ("token", "block")
-            gpu = op(*_to(cuda, target, draft if needs else None, drafts, num), seed, offset, rule, params)
+            gpu = op(*to_device(cuda, target, draft if needs else None, drafts, num), seed, offset, rule, params)
             cpu = OPS.verify_probs(target, draft if needs else None, drafts, num, coins, rule, params)
             assert_agree("probs", rule, params, cpu, gpu, target, draft, drafts, num, coins)
 
 
 def test_philox_logits_matches_cpu_with_python_coins(cuda):
     op = _philox_op("verify_logits_philox")
-    target, draft, drafts, num, _ = _logit_inputs(8, 4, 300, torch.bfloat16, seed=8)
+    target, draft, drafts, num, _ = logit_inputs(8, 4, 300, torch.bfloat16, seed=8)
     seed = torch.tensor([-5], dtype=torch.int64, device=cuda)  # seeds are read as uint64
     offset = torch.tensor([3], dtype=torch.int64, device=cuda)
     coins = philox_uniforms(-5, 3, 8, 4)
     sampling = (0.8, 20, 0.9, 0.0)
     for rule, params in RULES:
         needs = rule in ("token", "block")
-        gpu = op(*_to(cuda, target, draft if needs else None, drafts, num), seed, offset, *sampling, rule, params)
+        gpu = op(*to_device(cuda, target, draft if needs else None, drafts, num), seed, offset, *sampling, rule, params)
         cpu = OPS.verify_logits(target, draft if needs else None, drafts, num, coins, *sampling, rule, params)
         assert_agree("logits", rule, params, cpu, gpu, target, draft, drafts, num, coins, sampling)
 
@@ -583,8 +432,8 @@ def test_philox_cuda_graph_replay(cuda):
     next offset (read from device memory) and equals the CPU op fed that offset's coins."""
     op = _philox_op("verify_probs_philox")
     B, gamma, V = 16, 4, 1000
-    target, draft, drafts, num, _ = _prob_inputs(B, gamma, V, torch.float32, seed=11)
-    t, d, x, n = _to(cuda, target, draft, drafts, num)
+    target, draft, drafts, num, _ = prob_inputs(B, gamma, V, torch.float32, seed=11)
+    t, d, x, n = to_device(cuda, target, draft, drafts, num)
     seed = torch.tensor([42], dtype=torch.int64, device=cuda)
     offset = torch.tensor([0], dtype=torch.int64, device=cuda)
     side = torch.cuda.Stream()

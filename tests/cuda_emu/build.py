@@ -52,3 +52,36 @@ def load(verbose: bool = False):
              f"-I{REPO / 'csrc'}", f"-I{EMU_DIR}", f"-isystem{include}", "-Wno-unknown-pragmas"]
     return cpp_extension.load(name="specdecode_cuda_emu", sources=sources, extra_cflags=flags,
                               build_directory=str(build), verbose=verbose)
+
+
+class EmulatedOps:
+    """The six ops with torch.ops.specdecode's signatures, running the CUDA op bodies and
+    kernels under the emulator on CPU tensors. ``capturing=True`` makes the Philox ops behave as
+    during a CUDA-graph capture (no raise: bad rows come back as -1)."""
+
+    def __init__(self, module, capturing: bool = False):
+        self._m = module
+        self.capturing = capturing
+
+    def verify_probs(self, target, draft, tokens, num, uniforms, rule, params):
+        return self._m.verify_probs(target, draft, tokens, num, uniforms, rule, list(params))
+
+    def verify_logits(self, target, draft, tokens, num, uniforms, temperature, top_k, top_p, min_p, rule, params):
+        return self._m.verify_logits(target, draft, tokens, num, uniforms, float(temperature), int(top_k),
+                                     float(top_p), float(min_p), rule, list(params))
+
+    def verify_probs_philox(self, target, draft, tokens, num, seed, offset, rule, params):
+        return self._m.verify_probs_philox(target, draft, tokens, num, seed, offset, rule, list(params),
+                                           self.capturing)
+
+    def verify_logits_philox(self, target, draft, tokens, num, seed, offset, temperature, top_k, top_p, min_p, rule,
+                             params):
+        return self._m.verify_logits_philox(target, draft, tokens, num, seed, offset, float(temperature), int(top_k),
+                                            float(top_p), float(min_p), rule, list(params), self.capturing)
+
+    def sample_logits(self, logits, uniforms, temperature, top_k, top_p, min_p):
+        return self._m.sample_logits(logits, uniforms, float(temperature), int(top_k), float(top_p), float(min_p))
+
+    def sample_logits_philox(self, logits, seed, offset, temperature, top_k, top_p, min_p):
+        return self._m.sample_logits_philox(logits, seed, offset, float(temperature), int(top_k), float(top_p),
+                                            float(min_p), self.capturing)

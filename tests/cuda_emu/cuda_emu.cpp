@@ -1,9 +1,17 @@
-// The scheduler of the CUDA emulator (cuda_emu.h): every CUDA thread of a block is a ucontext
-// coroutine; the block's threads run one at a time and switch only at barriers and warp
-// collectives. Blocks run one after the other. Single OS thread, deterministic.
+// The scheduler of the CUDA emulator (cuda_emu.h): every CUDA thread of a block is a coroutine;
+// the block's threads run one at a time and switch only at barriers and warp collectives.
+// Blocks run one after the other. Single OS thread, deterministic.
+//
+// Coroutine switch: on x86-64 a few instructions that save the callee-saved registers (and the
+// SSE / x87 control words) on the old stack and restore them from the new one; elsewhere
+// ucontext (correct, but every switch is a system call).
 #include "cuda_emu.h"
 
+#if defined(__x86_64__) && defined(__GNUC__)
+#define SPECDECODE_EMU_ASM_SWITCH 1
+#else
 #include <ucontext.h>
+#endif
 
 #include <memory>
 #include <stdexcept>
@@ -14,10 +22,75 @@ namespace {
 
 constexpr size_t kStackBytes = 512 * 1024;
 
+#if SPECDECODE_EMU_ASM_SWITCH
+// switch_stack(&save, next): pushes the callee-saved state, stores the stack pointer in *save,
+// continues on `next` (a stack pointer saved the same way, or prepared by new_context).
+extern "C" void specdecode_emu_switch_stack(void** save, void* next);
+asm(R"(
+  .text
+  .globl specdecode_emu_switch_stack
+  .type specdecode_emu_switch_stack, @function
+specdecode_emu_switch_stack:
+  pushq %rbp
+  pushq %rbx
+  pushq %r12
+  pushq %r13
+  pushq %r14
+  pushq %r15
+  subq $8, %rsp
+  stmxcsr (%rsp)
+  fnstcw 4(%rsp)
+  movq %rsp, (%rdi)
+  movq %rsi, %rsp
+  ldmxcsr (%rsp)
+  fldcw 4(%rsp)
+  addq $8, %rsp
+  popq %r15
+  popq %r14
+  popq %r13
+  popq %r12
+  popq %rbx
+  popq %rbp
+  ret
+  .size specdecode_emu_switch_stack, .-specdecode_emu_switch_stack
+)");
+
+struct Context {
+  void* sp = nullptr;
+};
+inline void switch_context(Context* from, Context* to) { specdecode_emu_switch_stack(&from->sp, to->sp); }
+// A fresh context that starts in entry() (which never returns) on the given stack.
+inline void new_context(Context* c, char* stack, size_t bytes, void (*entry)()) {
+  uintptr_t top = reinterpret_cast<uintptr_t>(stack + bytes) & ~uintptr_t{15};
+  void** sp = reinterpret_cast<void**>(top);
+  *--sp = nullptr;                          // entry's "return address": rsp % 16 == 8 on entry
+  *--sp = reinterpret_cast<void*>(entry);   // popped by `ret`
+  for (int i = 0; i < 6; ++i) *--sp = nullptr;  // rbp rbx r12 r13 r14 r15
+  uint32_t control[2];
+  asm volatile("stmxcsr %0" : "=m"(control[0]));
+  asm volatile("fnstcw %0" : "=m"(control[1]));
+  *--sp = nullptr;
+  std::memcpy(sp, control, sizeof(control));
+  c->sp = sp;
+}
+#else
+struct Context {
+  ucontext_t uc;
+};
+inline void switch_context(Context* from, Context* to) { swapcontext(&from->uc, &to->uc); }
+inline void new_context(Context* c, char* stack, size_t bytes, void (*entry)()) {
+  getcontext(&c->uc);
+  c->uc.uc_stack.ss_sp = stack;
+  c->uc.uc_stack.ss_size = bytes;
+  c->uc.uc_link = nullptr;
+  makecontext(&c->uc, entry, 0);
+}
+#endif
+
 enum class State { kRunnable, kBlockBarrier, kWarpBarrier, kDone };
 
 struct Thread {
-  ucontext_t context;
+  Context context;
   std::unique_ptr<char[]> stack;
   State state = State::kRunnable;
   uint3 index{0, 0, 0};
@@ -34,7 +107,7 @@ struct Block {
   std::vector<Warp> warps;
   int arrived = 0;        // at the block barrier
   int live = 0;           // threads not done
-  ucontext_t scheduler;
+  Context scheduler;
   const BlockBody* body = nullptr;
   std::string error;
 };
@@ -45,7 +118,7 @@ uint3 g_block_idx{0, 0, 0};
 dim3 g_block_dim{1, 1, 1};
 dim3 g_grid_dim{1, 1, 1};
 
-void yield_to_scheduler() { swapcontext(&g_current->context, &g_block.scheduler); }
+void yield_to_scheduler() { switch_context(&g_current->context, &g_block.scheduler); }
 
 void entry() {
   (*g_block.body)();
@@ -56,7 +129,7 @@ void entry() {
   for (const Warp& w : g_block.warps)
     if (w.arrived > 0 && g_block.error.empty())
       g_block.error = "a thread exited while its warp waits in a warp collective";
-  swapcontext(&g_current->context, &g_block.scheduler);  // never resumed
+  switch_context(&g_current->context, &g_block.scheduler);  // never resumed
 }
 
 void run_block(unsigned threads) {
@@ -73,11 +146,7 @@ void run_block(unsigned threads) {
     Thread& t = b.threads[i];
     t.state = State::kRunnable;
     t.index = uint3{i % g_block_dim.x, (i / g_block_dim.x) % g_block_dim.y, i / (g_block_dim.x * g_block_dim.y)};
-    getcontext(&t.context);
-    t.context.uc_stack.ss_sp = t.stack.get();
-    t.context.uc_stack.ss_size = kStackBytes;
-    t.context.uc_link = nullptr;
-    makecontext(&t.context, entry, 0);
+    new_context(&t.context, t.stack.get(), kStackBytes, entry);
   }
   while (b.live > 0) {
     bool ran = false;
@@ -85,7 +154,7 @@ void run_block(unsigned threads) {
       Thread& t = b.threads[i];
       if (t.state != State::kRunnable) continue;
       g_current = &t;
-      swapcontext(&b.scheduler, &t.context);
+      switch_context(&b.scheduler, &t.context);
       ran = true;
     }
     if (!b.error.empty()) break;
@@ -153,7 +222,7 @@ void kernel_fail(const char* what) {
   if (g_current == nullptr) throw std::runtime_error(std::string("CUDA emulator: ") + what);
   g_current->state = State::kDone;
   --g_block.live;
-  swapcontext(&g_current->context, &g_block.scheduler);  // never resumed
+  switch_context(&g_current->context, &g_block.scheduler);  // never resumed
   __builtin_unreachable();
 }
 
