@@ -139,6 +139,18 @@ __device__ __forceinline__ ArgMax shfl_xor<ArgMax>(ArgMax v, int mask) {
   return ArgMax{__shfl_xor_sync(kFullMask, v.value, mask), __shfl_xor_sync(kFullMask, v.index, mask)};
 }
 
+// (max, lowest index holding it, NaN / +inf seen) of a row of logits, in one reduction.
+struct MaxIndexBad {
+  float value;
+  int32_t index;
+  int32_t bad;
+};
+template <>
+__device__ __forceinline__ MaxIndexBad shfl_xor<MaxIndexBad>(MaxIndexBad v, int mask) {
+  return MaxIndexBad{__shfl_xor_sync(kFullMask, v.value, mask), __shfl_xor_sync(kFullMask, v.index, mask),
+                     __shfl_xor_sync(kFullMask, v.bad, mask)};
+}
+
 struct OpSum {
   template <typename V>
   __device__ __forceinline__ V operator()(V a, V b) const {
@@ -166,6 +178,15 @@ struct OpArgMax {
     if (a.value > b.value) return a;
     if (b.value > a.value) return b;
     return a.index < b.index ? a : b;
+  }
+};
+
+// Larger value, ties to the lower index; the NaN / +inf flags are OR-ed (values are never NaN).
+struct OpMaxIndexBad {
+  __device__ __forceinline__ MaxIndexBad operator()(MaxIndexBad a, MaxIndexBad b) const {
+    MaxIndexBad r = (b.value > a.value || (b.value == a.value && b.index < a.index)) ? b : a;
+    r.bad = a.bad | b.bad;
+    return r;
   }
 };
 

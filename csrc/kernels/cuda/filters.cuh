@@ -262,11 +262,15 @@ __device__ float top_p_threshold_exact(const T* row, int64_t V, float max_logit,
 }
 
 // ------------------------------------------------------------------------------ merge
+constexpr int kMergeMaxChunks = 1024;  // longer rows (V > 8M) go to the fallback
+
 struct MergeShared {
   float cand[kMergeCap];
+  int32_t chunk_offset[kMergeMaxChunks];  // where each chunk's entries start in cand
   RadixShared radix;
   ReduceScratch scratch;
-  float broadcast;
+  float l_min;      // min-p threshold, from thread 0
+  int32_t n_cand;   // gathered entries, from warp 0
 };
 
 // Collective: bitonic sort of cand[0..n) into descending order (padded with -inf to a power of
@@ -344,35 +348,59 @@ __global__ void __launch_bounds__(BLOCK) filter_merge_kernel(const Args<T> a) {
     // min-p: exact threshold from the max (thread 0, broadcast).
     float l_min = -kInf;
     if (min_p_on) {
-      if (threadIdx.x == 0) sh.broadcast = min_p_logit_threshold(m, cfg.inv_temp, cfg.min_e);
+      if (threadIdx.x == 0) sh.l_min = min_p_logit_threshold(m, cfg.inv_temp, cfg.min_e);
       __syncthreads();  // published
-      l_min = sh.broadcast;
+      l_min = sh.l_min;
     }
 
-    // Gather K = listed entries > next, chunk by chunk, in a fixed order.
+    // Gather K = listed entries > next, in chunk order and list order. Warp w compacts chunks
+    // w, w + warps, ...: pass 1 counts each chunk's entries, a scan turns the counts into
+    // offsets, pass 2 writes them (ballot ranks keep the list order).
+    constexpr int kWarps = BLOCK / kWarpSize;
+    const int lane = threadIdx.x & (kWarpSize - 1);
+    const int warp = threadIdx.x / kWarpSize;
     int n_cand = 0;
-    if (!overflow) {
-      for (int64_t c = 0; c < a.chunks; ++c) {
+    const bool gatherable = !overflow && a.chunks <= kMergeMaxChunks;  // block-uniform
+    if (gatherable) {
+      for (int64_t c = warp; c < a.chunks; c += kWarps) {
         const int count = stats[c].list_count;
         const float* list = a.lists + (unit * a.chunks + c) * kListCap;
-        float mine[kListCap / BLOCK > 0 ? (kListCap + BLOCK - 1) / BLOCK : 1];
-        int my_count = 0;
-#pragma unroll
-        for (int r = 0; r < (kListCap + BLOCK - 1) / BLOCK; ++r) {
-          const int j = r * BLOCK + threadIdx.x;
-          if (j < count) {
-            const float x = list[j];
-            if (x > next) mine[my_count++] = x;
+        int kept = 0;
+        for (int j = lane; j < count; j += kWarpSize) kept += list[j] > next ? 1 : 0;
+        kept = warp_reduce(kept, OpSum());
+        if (lane == 0) sh.chunk_offset[c] = kept;
+      }
+      __syncthreads();  // every chunk's count is written
+      if (warp == 0) {
+        int running = 0;
+        for (int64_t base = 0; base < a.chunks; base += kWarpSize) {
+          const int64_t c = base + lane;
+          const int count = c < a.chunks ? sh.chunk_offset[c] : 0;
+          const int inclusive = warp_inclusive_scan(count);
+          if (c < a.chunks) sh.chunk_offset[c] = running + inclusive - count;
+          running += shfl_idx(inclusive, kWarpSize - 1);
+        }
+        if (lane == 0) sh.n_cand = running;
+      }
+      __syncthreads();  // offsets and the total are written
+      n_cand = sh.n_cand;
+      if (n_cand <= kMergeCap) {
+        for (int64_t c = warp; c < a.chunks; c += kWarps) {
+          const int count = stats[c].list_count;
+          const float* list = a.lists + (unit * a.chunks + c) * kListCap;
+          int at = sh.chunk_offset[c];
+          for (int base = 0; base < count; base += kWarpSize) {  // uniform within the warp
+            const int j = base + lane;
+            const float x = j < count ? list[j] : -float_inf();
+            const bool take = j < count && x > next;
+            const unsigned taken = __ballot_sync(kFullMask, take);
+            if (take) sh.cand[at + __popc(taken & ((1u << lane) - 1u))] = x;
+            at += __popc(taken);
           }
         }
-        int total = 0;
-        const int offset = block_exclusive_scan<BLOCK>(my_count, sh.scratch, &total);
-        for (int r = 0; r < my_count; ++r)
-          if (n_cand + offset + r < kMergeCap) sh.cand[n_cand + offset + r] = mine[r];
-        n_cand += total;
       }
     }
-    const bool usable = !overflow && n_cand <= kMergeCap;
+    const bool usable = gatherable && n_cand <= kMergeCap;
     __syncthreads();  // sh.cand complete
 
     bool fallback = false;
@@ -461,7 +489,7 @@ __global__ void __launch_bounds__(BLOCK) filter_merge_kernel(const Args<T> a) {
       state.pending = kPendingNorm;
     }
     if (threadIdx.x == 0) a.states[unit] = state;
-    __syncthreads();  // sh.cand and sh.broadcast are reused by the next unit
+    __syncthreads();  // sh is reused by the next unit
   }
 }
 

@@ -254,14 +254,42 @@ __device__ __forceinline__ double prob_residual(double w, double p, double q) {
 
 // The smallest logit l with fast_exp((l - max) * inv_temp) >= min_e (min_e in (0, 1]): since
 // that function of l is non-decreasing (checked exhaustively for every float z in [-88, 0]),
-// "e >= min_e" is exactly "l >= this threshold". Binary search over the ordered float keys
-// between -inf (e = 0 < min_e) and max (e = 1 >= min_e): at most 32 exact exps. Per thread.
+// "e >= min_e" is exactly "l >= this threshold". Search over the ordered float keys between
+// -inf (e = 0 < min_e) and max (e = 1 >= min_e), starting at the exact-exp estimate
+// max + T log(min_e): an exponential search brackets the answer (a few keys away, since
+// fast_exp is within ~2e-7 of exp), then bisection. Every step evaluates fast_exp exactly as
+// the CPU does, so the result is exact whatever the estimate. Per thread.
 __device__ __forceinline__ float min_p_logit_threshold(float max_logit, float inv_temp, float min_e) {
-  uint32_t lo = float_to_key(-float_inf());  // predicate false here
-  uint32_t hi = float_to_key(max_logit);     // predicate true here
+  const uint32_t floor_key = float_to_key(-float_inf());  // predicate false here
+  const uint32_t top_key = float_to_key(max_logit);       // predicate true here
+  auto keeps = [&](uint32_t key) { return scaled_exp(key_to_float(key), max_logit, inv_temp) >= min_e; };
+  const double estimate = static_cast<double>(max_logit) + log(static_cast<double>(min_e)) / static_cast<double>(inv_temp);
+  uint32_t guess = float_to_key(static_cast<float>(estimate));
+  guess = guess <= floor_key ? floor_key + 1 : (guess > top_key ? top_key : guess);
+  uint32_t lo, hi;
+  if (keeps(guess)) {
+    hi = guess;
+    uint32_t step = 1;
+    lo = hi - floor_key > step ? hi - step : floor_key;
+    while (lo > floor_key && keeps(lo)) {
+      hi = lo;
+      step = step < (1u << 30) ? step * 2 : step;
+      lo = hi - floor_key > step ? hi - step : floor_key;
+    }
+  } else {
+    lo = guess;
+    uint32_t step = 1;
+    hi = top_key - lo > step ? lo + step : top_key;
+    while (hi < top_key && !keeps(hi)) {
+      lo = hi;
+      step = step < (1u << 30) ? step * 2 : step;
+      hi = top_key - lo > step ? lo + step : top_key;
+    }
+  }
+  // Invariant: the predicate is false at lo (or lo = floor_key) and true at hi.
   while (hi - lo > 1) {
     const uint32_t mid = lo + (hi - lo) / 2;
-    if (scaled_exp(key_to_float(mid), max_logit, inv_temp) >= min_e) hi = mid;
+    if (keeps(mid)) hi = mid;
     else lo = mid;
   }
   return key_to_float(hi);

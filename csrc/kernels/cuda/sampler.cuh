@@ -56,7 +56,7 @@ __device__ __forceinline__ ResidualProbe probe_logit_residual(const PosState& sp
 template <int BLOCK, typename T, bool kLogits>
 __global__ void __launch_bounds__(BLOCK, kPassMinBlocks) sample1_kernel(const Args<T> a) {
   constexpr int kPer = kSampleChunk / BLOCK;
-  __shared__ ReduceScratch scratch;
+  __shared__ SampleChunkSums part[BLOCK / kWarpSize];
   const float it = a.logit.inv_temp;
   const int64_t items = a.B * a.sample_chunks;
   for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
@@ -112,12 +112,24 @@ __global__ void __launch_bounds__(BLOCK, kPassMinBlocks) sample1_kernel(const Ar
         }
       }
     }
-    SampleChunkSums out;
-    out.residual = block_reduce<BLOCK>(sum_r, OpSum(), scratch);
-    out.target = block_reduce<BLOCK>(sum_p, OpSum(), scratch);
-    out.last_residual = block_reduce<BLOCK>(last_r, OpMax(), scratch);
-    out.last_target = block_reduce<BLOCK>(last_p, OpMax(), scratch);
-    if (threadIdx.x == 0) a.sample[b * a.sample_chunks + c] = out;
+    // Warp sums, then warp 0's lane 0 combines the warps in order: one barrier per chunk.
+    sum_r = warp_reduce(sum_r, OpSum());
+    sum_p = warp_reduce(sum_p, OpSum());
+    last_r = warp_reduce(last_r, OpMax());
+    last_p = warp_reduce(last_p, OpMax());
+    if ((threadIdx.x & (kWarpSize - 1)) == 0) part[threadIdx.x / kWarpSize] = SampleChunkSums{sum_r, sum_p, last_r, last_p};
+    __syncthreads();  // every warp's part is written
+    if (threadIdx.x == 0) {
+      SampleChunkSums out = part[0];
+      for (int w = 1; w < BLOCK / kWarpSize; ++w) {
+        out.residual += part[w].residual;
+        out.target += part[w].target;
+        out.last_residual = part[w].last_residual > out.last_residual ? part[w].last_residual : out.last_residual;
+        out.last_target = part[w].last_target > out.last_target ? part[w].last_target : out.last_target;
+      }
+      a.sample[b * a.sample_chunks + c] = out;
+    }
+    __syncthreads();  // `part` is rewritten by the next item
   }
 }
 
@@ -144,48 +156,62 @@ __global__ void __launch_bounds__(BLOCK) sample2_kernel(const Args<T> a) {
     }
     const bool residual = plan.emit == kEmitResidual;
     const SampleChunkSums* sums = a.sample + b * a.sample_chunks;
-    if (threadIdx.x == 0) {
-      // Residual or p? The CPU samples the residual when its (sequential) mass is > 0 and
-      // finite, i.e. when some entry has a positive residual.
+    if (threadIdx.x < kWarpSize) {  // warp 0: level 1, lanes over chunks
+      const int lane = threadIdx.x;
+      const int64_t C = a.sample_chunks;
+      // Residual or p? The CPU samples the residual when its mass is > 0 and finite, i.e. (no
+      // NaN can enter a clamped residual) when some entry has a positive residual.
       bool use_r = false;
       if (residual) {
-        if (a.is_logits) {
-          int64_t last = -1;
-          for (int64_t c = 0; c < a.sample_chunks; ++c) last = sums[c].last_residual > last ? sums[c].last_residual : last;
-          use_r = last >= 0;
-        } else {
-          double total = 0.0;
-          for (int64_t c = 0; c < a.sample_chunks; ++c) total += sums[c].residual;
-          use_r = total > 0.0 && is_finite(total);
+        int64_t last = -1;
+        double total = 0.0;
+        for (int64_t c = lane; c < C; c += kWarpSize) {
+          last = sums[c].last_residual > last ? sums[c].last_residual : last;
+          total += sums[c].residual;
         }
+        last = warp_reduce(last, OpMax());
+        total = warp_reduce(total, OpSum());
+        use_r = kLogits ? last >= 0 : (total > 0.0 && is_finite(total));
       }
       double total = 0.0;
       int64_t last = -1;
-      for (int64_t c = 0; c < a.sample_chunks; ++c) {
+      for (int64_t c = lane; c < C; c += kWarpSize) {
         total += use_r ? sums[c].residual : sums[c].target;
         const int64_t l = use_r ? sums[c].last_residual : sums[c].last_target;
         last = l > last ? l : last;
       }
-      const bool has_mass = a.is_logits ? last >= 0 : (total > 0.0 && is_finite(total));
+      total = warp_reduce(total, OpSum());
+      last = warp_reduce(last, OpMax());
+      const bool has_mass = kLogits ? last >= 0 : (total > 0.0 && is_finite(total));
       const double threshold = row_coin(a, b, a.G) * total;
+      // The first chunk whose running sum exceeds the threshold: 32 chunks at a time, a warp
+      // scan inside each group, the running sum carried from group to group.
       int64_t chunk = -1;
       double carry = 0.0;
+      double running = 0.0;
       if (has_mass) {
-        for (int64_t c = 0; c < a.sample_chunks; ++c) {
-          const double s = use_r ? sums[c].residual : sums[c].target;
-          if (carry + s > threshold) {
-            chunk = c;
+        for (int64_t base = 0; base < C; base += kWarpSize) {
+          const int64_t c = base + lane;
+          const double s_c = c < C ? (use_r ? sums[c].residual : sums[c].target) : 0.0;
+          const double inclusive = warp_inclusive_scan(s_c);
+          const unsigned crossed = __ballot_sync(kFullMask, c < C && running + inclusive > threshold);
+          if (crossed) {
+            const int first_lane = __ffs(crossed) - 1;
+            chunk = base + first_lane;
+            carry = running + shfl_idx(inclusive - s_c, first_lane);
             break;
           }
-          carry += s;
+          running += shfl_idx(inclusive, kWarpSize - 1);
         }
       }
-      sh.chunk = chunk;
-      sh.last = last;
-      sh.carry = carry;
-      sh.threshold = threshold;
-      sh.use_residual = use_r ? 1 : 0;
-      sh.has_mass = has_mass ? 1 : 0;
+      if (lane == 0) {
+        sh.chunk = chunk;
+        sh.last = last;
+        sh.carry = carry;
+        sh.threshold = threshold;
+        sh.use_residual = use_r ? 1 : 0;
+        sh.has_mass = has_mass ? 1 : 0;
+      }
     }
     __syncthreads();  // level-1 result published
     const int64_t chunk = sh.chunk;

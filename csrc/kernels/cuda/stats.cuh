@@ -45,26 +45,25 @@ __global__ void __launch_bounds__(BLOCK, kPassMinBlocks) chunk_stats_kernel(cons
     StridedChunk<BLOCK, kPer, T> ch;
     ch.load(unit_row(a, u) + start, len);
 
-    // Max over non-NaN entries and the NaN / +inf flag.
-    float thread_max = -kInf;
-    int bad = 0;
+    // Max over non-NaN entries, the lowest index holding it, and the NaN / +inf flag, in one
+    // reduction (a thread's slots ascend in index, so ties keep the lowest).
+    MaxIndexBad mine{-kInf, INT32_MAX, 0};
 #pragma unroll
     for (int s = 0; s < kPer; ++s) {
       if (ch.index(s) < len) {
         const float v = ch.logit(s);
-        bad |= !(v < kInf);
-        thread_max = v > thread_max ? v : thread_max;
+        mine.bad |= !(v < kInf);
+        if (v > mine.value || (v == mine.value && mine.index == INT32_MAX)) {  // also takes a first -inf
+          mine.value = v;
+          mine.index = ch.index(s);
+        }
       }
     }
-    const float m = block_reduce<BLOCK>(thread_max, OpMax(), scratch);
-    bad = block_reduce<BLOCK>(bad, OpOr(), scratch);
-
-    // Lowest index holding the max (a thread's slots ascend in index).
-    int first = INT32_MAX;
-#pragma unroll
-    for (int s = kPer - 1; s >= 0; --s)
-      if (ch.index(s) < len && ch.logit(s) == m) first = ch.index(s);
-    first = block_reduce<BLOCK>(first, OpMin(), scratch);
+    const float thread_max = mine.value;
+    const MaxIndexBad top = block_reduce<BLOCK>(mine, OpMaxIndexBad(), scratch);
+    const float m = top.value;
+    const int bad = top.bad;
+    const int first = top.index;
 
     double sum = 0.0;
     if (kMode != StatsMode::kArgmax) {
@@ -85,7 +84,7 @@ __global__ void __launch_bounds__(BLOCK, kPassMinBlocks) chunk_stats_kernel(cons
         t0 = block_reduce<BLOCK>(shfl_idx(sorted, per_warp - 1), OpMin(), scratch);
       }
       const float min_e_cut = 0.999f * a.logit.min_e;
-      int mine = 0;
+      int listed_here = 0;
       uint32_t listed_mask = 0;  // bit s: slot s listed
 #pragma unroll
       for (int s = 0; s < kPer; ++s) {
@@ -96,13 +95,13 @@ __global__ void __launch_bounds__(BLOCK, kPassMinBlocks) chunk_stats_kernel(cons
         else listed = listed && approx_exp_nonpositive(scaled_arg(x, m, a.logit.inv_temp)) >= min_e_cut;
         if (listed) {
           listed_mask |= 1u << s;
-          ++mine;
+          ++listed_here;
         } else if (x > next) {
           next = x;  // NaN never compares greater
         }
       }
       int total = 0;
-      const int offset = block_exclusive_scan<BLOCK>(mine, scratch, &total);
+      const int offset = block_exclusive_scan<BLOCK>(listed_here, scratch, &total);
       next = block_reduce<BLOCK>(next, OpMax(), scratch);
       if (total > kListCap) {
         list_count = -1;
