@@ -1,50 +1,46 @@
-"""The CUDA implementations of ``verify_probs`` / ``verify_logits`` (csrc/ops/verify_cuda.cu over
-the kernels in csrc/kernels/cuda/).
+"""The CUDA implementations of the verify / sample ops (csrc/ops/verify_cuda.cpp and
+sample_cuda.cpp, host code, over the torch-free kernels in csrc/kernels/cuda/).
 
 Every test that needs a GPU takes the ``cuda`` fixture, which skips when
 ``torch.cuda.is_available()`` is false (checked when the test runs, never at import) and fails
 when a GPU is there but specdecode was built without its CUDA kernels. The Philox
-known-answer test needs no GPU.
+known-answer test needs no GPU. (tests/test_cuda_emulation.py runs the same kernels without a
+GPU, under a CPU emulator.)
 
 What is checked:
-  * CPU vs CUDA agreement on tokens and accepted lengths with the SAME uniforms, for
-    V in {111, 32000, 128256, 151936}, B in {1, 17, 64}, every rule, both ops, float32 /
-    float16 / bfloat16, plus top-k / top-p / min-p with tied logits, ragged rows, float64,
-    non-contiguous inputs, large gamma, an empty batch;
-  * the exact joint-distribution test of spec §8 for token and block verification run on the
-    GPU, and a deliberately broken variant (y ~ p instead of the residual after a rejection)
-    that the same test must reject; E[tau] against its exact value;
-  * torch.library.opcheck with CUDA inputs; bad input raising the CPU's ValueError;
-  * the graph-safe Philox variant (when its schema is registered): coins equal to the Python
-    Philox below, and a CUDA-graph capture replayed with advancing offsets.
-
-Expected differences between CPU and CUDA (and how they are bounded here):
-  * verify_probs reads the same float64 values on both sides; only summation order differs
-    (the CPU sums sequentially, the GPU in parallel, both in float64), so a decision can only
-    differ when a coin lies within ~1e-13 of its threshold. Allowed margin: 1e-9.
-  * verify_logits computes every unnormalised weight e = exp((l - max) / T) bit-identically,
-    but the CPU sums the normaliser in float32 chunks of 2048 (float64 across chunks) while
-    the GPU sums in float64: 1/sum differs by up to ~1e-6 relative. An acceptance decision
-    can then differ when |u - p/q| is within ~1e-6, and a residual draw when u lies within
-    ~1e-6 / (residual mass) of a boundary of the residual's CDF. Allowed margin: 1e-5 (scaled
-    by 1 / residual mass for draws).
-  A mismatching row is accepted only if the reference math (float64, specdecode.reference)
-  puts the coin of the first disagreeing decision within that margin of its threshold, or,
-  when only the emitted token differs, puts the GPU's token's CDF interval within that margin
-  of the coin. Greedy decisions and argmax corrections must agree exactly.
+  * CPU vs CUDA agreement on tokens and accepted lengths with the SAME uniforms (rules of
+    tests/cuda_agreement.py), for V in {111, 32000, 128256, 151936}, B in {1, 17, 64}, every
+    rule, both verify ops and sample_logits, float32 / float16 / bfloat16, plus top-k / top-p /
+    min-p with tied logits, ragged rows, float64, non-contiguous inputs, gamma up to 8000 (no
+    per-row shared-memory limit any more), an empty batch; repeated calls give identical
+    results (deterministic reductions);
+  * token / greedy / typical / top-beta never validate a position after the first rejection;
+  * every error of every op, triggered in a subprocess (a crash fails one test instead of
+    killing pytest), raises the CPU op's exception type and message; mixed devices raise a
+    ValueError naming the device;
+  * the exact joint-distribution test of spec section 8 for token and block verification on
+    the GPU, and a deliberately broken variant that the same test must reject;
+  * torch.library.opcheck with CUDA inputs for every op;
+  * the graph-safe Philox ops: coins equal to the Python Philox, CUDA-graph captures (verify and
+    sample, with filters) replayed with advancing offsets.
 """
 
 from __future__ import annotations
 
+import json
 import math
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 import specdecode
 import stat_utils as su
-from specdecode import reference
 from specdecode.reference import VerifyOutput
+import op_error_cases
+from stat_utils import _MASK32, philox4x32_10, philox_uniforms  # Python reference of kernels/philox.h
 from cuda_agreement import RULES, assert_agree, assert_samples_agree, logit_inputs, prob_inputs, to_device
 
 OPS = torch.ops.specdecode
@@ -55,7 +51,8 @@ def cuda() -> torch.device:
     """The CUDA device; skips without one (queried at test time, not at import)."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA device")
-    for op in ("verify_probs", "verify_logits"):
+    for op in ("verify_probs", "verify_logits", "verify_probs_philox", "verify_logits_philox", "sample_logits",
+               "sample_logits_philox"):
         assert torch._C._dispatch_has_kernel_for_dispatch_key(f"specdecode::{op}", "CUDA"), (
             f"a CUDA device is available but specdecode::{op} has no CUDA kernel: the extension was built "
             "without CUDA (python -m specdecode.info shows the build)"
@@ -152,9 +149,8 @@ def test_cpu_cuda_agree_float64_and_masked(cuda):
 
 
 def test_cpu_cuda_agree_noncontiguous_and_large_gamma(cuda):
-    """Non-contiguous inputs are made contiguous; gamma = 1000 with logits needs more than
-    48 KiB of shared memory per row (the kernel opts in) and still matches the CPU; a gamma
-    beyond the GPU's shared memory raises ValueError naming gamma."""
+    """Non-contiguous inputs are made contiguous; gamma = 1000 and gamma = 8000 (the scratch
+    lives in global memory: no per-row shared-memory limit) match the CPU."""
     target, draft, drafts, num, u = logit_inputs(5, 3, 1000, torch.float32, seed=9)
     t_nc = target.transpose(0, 1).contiguous().transpose(0, 1)
     d_nc = draft.transpose(0, 1).contiguous().transpose(0, 1)
@@ -162,23 +158,34 @@ def test_cpu_cuda_agree_noncontiguous_and_large_gamma(cuda):
     for rule, params in RULES:
         cpu, gpu = _run_both_logits(rule, params, (1.0, 0, 1.0, 0.0), t_nc, d_nc, drafts, num, u, cuda)
         assert_agree("logits", rule, params, cpu, gpu, target, draft, drafts, num, u, (1.0, 0, 1.0, 0.0))
-    gamma = 1000
-    g = torch.Generator().manual_seed(10)
-    t = torch.randn(2, gamma + 1, 64, generator=g) * 0.1
-    d = t[:, :gamma] + 0.05 * torch.randn(2, gamma, 64, generator=g)
-    x = torch.multinomial(torch.softmax(d, -1).reshape(-1, 64), 1, generator=g).view(2, gamma)
-    n = torch.tensor([gamma, gamma // 2])
-    uu = torch.rand(2, gamma + 1, dtype=torch.float64, generator=g) * 0.2  # accept most drafts
-    for rule, params in RULES:
-        cpu, gpu = _run_both_logits(rule, params, (1.0, 0, 1.0, 0.0), t, d, x, n, uu, cuda)
-        assert_agree("logits", rule, params, cpu, gpu, t, d, x, n, uu, (1.0, 0, 1.0, 0.0))
-        cpu, gpu = _run_both_probs(rule, params, torch.softmax(t, -1), torch.softmax(d, -1), x, n, uu, cuda)
-        assert_agree("probs", rule, params, cpu, gpu, torch.softmax(t, -1), torch.softmax(d, -1), x, n, uu)
-    big = 8000
-    with pytest.raises(ValueError, match="gamma"):
-        OPS.verify_logits(*to_device(cuda, torch.zeros(1, big + 1, 8), torch.zeros(1, big, 8),
-                               torch.zeros(1, big, dtype=torch.int64), torch.tensor([big]),
-                               torch.zeros(1, big + 1, dtype=torch.float64)), 1.0, 0, 1.0, 0.0, "block", [])
+    for gamma, V in [(1000, 64), (8000, 8)]:
+        g = torch.Generator().manual_seed(gamma)
+        t = torch.randn(2, gamma + 1, V, generator=g) * 0.1
+        d = t[:, :gamma] + 0.05 * torch.randn(2, gamma, V, generator=g)
+        x = torch.multinomial(torch.softmax(d, -1).reshape(-1, V), 1, generator=g).view(2, gamma)
+        n = torch.tensor([gamma, gamma // 2])
+        uu = torch.rand(2, gamma + 1, dtype=torch.float64, generator=g) * 0.2  # accept most drafts
+        for rule, params in RULES:
+            cpu, gpu = _run_both_logits(rule, params, (1.0, 0, 1.0, 0.0), t, d, x, n, uu, cuda)
+            assert_agree("logits", rule, params, cpu, gpu, t, d, x, n, uu, (1.0, 0, 1.0, 0.0))
+            p, q = torch.softmax(t, -1), torch.softmax(d, -1)
+            cpu, gpu = _run_both_probs(rule, params, p, q, x, n, uu, cuda)
+            assert_agree("probs", rule, params, cpu, gpu, p, q, x, n, uu)
+
+
+def test_cuda_results_are_deterministic(cuda):
+    """Reductions have a fixed order (no float atomics): repeated calls, with filters on a
+    large batch, return identical tensors."""
+    target, draft, drafts, num, u = to_device(cuda, *logit_inputs(64, 8, 128256, torch.bfloat16, seed=13))
+    for sampling in [(1.0, 0, 1.0, 0.0), (0.8, 50, 0.9, 0.05), (1.0, 0, 0.9, 0.0)]:
+        for rule in ("token", "block"):
+            first = OPS.verify_logits(target, draft, drafts, num, u, *sampling, rule, [])
+            for _ in range(2):
+                again = OPS.verify_logits(target, draft, drafts, num, u, *sampling, rule, [])
+                assert torch.equal(first[0], again[0]) and torch.equal(first[1], again[1]), (rule, sampling)
+    logits = target[:, 0].contiguous()
+    first = OPS.sample_logits(logits, u[:, 0].contiguous(), 0.8, 50, 0.9, 0.05)
+    assert torch.equal(first, OPS.sample_logits(logits, u[:, 0].contiguous(), 0.8, 50, 0.9, 0.05))
 
 
 def test_empty_batch(cuda):
@@ -195,8 +202,10 @@ def test_token_does_not_read_after_first_rejection(cuda):
     first rejection: NaN logits there raise neither on the CPU nor on the GPU."""
     B, gamma, V = 4, 4, 500
     target, draft, drafts, num, u = logit_inputs(B, gamma, V, torch.float32, seed=3, ragged=False)
-    p = torch.softmax(target.double(), -1)
-    drafts[:, 0] = p[:, 0].argmin(-1)  # the least likely token: rejected (and not the argmax)
+    # position 0 is rejected: its draft token is the target's least likely token and the
+    # draft's almost certain one (p / q ~ 0; greedy: not the argmax), and the coin is 0.999
+    drafts[:, 0] = torch.softmax(target.double(), -1)[:, 0].argmin(-1)
+    draft[torch.arange(B), 0, drafts[:, 0]] = 40.0
     u[:, 0] = 0.999
     target[:, 2:] = math.nan
     draft[:, 2:] = math.nan
@@ -302,63 +311,97 @@ def test_opcheck_cuda(cuda, config):
         torch.library.opcheck(OPS.verify_logits.default, args)
 
 
-def _bad_cases():
-    def set_(t, idx, value):
-        t = t.clone()
-        t[idx] = value
-        return t
-
-    target, draft, drafts, num, u = logit_inputs(3, 3, 30, torch.float32, seed=4, ragged=False)
-    yield "nan_target", (set_(target, (1, 0, 3), math.nan), draft, drafts, num, u)
-    yield "inf_draft", (target, set_(draft, (2, 0, 5), math.inf), drafts, num, u)
-    yield "all_masked", (set_(target, (0, 0), -math.inf), draft, drafts, num, u)
-    yield "token_out_of_range", (target, draft, set_(drafts, (1, 1), 30), num, u)
-    yield "num_out_of_range", (target, draft, drafts, set_(num, 2, 4), u)
-    yield "num_negative", (target, draft, drafts, set_(num, 0, -1), u)
+@pytest.mark.parametrize("philox", [False, True])
+def test_opcheck_cuda_sample(cuda, philox):
+    logits = torch.randn(3, 17, device=cuda)
+    if philox:
+        seed, offset = torch.tensor([1], device=cuda), torch.tensor([2], device=cuda)
+        torch.library.opcheck(OPS.sample_logits_philox.default, (logits, seed, offset, 0.8, 4, 0.9, 0.0))
+    else:
+        u = torch.rand(3, dtype=torch.float64, device=cuda)
+        torch.library.opcheck(OPS.sample_logits.default, (logits, u, 0.8, 4, 0.9, 0.0))
 
 
-@pytest.mark.parametrize("rule", ["token", "block", "greedy", "typical"])
-def test_bad_input_raises_like_cpu(cuda, rule):
-    """Bad values raise ValueError on the GPU with exactly the CPU's message (same row, same
-    argument named); where the CPU does not raise (the rule never reads the bad value), the
-    GPU does not either and returns the CPU's result."""
-    for name, (target, draft, drafts, num, u) in _bad_cases():
-        needs = rule in ("token", "block")
-        args = (target, draft if needs else None, drafts, num, u)
-        try:
-            cpu = OPS.verify_logits(*args, 1.0, 0, 1.0, 0.0, rule, RULE_PARAMS[rule])
-            cpu_error = None
-        except ValueError as exc:
-            cpu_error = str(exc).splitlines()[0]
-        if cpu_error is None:
-            gpu = OPS.verify_logits(*to_device(cuda, *args), 1.0, 0, 1.0, 0.0, rule, RULE_PARAMS[rule])
-            assert_agree("logits", rule, RULE_PARAMS[rule], cpu, gpu, target, draft, drafts, num, u,
-                         (1.0, 0, 1.0, 0.0))
-            continue
-        with pytest.raises(ValueError) as gpu_err:
-            OPS.verify_logits(*to_device(cuda, *args), 1.0, 0, 1.0, 0.0, rule, RULE_PARAMS[rule])
-        assert str(gpu_err.value).splitlines()[0] == cpu_error, name
+def _run_error_cases_in_subprocess(which: str) -> dict:
+    """op_error_cases.run_cases('cuda', which) in a fresh interpreter: a crash (the failure this
+    guards against: formatting a message inside an nvcc translation unit killed the process)
+    fails the test with the child's output instead of killing pytest."""
+    script = Path(__file__).resolve().parent / "op_error_cases.py"
+    child = subprocess.run([sys.executable, str(script), "cuda", which], capture_output=True, text=True, timeout=600)
+    assert child.returncode == 0, (
+        f"the CUDA error cases crashed the process (exit status {child.returncode}):\n"
+        f"{child.stdout[-3000:]}\n{child.stderr[-3000:]}")
+    return json.loads(child.stdout.strip().splitlines()[-1])
 
 
-def test_bad_shapes_and_devices_raise(cuda):
-    """Shape, dtype and device mistakes raise (ValueError / TypeError naming the argument)."""
+def test_every_error_of_every_op_matches_cpu(cuda):
+    """Every bad call of every op (shapes, dtypes, rule parameters, sampling settings, Philox
+    tensors, bad rows: NaN / +inf / all -inf logits, empty distributions, out-of-range tokens
+    and counts) raises on the GPU exactly what the CPU op raises: same type, same message
+    (row and argument named); the calls that must not raise do not."""
+    cpu = op_error_cases.run_cases("cpu")
+    gpu = _run_error_cases_in_subprocess("cases")
+    assert gpu == cpu, {k: {"cpu": cpu[k], "cuda": gpu.get(k)} for k in cpu if gpu.get(k) != cpu[k]}
+
+
+def test_mixed_device_errors(cuda):
+    """An input on the CPU next to CUDA tensors raises a ValueError naming the device."""
+    results = _run_error_cases_in_subprocess("device")
+    for name, (kind, message) in results.items():
+        assert kind == "ValueError" and "device" in message, (name, kind, message)
+
+
+def test_public_api_value_checks_on_cuda(cuda):
+    """The public API's value checks (NaN probabilities) apply to CUDA tensors too."""
     target, draft, drafts, num, u = to_device(cuda, *prob_inputs(2, 3, 20, torch.float32, seed=0))
     with pytest.raises(ValueError, match="draft_probs"):
-        OPS.verify_probs(target, draft[:, :2], drafts, num, u, "token", [])
-    with pytest.raises(ValueError, match="uniforms"):
-        OPS.verify_probs(target, draft, drafts, num, u[:, :2], "token", [])
-    with pytest.raises(TypeError, match="uniforms"):
-        OPS.verify_probs(target, draft, drafts, num, u.float(), "token", [])
-    with pytest.raises(TypeError, match="target_probs"):
-        OPS.verify_probs(target.int(), draft, drafts, num, u, "greedy", [])
-    with pytest.raises(ValueError):
-        OPS.verify_probs(target, draft, drafts.cpu(), num, u, "token", [])
-    with pytest.raises(ValueError, match="rule"):
-        OPS.verify_probs(target, draft, drafts, num, u, "nope", [])
-    with pytest.raises(ValueError, match="draft"):
-        OPS.verify_probs(target, None, drafts, num, u, "block", [])
-    with pytest.raises(ValueError, match="draft_probs"):  # the public API's value checks on CUDA tensors
         specdecode.verify(target, torch.full_like(draft, math.nan), drafts)
+
+
+# ------------------------------------------------------------------------------ sampling
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("B", [1, 17])
+@pytest.mark.parametrize("V", [111, 32000, 128256])
+def test_cpu_cuda_agree_sample_logits(cuda, V, B, dtype):
+    """sample_logits draws the CPU's token with the same coin (every filter, greedy)."""
+    g = torch.Generator().manual_seed(V + B)
+    logits = (torch.randn(B, V, generator=g) * 3).to(dtype)
+    u = torch.rand(B, dtype=torch.float64, generator=g)
+    for sampling in [(1.0, 0, 1.0, 0.0), (0.8, 50, 0.9, 0.05), (0.7, 0, 0.9, 0.0), (1.0, 0, 1.0, 0.2),
+                     (0.0, 0, 1.0, 0.0)]:
+        cpu = OPS.sample_logits(logits, u, *sampling)
+        gpu = OPS.sample_logits(logits.to(cuda), u.to(cuda), *sampling)
+        assert gpu.is_cuda
+        assert_samples_agree(cpu, gpu, logits, u, sampling)
+
+
+def test_sample_logits_philox_and_graph(cuda):
+    """sample_logits_philox draws the Python Philox coin (b, 0); captured in a CUDA graph with
+    offset.add_(1), every replay equals the CPU op at the next offset."""
+    B, V = 16, 5000
+    logits = torch.randn(B, V, generator=torch.Generator().manual_seed(3)) * 2
+    x = logits.to(cuda)
+    seed = torch.tensor([77], dtype=torch.int64, device=cuda)
+    offset = torch.tensor([0], dtype=torch.int64, device=cuda)
+    sampling = (0.9, 40, 0.95, 0.01)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        OPS.sample_logits_philox(x, seed, offset, *sampling)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        tokens = OPS.sample_logits_philox(x, seed, offset, *sampling)
+        offset.add_(1)
+    offset.fill_(10)
+    for k in range(3):
+        graph.replay()
+        torch.cuda.synchronize()
+        coins = philox_uniforms(77, 10 + k, B, 0)[:, 0]
+        cpu = OPS.sample_logits(logits, coins, *sampling)
+        assert_samples_agree(cpu, tokens.clone(), logits, coins, sampling)
 
 
 def test_public_api_on_cuda(cuda):
@@ -379,7 +422,6 @@ def test_public_api_on_cuda(cuda):
 
 # --------------------------------------------------------------------- Philox (graph-safe)
 
-from stat_utils import _MASK32, philox4x32_10, philox_uniforms  # noqa: E402  (Python reference of philox.h)
 
 
 def test_philox_known_answers():
@@ -457,3 +499,38 @@ def test_philox_cuda_graph_replay(cuda):
         seen.append(tokens.cpu().clone())
     assert int(offset.item()) == 103
     assert not all(torch.equal(seen[0], s) for s in seen[1:]), "replays with new offsets gave identical draws"
+
+
+@pytest.mark.parametrize("rule", ["token", "block"])
+def test_philox_logits_graph_with_filters_and_bad_row(cuda, rule):
+    """verify_logits_philox with top-k / top-p / min-p captured in a CUDA graph (every filter
+    kernel runs under capture) replays equal to the CPU op; a NaN row in the captured inputs
+    comes back as accepted_len = -1 and tokens -1 (no status copy during capture), the other
+    rows are unaffected."""
+    B, gamma, V = 8, 4, 32000
+    target, draft, drafts, num, _ = logit_inputs(B, gamma, V, torch.bfloat16, seed=21)
+    t, d, x, n = to_device(cuda, target, draft, drafts, num)
+    seed = torch.tensor([9], dtype=torch.int64, device=cuda)
+    offset = torch.tensor([0], dtype=torch.int64, device=cuda)
+    sampling = (0.8, 50, 0.9, 0.05)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        OPS.verify_logits_philox(t, d, x, n, seed, offset, *sampling, rule, [])
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        tokens, accepted = OPS.verify_logits_philox(t, d, x, n, seed, offset, *sampling, rule, [])
+        offset.add_(1)
+    for k in range(2):
+        graph.replay()
+        torch.cuda.synchronize()
+        coins = philox_uniforms(9, k, B, gamma)
+        cpu = OPS.verify_logits(target, draft, drafts, num, coins, *sampling, rule, [])
+        assert_agree("logits", rule, [], cpu, (tokens.clone(), accepted.clone()), target, draft, drafts, num, coins,
+                     sampling)
+    t[3, 0, 7] = math.nan  # the graph reads the same memory
+    graph.replay()
+    torch.cuda.synchronize()
+    assert int(accepted[3]) == -1 and bool((tokens[3] == -1).all())
+    assert bool((accepted[torch.arange(B, device=cuda) != 3] >= 0).all())
