@@ -95,13 +95,25 @@ __device__ __forceinline__ float exp2_approx(float t) {
 #endif
 }
 
-// A cheap stand-in for fast_exp_nonpositive_dev(z), used only for sums whose rounding is not
-// part of any decision (normalisers, chunk masses): relative error below 6e-6 (from rounding
-// z * log2(e)) and exactly 0 where the exact function is 0 (z < -87 or NaN), positive
-// elsewhere, so a weight is zero in one exactly when it is zero in the other.
-__device__ __forceinline__ float approx_exp_nonpositive(float z) {
-  return z >= -87.0f ? exp2_approx(__fmul_rn(z, 1.44269504088896341f)) : 0.0f;
-}
+// A cheap stand-in for fast_exp_nonpositive_dev((l - max) * inv_temp), used only where no
+// decision depends on its rounding (normalisers, chunk masses, entropies, and as a first guess
+// that exact code confirms): 2^((l - max) * c), c = inv_temp * log2(e), one hardware exp2.
+// Relative error below 2.5e-5 whatever the magnitude of the logits (the argument is rounded
+// twice, relative 2.4e-7, and |argument| <= 125.5 where it is not 0; ex2.approx adds 2^-22).
+// 0 (never NaN) below the CPU's underflow cut z = -87, up to rounding right at the cut, and
+// when max = -inf.
+struct FastWeight {
+  float c;
+  float max_logit;
+  __device__ __forceinline__ FastWeight(float max, float inv_temp) {
+    c = __fmul_rn(inv_temp, 1.44269504088896341f);
+    max_logit = max;
+  }
+  __device__ __forceinline__ float operator()(float logit) const {
+    const float t = __fmul_rn(__fsub_rn(logit, max_logit), c);
+    return t >= -125.5f ? exp2_approx(t) : 0.0f;
+  }
+};
 
 // Order-preserving map float -> uint32 (larger float, larger key); -0 is folded onto +0 so
 // that keys are equal exactly when the floats compare equal. NaN never reaches it.

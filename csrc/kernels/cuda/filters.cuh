@@ -34,22 +34,25 @@ namespace cuda {
 constexpr int kRadixBins = 256;
 
 // ------------------------------------------------------------------------------ masked sum
-// kFromStats: the max comes from the chunk stats, every entry is kept (the total of top-p
-// without top-k), run for every needed unit before the merge. Otherwise: units whose state is
-// pending kPendingNorm, with the state's max and `keep`.
-template <int BLOCK, typename T, bool kExact, bool kFromStats>
+// Sum of e over the kept entries (logit >= keep) of each chunk of a unit, into
+// masked_sums[unit, chunk]. Two uses:
+//   kTotal (before the merge, top-p without top-k): every needed unit, every entry kept, e
+//     exact as the CPU's top-p total; max from the chunk stats; one block per (unit, chunk);
+//   otherwise (after the merge / fallback): the normaliser of the units whose state is pending
+//     kPendingNorm, with the state's max and keep, fast exp; one block per unit looping over
+//     its chunks (most units have nothing pending: the grid stays small).
+template <int BLOCK, typename T, bool kTotal>
 __global__ void __launch_bounds__(BLOCK, kPassMinBlocks) masked_sum_kernel(const Args<T> a) {
   constexpr int kPer = kChunk / BLOCK;
   __shared__ ReduceScratch scratch;
   const float kInf = float_inf();
-  const int64_t items = a.units() * a.chunks;
+  const int64_t items = kTotal ? a.units() * a.chunks : a.units();
   for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
-    const int64_t unit = item / a.chunks;
-    const int64_t c = item % a.chunks;
+    const int64_t unit = kTotal ? item / a.chunks : item;
     const UnitId u = decode_unit(a, unit);
     if (!unit_needed(a, u)) continue;  // block-uniform
     float max_logit, keep;
-    if (kFromStats) {
+    if (kTotal) {
       float m = -kInf;
       int bad = 0;
       for (int64_t cc = threadIdx.x; cc < a.chunks; cc += BLOCK) {
@@ -67,27 +70,31 @@ __global__ void __launch_bounds__(BLOCK, kPassMinBlocks) masked_sum_kernel(const
       max_logit = s.max_logit;
       keep = s.keep;
     }
-    const int64_t start = c * kChunk;
-    const int len = static_cast<int>(a.V - start < kChunk ? a.V - start : kChunk);
-    StridedChunk<BLOCK, kPer, T> ch;
-    ch.load(unit_row(a, u) + start, len);
-    double sum;
-    if (kExact) {
-      double thread_sum = 0.0;  // the CPU adds these float e's in float64 too
+    const int64_t c_first = kTotal ? item % a.chunks : 0;
+    const int64_t c_end = kTotal ? c_first + 1 : a.chunks;
+    for (int64_t c = c_first; c < c_end; ++c) {
+      const int64_t start = c * kChunk;
+      const int len = static_cast<int>(a.V - start < kChunk ? a.V - start : kChunk);
+      StridedChunk<BLOCK, kPer, T> ch;
+      ch.load(unit_row(a, u) + start, len);
+      double sum;
+      if (kTotal) {
+        double thread_sum = 0.0;  // the CPU adds these float e's in float64 too
 #pragma unroll
-      for (int s = 0; s < kPer; ++s)
-        if (ch.index(s) < len && ch.logit(s) >= keep)
-          thread_sum += static_cast<double>(scaled_exp(ch.logit(s), max_logit, a.logit.inv_temp));
-      sum = block_reduce<BLOCK>(thread_sum, OpSum(), scratch);
-    } else {
-      float thread_sum = 0.0f;
+        for (int s = 0; s < kPer; ++s)
+          if (ch.index(s) < len && ch.logit(s) >= keep)
+            thread_sum += static_cast<double>(scaled_exp(ch.logit(s), max_logit, a.logit.inv_temp));
+        sum = block_reduce<BLOCK>(thread_sum, OpSum(), scratch);
+      } else {
+        const FastWeight weight(max_logit, a.logit.inv_temp);
+        float thread_sum = 0.0f;
 #pragma unroll
-      for (int s = 0; s < kPer; ++s)
-        if (ch.index(s) < len && ch.logit(s) >= keep)
-          thread_sum += approx_exp_nonpositive(scaled_arg(ch.logit(s), max_logit, a.logit.inv_temp));
-      sum = block_reduce<BLOCK>(static_cast<double>(thread_sum), OpSum(), scratch);
+        for (int s = 0; s < kPer; ++s)
+          if (ch.index(s) < len && ch.logit(s) >= keep) thread_sum += weight(ch.logit(s));
+        sum = block_reduce<BLOCK>(static_cast<double>(thread_sum), OpSum(), scratch);
+      }
+      if (threadIdx.x == 0) a.masked_sums[unit * a.chunks + c] = sum;
     }
-    if (threadIdx.x == 0) a.masked_sums[unit * a.chunks + c] = sum;
   }
 }
 

@@ -214,7 +214,7 @@ cudaError_t run_pipeline(const VerifyProblem& p, void* scratch, size_t scratch_b
   }
   if (plan.merged) {
     if (plan.total_pass) {
-      auto total_kernel = masked_sum_kernel<kPassThreads, T, true, true>;
+      auto total_kernel = masked_sum_kernel<kPassThreads, T, true>;
       if ((err = launch_items(total_kernel, unit_chunks, kPassThreads, a, stream)) != cudaSuccess) return err;
     }
     auto merge_kernel = filter_merge_kernel<kMergeThreads, T>;
@@ -223,8 +223,8 @@ cudaError_t run_pipeline(const VerifyProblem& p, void* scratch, size_t scratch_b
       auto fallback_kernel = filter_fallback_kernel<kMergeThreads, T>;
       if ((err = launch_items(fallback_kernel, plan.units, kMergeThreads, a, stream)) != cudaSuccess) return err;
     }
-    auto norm_kernel = masked_sum_kernel<kPassThreads, T, false, false>;
-    if ((err = launch_items(norm_kernel, unit_chunks, kPassThreads, a, stream)) != cudaSuccess) return err;
+    auto norm_kernel = masked_sum_kernel<kPassThreads, T, false>;
+    if ((err = launch_items(norm_kernel, plan.units, kPassThreads, a, stream)) != cudaSuccess) return err;
   }
   const bool decide1_final = !plan.position_pass && !plan.sampler;
   if (decide1_final) {

@@ -29,7 +29,7 @@ __device__ __forceinline__ bool position_needed(const Args<T>& a, int64_t b, int
 }
 
 template <int BLOCK, typename T, bool kLogits>
-__global__ void __launch_bounds__(BLOCK, kPassMinBlocks) position_pass_kernel(const Args<T> a) {
+__global__ void __launch_bounds__(BLOCK, kLogits ? kPassMinBlocks : 2) position_pass_kernel(const Args<T> a) {
   constexpr int kPer = kChunk / BLOCK;
   __shared__ ReduceScratch scratch;
   const float it = a.logit.inv_temp;
@@ -63,13 +63,14 @@ __global__ void __launch_bounds__(BLOCK, kPassMinBlocks) position_pass_kernel(co
           cq.load(draft + start, len);
           const float p_norm = static_cast<float>(w * sp.inv_norm);
           const float q_norm = static_cast<float>(sq.inv_norm);
+          const FastWeight p_weight(sp.max_logit, it), q_weight(sq.max_logit, it);
           float s = 0.0f;
 #pragma unroll
           for (int k = 0; k < kPer; ++k) {
             if (cp.index(k) >= len) continue;
             const float lp = cp.logit(k), lq = cq.logit(k);
-            const float ep = lp >= sp.keep ? approx_exp_nonpositive(scaled_arg(lp, sp.max_logit, it)) : 0.0f;
-            const float eq = lq >= sq.keep ? approx_exp_nonpositive(scaled_arg(lq, sq.max_logit, it)) : 0.0f;
+            const float ep = lp >= sp.keep ? p_weight(lp) : 0.0f;
+            const float eq = lq >= sq.keep ? q_weight(lq) : 0.0f;
             const float r = ep * p_norm - eq * q_norm;
             s += r > 0.0f ? r : 0.0f;
           }
@@ -91,12 +92,12 @@ __global__ void __launch_bounds__(BLOCK, kPassMinBlocks) position_pass_kernel(co
         StridedChunk<BLOCK, kPer, T> ch;
         ch.load(target + start, len);
         if (a.rule == Rule::kTypical) {
+          const FastWeight weight(st.max_logit, it);
           double s = 0.0;
 #pragma unroll
           for (int k = 0; k < kPer; ++k) {
             if (ch.index(k) >= len || !(ch.logit(k) >= st.keep)) continue;
-            const double p =
-                static_cast<double>(approx_exp_nonpositive(scaled_arg(ch.logit(k), st.max_logit, it))) * st.inv_norm;
+            const double p = static_cast<double>(weight(ch.logit(k))) * st.inv_norm;
             if (p > 0.0) s += p * log(p);
           }
           agg.sum = block_reduce<BLOCK>(s, OpSum(), scratch);

@@ -30,18 +30,17 @@ struct ResidualProbe {
   bool positive;  // the exact residual (logit_residual) is > 0
 };
 
+// ep / eq: the fast-exp weights (FastWeight) of lp / lq.
 __device__ __forceinline__ ResidualProbe probe_logit_residual(const PosState& sp, const PosState& sq, float inv_temp,
                                                               double w, float p_norm, float q_norm, float lp,
-                                                              float lq) {
-  const float zp = scaled_arg(lp, sp.max_logit, inv_temp);
-  const float zq = scaled_arg(lq, sq.max_logit, inv_temp);
-  // Exactly zero weights: not kept, or exp underflow (the exact and fast exp agree on these).
-  const bool p_zero = !(lp >= sp.keep) || !(zp >= -87.0f) || !(w > 0.0);
-  const bool q_zero = !(lq >= sq.keep) || !(zq >= -87.0f);
+                                                              float lq, float ep, float eq) {
+  // Exactly zero weights: not kept, or exp underflow (decided with the exact z).
+  const bool p_zero = !(lp >= sp.keep) || !(scaled_arg(lp, sp.max_logit, inv_temp) >= -87.0f) || !(w > 0.0);
+  const bool q_zero = !(lq >= sq.keep) || !(scaled_arg(lq, sq.max_logit, inv_temp) >= -87.0f);
   ResidualProbe out{0.0f, false};
   if (p_zero) return out;  // r = max(0 - q, 0) = 0 exactly
-  const float pa = exp2_approx(__fmul_rn(zp, 1.44269504088896341f)) * p_norm;
-  const float qa = q_zero ? 0.0f : exp2_approx(__fmul_rn(zq, 1.44269504088896341f)) * q_norm;
+  const float pa = ep * p_norm;
+  const float qa = q_zero ? 0.0f : eq * q_norm;
   const float ra = pa - qa;
   out.approx = ra > 0.0f ? ra : 0.0f;
   const float scale = pa + qa;
@@ -80,18 +79,22 @@ __global__ void __launch_bounds__(BLOCK, kPassMinBlocks) sample1_kernel(const Ar
       const float p_norm_target = static_cast<float>(sp.inv_norm);
       const float p_norm = static_cast<float>(plan.weight * sp.inv_norm);
       const float q_norm = static_cast<float>(sq.inv_norm);
+      const FastWeight p_weight(sp.max_logit, it), q_weight(sq.max_logit, it);
       float thread_r = 0.0f, thread_p = 0.0f;
 #pragma unroll
       for (int k = 0; k < kPer; ++k) {
         if (cp.index(k) >= len) continue;
         const float lp = cp.logit(k);
-        const float zp = scaled_arg(lp, sp.max_logit, it);
-        if (lp >= sp.keep && zp >= -87.0f) {
-          thread_p += exp2_approx(__fmul_rn(zp, 1.44269504088896341f)) * p_norm_target;
+        const float ep = p_weight(lp);
+        // p > 0 exactly when kept and the exact exp does not underflow (z >= -87).
+        if (lp >= sp.keep && scaled_arg(lp, sp.max_logit, it) >= -87.0f) {
+          thread_p += ep * p_norm_target;
           last_p = start + cp.index(k);  // a thread's slots ascend in index
         }
         if (residual) {
-          const ResidualProbe r = probe_logit_residual(sp, sq, it, plan.weight, p_norm, q_norm, lp, cq.logit(k));
+          const float lq = cq.logit(k);
+          const ResidualProbe r = probe_logit_residual(sp, sq, it, plan.weight, p_norm, q_norm, lp, lq, ep,
+                                                       q_weight(lq));
           thread_r += r.approx;
           if (r.positive) last_r = start + cp.index(k);
         }

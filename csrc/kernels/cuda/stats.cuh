@@ -16,7 +16,8 @@
 //     warps)-th largest per-thread maximum of that warp, so the chunk lists at least
 //     list_target entries (when it has that many finite ones);
 //   kSumMinPList: every finite entry with fast-exp weight >= 0.999 * min_p relative to the
-//     chunk's max (a superset of what min-p can keep, since the row's max is >= the chunk's).
+//     chunk's max (what min-p can keep, since the row's max is >= the chunk's; whether the
+//     list really holds every kept entry is decided exactly by the merge, from `next`).
 // More than kListCap entries: the list is dropped (list_count = -1) and the merge step hands
 // the unit to the exact fallback.
 #pragma once
@@ -27,8 +28,15 @@ namespace specdecode {
 namespace kernels {
 namespace cuda {
 
+// Resident blocks per SM the kernel is compiled for: 4 (<= 64 registers) for 16-bit logits
+// without lists, so that 64 KiB of loads are in flight per SM; wider elements (their raw bits
+// take 32 or 64 registers) and the list modes need more registers per thread.
+constexpr int stats_min_blocks(int element_bytes, StatsMode mode) {
+  return element_bytes == 8 ? 2 : ((element_bytes == 2 && (mode == StatsMode::kArgmax || mode == StatsMode::kSum)) ? 4 : 3);
+}
+
 template <int BLOCK, typename T, StatsMode kMode>
-__global__ void __launch_bounds__(BLOCK, kPassMinBlocks) chunk_stats_kernel(const Args<T> a) {
+__global__ void __launch_bounds__(BLOCK, stats_min_blocks(sizeof(T), kMode)) chunk_stats_kernel(const Args<T> a) {
   constexpr int kWarps = BLOCK / kWarpSize;
   constexpr int kPer = kChunk / BLOCK;
   static_assert(kPer <= 32, "chunk_stats_kernel: one bit per slot in a 32-bit mask");
@@ -65,12 +73,13 @@ __global__ void __launch_bounds__(BLOCK, kPassMinBlocks) chunk_stats_kernel(cons
     const int bad = top.bad;
     const int first = top.index;
 
+    const FastWeight weight(m, a.logit.inv_temp);
     double sum = 0.0;
     if (kMode != StatsMode::kArgmax) {
       float thread_sum = 0.0f;
 #pragma unroll
       for (int s = 0; s < kPer; ++s)
-        if (ch.index(s) < len) thread_sum += approx_exp_nonpositive(scaled_arg(ch.logit(s), m, a.logit.inv_temp));
+        if (ch.index(s) < len) thread_sum += weight(ch.logit(s));
       sum = block_reduce<BLOCK>(static_cast<double>(thread_sum), OpSum(), scratch);
     }
 
@@ -92,7 +101,7 @@ __global__ void __launch_bounds__(BLOCK, kPassMinBlocks) chunk_stats_kernel(cons
         const float x = ch.logit(s);
         bool listed = x > -kInf && x < kInf;  // finite (NaN fails too)
         if (kMode == StatsMode::kSumTopList) listed = listed && x >= t0;
-        else listed = listed && approx_exp_nonpositive(scaled_arg(x, m, a.logit.inv_temp)) >= min_e_cut;
+        else listed = listed && weight(x) >= min_e_cut;
         if (listed) {
           listed_mask |= 1u << s;
           ++listed_here;
