@@ -132,6 +132,31 @@ def test_emulated_filter_paths(emu):
     for sampling in [(1.0, 0, 0.9, 0.0), (1.0, 0, 1.0, 0.5), (1.0, 3000, 0.5, 0.0)]:
         for rule, params in [("token", []), ("typical", [0.09, 0.3, 1.0])]:
             _agree_logits(emu, rule, params, sampling, flat_t, flat_d, drafts, num, u)
+    # Mostly masked rows: top-k larger than the number of finite logits keeps all of them (the
+    # k-th largest is -inf); min-p with a tiny and with the largest min_p.
+    masked_t, masked_d = target.clone(), draft.clone()
+    masked_t[:, :, 40:] = -math.inf
+    masked_d[:, :, 60:] = -math.inf
+    x = drafts % 40
+    for sampling in [(1.0, 100, 1.0, 0.0), (1.0, 100, 0.8, 0.0), (1.0, 0, 1.0, 1e-30), (1.0, 0, 1.0, 1.0)]:
+        for rule, params in [("token", []), ("block", [])]:
+            _agree_logits(emu, rule, params, sampling, masked_t, masked_d, x, num, u)
+
+
+def test_emulated_min_p_threshold_search(emu):
+    """The device search for min-p's logit threshold equals plain bisection with the CPU's exp,
+    over scales, temperatures and min_p values (including 1 and a tiny one)."""
+    g = torch.Generator().manual_seed(14)
+    cases = [(0.0, 1.0, 0.05), (13.5, 0.8, 1.0), (-7.25, 3.0, 1e-30), (1e4, 0.01, 0.5), (-1e4, 100.0, 0.3),
+             (30.0, 1.0, 1e-38), (2.5, 1.0 / 0.7, 0.02)]
+    for _ in range(200):
+        cases.append((float(torch.randn(1, generator=g)) * 10.0 ** float(torch.randint(-2, 4, (1,), generator=g)),
+                      float(torch.rand(1, generator=g)) * 4 + 0.05, float(torch.rand(1, generator=g)) ** 4))
+    for max_logit, inv_temp, min_e in cases:
+        m, it, e = (float(torch.tensor(v, dtype=torch.float32)) for v in (max_logit, inv_temp, min_e))
+        if e <= 0.0:
+            continue
+        assert emu.module.min_p_threshold(m, it, e) == emu.module.min_p_threshold_oracle(m, it, e), (m, it, e)
 
 
 def test_emulated_does_not_read_after_first_rejection(emu):
@@ -166,7 +191,7 @@ def test_emulated_masked_zero_mass_and_coins_at_the_edges(emu):
     p = torch.softmax(torch.randn(B, gamma + 1, V, dtype=torch.float64), -1)
     one_hot = torch.zeros(B, gamma + 1, V, dtype=torch.float64)
     one_hot[..., 7] = 1.0
-    for coin in (0.0, 1.0 - 2.0**-53):
+    for coin in (0.0, 1.0 - 2.0**-53, 1.0):  # 1.0: u * total at the very top (the last positive entry)
         uu = torch.full((B, gamma + 1), coin, dtype=torch.float64)
         for tgt, dft in [(p, p[:, :gamma].clone()),
                          (one_hot, torch.softmax(torch.randn(B, gamma, V, dtype=torch.float64), -1))]:
@@ -196,8 +221,9 @@ def test_emulated_empty_batch(emu):
     assert emu.sample_logits(torch.empty(0, 5), torch.empty(0, dtype=torch.float64), 1.0, 0, 1.0, 0.0).shape == (0,)
 
 
-@pytest.mark.parametrize("V", [111, 20001])
+@pytest.mark.parametrize("V", [111, 20001, 70001])
 def test_emulated_sample_logits(emu, V):
+    """sample_logits; V = 70001 has 35 sampling chunks (more than one warp's worth)."""
     g = torch.Generator().manual_seed(V)
     logits = torch.randn(3, V, generator=g) * 3
     u = torch.rand(3, dtype=torch.float64, generator=g)

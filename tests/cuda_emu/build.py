@@ -62,6 +62,7 @@ class EmulatedOps:
     def __init__(self, module, capturing: bool = False):
         self._m = module
         self.capturing = capturing
+        self.module = module  # test-only entry points (min_p_threshold, min_p_threshold_oracle)
 
     def verify_probs(self, target, draft, tokens, num, uniforms, rule, params):
         return self._m.verify_probs(target, draft, tokens, num, uniforms, rule, list(params))

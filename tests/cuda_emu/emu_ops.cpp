@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "kernels/common.h"
+#include "kernels/cuda/pipeline.cuh"
 #include "ops/verify_device.h"
 
 namespace {
@@ -70,6 +72,38 @@ at::Tensor sample_logits_philox(const at::Tensor& logits, const at::Tensor& seed
                                           min_p);
 }
 
+// The device search for min-p's logit threshold, and an independent oracle: plain bisection over
+// the ordered float keys with the CPU's fast_exp_nonpositive (kernels/common.h).
+float min_p_threshold(float max_logit, float inv_temp, float min_e) {
+  return specdecode::kernels::cuda::min_p_logit_threshold(max_logit, inv_temp, min_e);
+}
+
+float min_p_threshold_oracle(float max_logit, float inv_temp, float min_e) {
+  auto key = [](float v) {
+    if (v == 0.0f) v = 0.0f;
+    uint32_t bits;
+    std::memcpy(&bits, &v, 4);
+    return (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
+  };
+  auto value = [](uint32_t k) {
+    const uint32_t bits = (k & 0x80000000u) ? (k & 0x7fffffffu) : ~k;
+    float v;
+    std::memcpy(&v, &bits, 4);
+    return v;
+  };
+  auto keeps = [&](uint32_t k) {
+    const float z = (value(k) - max_logit) * inv_temp;  // built with -ffp-contract=off
+    return specdecode::kernels::fast_exp_nonpositive(z) >= min_e;
+  };
+  uint32_t lo = key(-INFINITY), hi = key(max_logit);
+  while (hi - lo > 1) {
+    const uint32_t mid = lo + (hi - lo) / 2;
+    if (keeps(mid)) hi = mid;
+    else lo = mid;
+  }
+  return value(hi);
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -80,4 +114,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("verify_logits_philox", &verify_logits_philox);
   m.def("sample_logits", &sample_logits);
   m.def("sample_logits_philox", &sample_logits_philox);
+  m.def("min_p_threshold", &min_p_threshold);
+  m.def("min_p_threshold_oracle", &min_p_threshold_oracle);
 }
