@@ -132,6 +132,17 @@ def test_emulated_filter_paths(emu):
     for sampling in [(1.0, 0, 0.9, 0.0), (1.0, 0, 1.0, 0.5), (1.0, 3000, 0.5, 0.0)]:
         for rule, params in [("token", []), ("typical", [0.09, 0.3, 1.0])]:
             _agree_logits(emu, rule, params, sampling, flat_t, flat_d, drafts, num, u)
+    # Lists that overflow even strictly above t0 (one warp's slice of chunk 0 is deep, the rest
+    # holds > 512 tied entries above it): top-p and min-p go through the exact fallback.
+    spread_t = torch.full_like(target, -10.0)
+    spread_d = spread_t[:, : draft.shape[1]].clone()
+    chunk0 = torch.arange(8192)
+    outside_warp7 = chunk0[(chunk0 // 4) % 256 < 224]  # float32 slots of threads 0..223
+    spread_t[:, :, outside_warp7] = 5.0
+    spread_t[:, :, 900:910] = 6.0
+    spread_d[:, :, outside_warp7] = 4.0
+    for sampling in [(1.0, 0, 0.3, 0.0), (1.0, 0, 1.0, 0.9), (1.0, 20, 0.5, 0.0)]:
+        _agree_logits(emu, "token", [], sampling, spread_t, spread_d, drafts, num, u)
     # Mostly masked rows: top-k larger than the number of finite logits keeps all of them (the
     # k-th largest is -inf); min-p with a tiny and with the largest min_p.
     masked_t, masked_d = target.clone(), draft.clone()
@@ -141,6 +152,32 @@ def test_emulated_filter_paths(emu):
     for sampling in [(1.0, 100, 1.0, 0.0), (1.0, 100, 0.8, 0.0), (1.0, 0, 1.0, 1e-30), (1.0, 0, 1.0, 1.0)]:
         for rule, params in [("token", []), ("block", [])]:
             _agree_logits(emu, rule, params, sampling, masked_t, masked_d, x, num, u)
+
+
+def test_emulated_top_p_boundary_needs_the_exact_mass(emu):
+    """Top-p alone where top_p * (kept mass) lies within 1e-6 (relative) of a group boundary: the
+    approximate mass from the first pass cannot decide the group, so the exact mass pass and the
+    second merge run; the threshold must still be the CPU's, on both sides of the boundary."""
+    B, gamma, V = 2, 2, 20001
+    g = torch.Generator().manual_seed(15)
+    target = torch.full((B, gamma + 1, V), -30.0)
+    target[:, :, 0:2048:8] = 2.0   # 256 entries, one per thread of chunk 0: every thread max is 2
+    target[:, :, 8193:8193 + 40] = -1.0  # a second group, 3 nats lower, in chunk 1
+    target += 1e-3 * torch.rand(B, gamma + 1, V, generator=g).round()  # keep exact ties: adds 0 or 1e-3
+    target = target.round(decimals=3)
+    draft = target[:, :gamma].clone()
+    draft[:, :, 0:2048:8] = 1.0
+    drafts = torch.zeros(B, gamma, dtype=torch.int64)
+    num = torch.tensor([gamma, 1])
+    u = torch.rand(B, gamma + 1, dtype=torch.float64, generator=g)
+    for b in range(B):
+        for i in range(gamma + 1):
+            row = target[b, i].double()
+            e = torch.exp(row - row.max())
+            top = float(e[row >= 2.0].sum())  # the mass of the top groups
+            for side in (1.0 + 1e-6, 1.0 - 1e-6):
+                top_p = top / float(e.sum()) * side
+                _agree_logits(emu, "token", [], (1.0, 0, top_p, 0.0), target, draft, drafts, num, u)
 
 
 def test_emulated_min_p_threshold_search(emu):

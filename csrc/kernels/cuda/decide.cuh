@@ -48,15 +48,8 @@ __device__ PosState combine_chunk_stats(const Args<T>& a, int64_t unit) {
                  : (m == -kInf ? static_cast<int32_t>(kEmptyDistribution) : static_cast<int32_t>(kOk));
   s.pending = 0;
   s.inv_norm = 0.0;
-  if (s.status == kOk && a.stats_mode != StatsMode::kArgmax) {
-    double total = 0.0;
-    for (int64_t c = 0; c < a.chunks; ++c) {
-      const ChunkStats st = stats[c];
-      if (st.max > -kInf)
-        total += st.sum * exp((static_cast<double>(st.max) - static_cast<double>(m)) * static_cast<double>(a.logit.inv_temp));
-    }
-    s.inv_norm = 1.0 / total;  // total >= 1: the max entry contributes exp(0) = 1
-  }
+  if (s.status == kOk && a.stats_mode != StatsMode::kArgmax)
+    s.inv_norm = 1.0 / approx_row_mass(a, unit, m);  // >= 1: the max entry contributes exp(0) = 1
   return s;
 }
 

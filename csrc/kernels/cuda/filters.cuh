@@ -34,45 +34,25 @@ namespace cuda {
 constexpr int kRadixBins = 256;
 
 // ------------------------------------------------------------------------------ masked sum
-// Sum of e over the kept entries (logit >= keep) of each chunk of a unit, into
-// masked_sums[unit, chunk]. Two uses:
-//   kTotal (before the merge, top-p without top-k): every needed unit, every entry kept, e
-//     exact as the CPU's top-p total; max from the chunk stats; one block per (unit, chunk);
-//   otherwise (after the merge / fallback): the normaliser of the units whose state is pending
-//     kPendingNorm, with the state's max and keep, fast exp; one block per unit looping over
-//     its chunks (most units have nothing pending: the grid stays small).
+// Sum of e over the kept entries (logit >= keep) of each chunk of the units some state marks
+// pending, into masked_sums[unit, chunk]; one block per unit, looping over its chunks (most
+// units have nothing pending: the grid stays small). Two uses:
+//   kTotal: units pending kPendingTotal (top-p alone, the approximate kept mass too close to a
+//     decision): every entry, e exact as the CPU's top-p total; the merge then runs again;
+//   otherwise: units pending kPendingNorm (after the merge / fallback): the normaliser of the
+//     entries >= the state's keep, fast exp.
 template <int BLOCK, typename T, bool kTotal>
 __global__ void __launch_bounds__(BLOCK, kPassMinBlocks) masked_sum_kernel(const Args<T> a) {
   constexpr int kPer = kChunk / BLOCK;
   __shared__ ReduceScratch scratch;
-  const float kInf = float_inf();
-  const int64_t items = kTotal ? a.units() * a.chunks : a.units();
-  for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
-    const int64_t unit = kTotal ? item / a.chunks : item;
+  for (int64_t unit = blockIdx.x; unit < a.units(); unit += gridDim.x) {
     const UnitId u = decode_unit(a, unit);
     if (!unit_needed(a, u)) continue;  // block-uniform
-    float max_logit, keep;
-    if (kTotal) {
-      float m = -kInf;
-      int bad = 0;
-      for (int64_t cc = threadIdx.x; cc < a.chunks; cc += BLOCK) {
-        const ChunkStats st = a.stats[unit * a.chunks + cc];
-        m = st.max > m ? st.max : m;
-        bad |= st.bad;
-      }
-      max_logit = block_reduce<BLOCK>(m, OpMax(), scratch);
-      bad = block_reduce<BLOCK>(bad, OpOr(), scratch);
-      if (bad || max_logit == -kInf) continue;  // block-uniform: the unit fails, nothing to sum
-      keep = -kInf;
-    } else {
-      const PosState s = a.states[unit];
-      if (s.status != kOk || !(s.pending & kPendingNorm)) continue;  // block-uniform
-      max_logit = s.max_logit;
-      keep = s.keep;
-    }
-    const int64_t c_first = kTotal ? item % a.chunks : 0;
-    const int64_t c_end = kTotal ? c_first + 1 : a.chunks;
-    for (int64_t c = c_first; c < c_end; ++c) {
+    const PosState st = a.states[unit];
+    if (st.status != kOk || !(st.pending & (kTotal ? kPendingTotal : kPendingNorm))) continue;  // block-uniform
+    const float keep = kTotal ? -float_inf() : st.keep;
+    const FastWeight weight(st.max_logit, a.logit.inv_temp);
+    for (int64_t c = 0; c < a.chunks; ++c) {
       const int64_t start = c * kChunk;
       const int len = static_cast<int>(a.V - start < kChunk ? a.V - start : kChunk);
       StridedChunk<BLOCK, kPer, T> ch;
@@ -83,10 +63,9 @@ __global__ void __launch_bounds__(BLOCK, kPassMinBlocks) masked_sum_kernel(const
 #pragma unroll
         for (int s = 0; s < kPer; ++s)
           if (ch.index(s) < len && ch.logit(s) >= keep)
-            thread_sum += static_cast<double>(scaled_exp(ch.logit(s), max_logit, a.logit.inv_temp));
+            thread_sum += static_cast<double>(scaled_exp(ch.logit(s), st.max_logit, a.logit.inv_temp));
         sum = block_reduce<BLOCK>(thread_sum, OpSum(), scratch);
       } else {
-        const FastWeight weight(max_logit, a.logit.inv_temp);
         float thread_sum = 0.0f;
 #pragma unroll
         for (int s = 0; s < kPer; ++s)
@@ -276,8 +255,9 @@ struct MergeShared {
   int32_t chunk_offset[kMergeMaxChunks];  // where each chunk's entries start in cand
   RadixShared radix;
   ReduceScratch scratch;
-  float l_min;      // min-p threshold, from thread 0
-  int32_t n_cand;   // gathered entries, from warp 0
+  float l_min;         // min-p threshold, from thread 0
+  int32_t n_cand;      // gathered entries, from warp 0
+  double approx_mass;  // approximate row mass, from thread 0
 };
 
 // Collective: bitonic sort of cand[0..n) into descending order (padded with -inf to a power of
@@ -307,7 +287,9 @@ __device__ void sort_descending(float* cand, int n) {
   }
 }
 
-template <int BLOCK, typename T>
+// kSecondPass: only the units the first pass left pending kPendingTotal, now with the exact
+// kept mass (masked_sum_kernel<kTotal>).
+template <int BLOCK, typename T, bool kSecondPass>
 __global__ void __launch_bounds__(BLOCK) filter_merge_kernel(const Args<T> a) {
   __shared__ MergeShared sh;
   const float kInf = float_inf();
@@ -318,6 +300,7 @@ __global__ void __launch_bounds__(BLOCK) filter_merge_kernel(const Args<T> a) {
   for (int64_t unit = blockIdx.x; unit < a.units(); unit += gridDim.x) {
     const UnitId u = decode_unit(a, unit);
     if (!unit_needed(a, u)) continue;  // block-uniform
+    if (kSecondPass && !(a.states[unit].pending & kPendingTotal)) continue;  // block-uniform
     const ChunkStats* stats = a.stats + unit * a.chunks;
 
     // Combine the chunks: max, status, argmax, N (largest unlisted entry), list overflow.
@@ -426,6 +409,7 @@ __global__ void __launch_bounds__(BLOCK) filter_merge_kernel(const Args<T> a) {
     }
 
     float keep_p = -kInf;
+    bool pending_total = false;
     int n_kept = n_cand;  // entries of sh.cand[0..n_kept) that can be kept
     if (!fallback && top_p_on) {
       if (!usable) {
@@ -454,33 +438,53 @@ __global__ void __launch_bounds__(BLOCK) filter_merge_kernel(const Args<T> a) {
         for (int j = lo; j < hi; ++j) seg += static_cast<double>(scaled_exp(sh.cand[j], m, cfg.inv_temp));
         double k_mass = 0.0;
         const double before = block_exclusive_scan<BLOCK>(seg, sh.scratch, &k_mass);
-        double total_mass;
+        // The kept mass: exact from K when K holds every kept entry; else (top-p alone) exact
+        // from the masked sum in the second pass, or, in the first pass, approximated from the
+        // chunk stats within a relative kApproxMassTolerance: the threshold is exact whenever
+        // every limit in that band gives the same group; otherwise the unit waits for the
+        // exact mass (kPendingTotal).
+        double total_lo, total_hi;
         if (complete) {
-          total_mass = k_mass;
+          total_lo = total_hi = k_mass;
+        } else if (kSecondPass) {
+          double exact = 0.0;
+          for (int64_t c = 0; c < a.chunks; ++c) exact += a.masked_sums[unit * a.chunks + c];
+          total_lo = total_hi = exact;
         } else {
-          // top-p alone: the exact masked sum over the whole row ran before this kernel.
-          total_mass = 0.0;
-          for (int64_t c = 0; c < a.chunks; ++c) total_mass += a.masked_sums[unit * a.chunks + c];
+          if (threadIdx.x == 0) sh.approx_mass = approx_row_mass(a, unit, m);
+          __syncthreads();  // published
+          total_lo = sh.approx_mass * (1.0 - kApproxMassTolerance);
+          total_hi = sh.approx_mass * (1.0 + kApproxMassTolerance);
         }
-        const double limit = cfg.top_p * total_mass;
-        int last = -1;
+        const double limit_lo = cfg.top_p * total_lo;
+        const double limit_hi = cfg.top_p * total_hi;
+        int last_lo = -1, last_hi = -1;  // the last entry whose mass above is < the limit
         double run = before;
         for (int j = lo; j < hi; ++j) {
-          if (run < limit) last = j;
+          if (run < limit_lo) last_lo = j;
+          if (run < limit_hi) last_hi = j;
           run += static_cast<double>(scaled_exp(sh.cand[j], m, cfg.inv_temp));
         }
-        last = block_reduce<BLOCK>(last, OpMax(), sh.scratch);
-        if (!(k_mass >= limit) && !complete) {
-          fallback = true;  // the walk continues below the listed entries
+        last_lo = block_reduce<BLOCK>(last_lo, OpMax(), sh.scratch);
+        last_hi = block_reduce<BLOCK>(last_hi, OpMax(), sh.scratch);
+        if (!complete && !(k_mass >= limit_hi)) {
+          // Some limit in the band walks past the listed entries.
+          if (kSecondPass || !(k_mass >= limit_lo)) fallback = true;
+          else pending_total = true;
+        } else if (sh.cand[last_lo < 0 ? 0 : last_lo] != sh.cand[last_hi < 0 ? 0 : last_hi]) {
+          pending_total = true;  // a group boundary lies in the band (never when the mass is exact)
         } else {
-          keep_p = sh.cand[last < 0 ? 0 : last];
+          keep_p = sh.cand[last_hi < 0 ? 0 : last_hi];
         }
       }
     }
 
     float keep = keep_k > keep_p ? keep_k : keep_p;
     keep = keep > l_min ? keep : l_min;
-    if (fallback) {
+    if (pending_total) {
+      state.keep = l_min;
+      state.pending = kPendingTotal;  // masked_sum_kernel<kTotal>, then the second merge pass
+    } else if (fallback) {
       state.keep = l_min;  // the fallback combines it with the thresholds it computes
       state.pending = kPendingThresholds | kPendingNorm;
     } else if (usable && (complete || keep > next)) {

@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 
 #include "kernels/cuda/decide.cuh"
 #include "kernels/cuda/filters.cuh"
@@ -24,7 +25,7 @@ struct PipelinePlan {
   bool logits = false;        // stats (+ filters) run
   StatsMode stats_mode = StatsMode::kSum;
   bool merged = false;        // filter merge / fallback / masked sums run
-  bool total_pass = false;    // exact masked sum before the merge (top-p without top-k)
+  bool total_pass = false;    // top-p without top-k: exact kept mass of ambiguous units, merge again
   bool fallback = false;      // the radix fallback may be needed (top-k or top-p)
   bool position_pass = false;
   bool sampler = false;
@@ -71,6 +72,7 @@ inline PipelinePlan plan_pipeline(const VerifyProblem& p) {
   cfg.top_p = p.sampling.top_p;
   cfg.list_target = static_cast<int32_t>(cfg.top_k > 0 ? (cfg.top_k < kTopKFromLists ? cfg.top_k : kTopKFromLists)
                                                        : kListTargetTopP);
+  cfg.list_depth = (cfg.top_k == 0 && cfg.top_p < 1.0) ? -kTopPListDepthBits : -std::numeric_limits<float>::infinity();
   if (plan.logits) {
     if (greedy_like) {
       plan.stats_mode = StatsMode::kArgmax;
@@ -202,7 +204,6 @@ cudaError_t run_pipeline(const VerifyProblem& p, void* scratch, size_t scratch_b
   a.sample = scratch_at<SampleChunkSums>(scratch, plan.sample);
 
   cudaError_t err = cudaSuccess;
-  const int64_t unit_chunks = plan.units * plan.chunks;
   if (plan.logits) {
     switch (plan.stats_mode) {
       case StatsMode::kArgmax: err = launch_stats<T, StatsMode::kArgmax>(a, plan, stream); break;
@@ -213,12 +214,14 @@ cudaError_t run_pipeline(const VerifyProblem& p, void* scratch, size_t scratch_b
     if (err != cudaSuccess) return err;
   }
   if (plan.merged) {
+    auto merge_kernel = filter_merge_kernel<kMergeThreads, T, false>;
+    if ((err = launch_items(merge_kernel, plan.units, kMergeThreads, a, stream)) != cudaSuccess) return err;
     if (plan.total_pass) {
       auto total_kernel = masked_sum_kernel<kPassThreads, T, true>;
-      if ((err = launch_items(total_kernel, unit_chunks, kPassThreads, a, stream)) != cudaSuccess) return err;
+      if ((err = launch_items(total_kernel, plan.units, kPassThreads, a, stream)) != cudaSuccess) return err;
+      auto merge_again = filter_merge_kernel<kMergeThreads, T, true>;
+      if ((err = launch_items(merge_again, plan.units, kMergeThreads, a, stream)) != cudaSuccess) return err;
     }
-    auto merge_kernel = filter_merge_kernel<kMergeThreads, T>;
-    if ((err = launch_items(merge_kernel, plan.units, kMergeThreads, a, stream)) != cudaSuccess) return err;
     if (plan.fallback) {
       auto fallback_kernel = filter_fallback_kernel<kMergeThreads, T>;
       if ((err = launch_items(fallback_kernel, plan.units, kMergeThreads, a, stream)) != cudaSuccess) return err;

@@ -66,6 +66,10 @@ constexpr int kListCap = 512;                              // listed entries per
 constexpr int kMergeCap = 4096;                            // entries one unit's merge can hold
 constexpr int kListTargetTopP = 64;                        // list depth for top-p without top-k
 constexpr int64_t kTopKFromLists = 128;                    // top-k up to this resolves from lists
+constexpr float kTopPListDepthBits = 14.0f;                // top-p alone: list entries >= 2^-14 max
+// Relative bound on |approximate row mass - the CPU's exact one| (fast-exp error 2.5e-5, float
+// partial sums of 32 entries 2e-6, fast_exp vs exp 2e-7), with a safety factor of three.
+constexpr double kApproxMassTolerance = 1e-4;
 constexpr unsigned kMaxGridBlocks = 1u << 30;              // grid-stride loops beyond this
 
 // ------------------------------------------------------------------------------ records
@@ -88,10 +92,11 @@ struct PosState {
   float max_logit;
   float keep;          // -inf = keep everything
   int32_t status;      // RowStatus of the row itself (kNonFiniteLogit, kEmptyDistribution)
-  int32_t pending;     // kPendingThresholds / kPendingNorm: later kernels finish the state
+  int32_t pending;     // kPending*: later kernels finish the state
 };
 constexpr int32_t kPendingThresholds = 1;  // the fallback computes `keep`
 constexpr int32_t kPendingNorm = 2;        // the masked sum computes the normaliser
+constexpr int32_t kPendingTotal = 4;       // top-p needs the exact kept mass (masked sum, then merge again)
 
 // One position-pass chunk result.
 struct PosAgg {
@@ -132,6 +137,8 @@ struct LogitConfig {
   int64_t top_k;     // 0 = off (also when >= V)
   double top_p;      // 1 = off
   int32_t list_target;  // how many of its largest entries a chunk lists (top list mode)
+  float list_depth;     // top list mode also lists entries with (l - max) / T * log2(e) >= this
+                        // (top-p without top-k: -kTopPListDepthBits; -inf = off)
   bool filters() const { return top_k > 0 || top_p < 1.0 || min_e > 0.0f; }
 };
 
@@ -293,6 +300,21 @@ __device__ __forceinline__ float min_p_logit_threshold(float max_logit, float in
     else lo = mid;
   }
   return key_to_float(hi);
+}
+
+// The mass sum_x exp((l(x) - max) / T) of a whole row from its chunk stats: each chunk's sum
+// (relative to its own max, fast exp) rescaled by exp((chunk max - max) / T) in float64, chunks
+// in order. Within kApproxMassTolerance (relative) of the CPU's sum of its exact float e's.
+template <typename T>
+__device__ __forceinline__ double approx_row_mass(const Args<T>& a, int64_t unit, float max_logit) {
+  const ChunkStats* stats = a.stats + unit * a.chunks;
+  double total = 0.0;
+  for (int64_t c = 0; c < a.chunks; ++c) {
+    const ChunkStats st = stats[c];
+    if (st.max > -float_inf())
+      total += st.sum * exp((static_cast<double>(st.max) - static_cast<double>(max_logit)) * static_cast<double>(a.logit.inv_temp));
+  }
+  return total;
 }
 
 // ------------------------------------------------------------------------------ outputs

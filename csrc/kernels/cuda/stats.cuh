@@ -14,7 +14,10 @@
 // completeness property ("every entry > next is listed"), never on how many were listed:
 //   kSumTopList: every finite entry >= t0, where t0 = min over warps of the ceil(list_target /
 //     warps)-th largest per-thread maximum of that warp, so the chunk lists at least
-//     list_target entries (when it has that many finite ones);
+//     list_target entries (when it has that many finite ones); with top-p alone also every
+//     entry within 2^-14 of the chunk's max (fast exp), so that a top-p walk over a long flat
+//     head stays inside the lists; when that is more than kListCap entries (many ties at t0, a
+//     chunk of one repeated value), only the entries strictly above t0;
 //   kSumMinPList: every finite entry with fast-exp weight >= 0.999 * min_p relative to the
 //     chunk's max (what min-p can keep, since the row's max is >= the chunk's; whether the
 //     list really holds every kept entry is decided exactly by the merge, from `next`).
@@ -93,24 +96,39 @@ __global__ void __launch_bounds__(BLOCK, stats_min_blocks(sizeof(T), kMode)) chu
         t0 = block_reduce<BLOCK>(shfl_idx(sorted, per_warp - 1), OpMin(), scratch);
       }
       const float min_e_cut = 0.999f * a.logit.min_e;
-      int listed_here = 0;
-      uint32_t listed_mask = 0;  // bit s: slot s listed
+      // Which slots a rule lists (a bit per slot), and how many.
+      auto select = [&](bool strict, uint32_t* mask) {
+        int listed_here = 0;
+        *mask = 0;
+#pragma unroll
+        for (int s = 0; s < kPer; ++s) {
+          if (ch.index(s) >= len) continue;
+          const float x = ch.logit(s);
+          bool listed = x > -kInf && x < kInf;  // finite (NaN fails too)
+          if (kMode == StatsMode::kSumTopList)
+            listed = listed && ((strict ? x > t0 : x >= t0) ||
+                                (!strict && __fmul_rn(__fsub_rn(x, m), weight.c) >= a.logit.list_depth));
+          else
+            listed = listed && weight(x) >= min_e_cut;
+          if (listed) {
+            *mask |= 1u << s;
+            ++listed_here;
+          }
+        }
+        return listed_here;
+      };
+      uint32_t listed_mask;
+      int total = 0;
+      int offset = block_exclusive_scan<BLOCK>(select(false, &listed_mask), scratch, &total);
+      if (kMode == StatsMode::kSumTopList && total > kListCap)  // block-uniform
+        // Too many ties at (or entries near) t0, e.g. a chunk of one repeated value: list only
+        // the entries strictly above t0; the chunk's `next` then says where completeness ends.
+        offset = block_exclusive_scan<BLOCK>(select(true, &listed_mask), scratch, &total);
 #pragma unroll
       for (int s = 0; s < kPer; ++s) {
-        if (ch.index(s) >= len) continue;
         const float x = ch.logit(s);
-        bool listed = x > -kInf && x < kInf;  // finite (NaN fails too)
-        if (kMode == StatsMode::kSumTopList) listed = listed && x >= t0;
-        else listed = listed && weight(x) >= min_e_cut;
-        if (listed) {
-          listed_mask |= 1u << s;
-          ++listed_here;
-        } else if (x > next) {
-          next = x;  // NaN never compares greater
-        }
+        if (ch.index(s) < len && !(listed_mask & (1u << s)) && x > next) next = x;  // NaN never compares greater
       }
-      int total = 0;
-      const int offset = block_exclusive_scan<BLOCK>(listed_here, scratch, &total);
       next = block_reduce<BLOCK>(next, OpMax(), scratch);
       if (total > kListCap) {
         list_count = -1;
