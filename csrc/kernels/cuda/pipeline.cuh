@@ -63,7 +63,7 @@ constexpr int kSamplePerThread = kSampleChunk / kPassThreads;  // 8
 constexpr int kRowThreads = 128;                           // threads of the per-row kernels
 constexpr int kMergeThreads = 256;                         // filter merge / fallback
 constexpr int kListCap = 512;                              // listed entries per chunk at most
-constexpr int kMergeCap = 4096;                            // entries one unit's merge can hold
+constexpr int kMergeCap = 8192;                            // entries one unit's merge can hold
 constexpr int kListTargetTopP = 64;                        // list depth for top-p without top-k
 constexpr int64_t kTopKFromLists = 128;                    // top-k up to this resolves from lists
 constexpr float kTopPListDepthBits = 14.0f;                // top-p alone: list entries >= 2^-14 max
