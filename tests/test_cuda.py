@@ -18,8 +18,8 @@ What is checked:
   * every error of every op, triggered in a subprocess (a crash fails one test instead of
     killing pytest), raises the CPU op's exception type and message; mixed devices raise a
     ValueError naming the device;
-  * the exact joint-distribution test of spec section 8 for token and block verification on
-    the GPU, and a deliberately broken variant that the same test must reject;
+  * the exact joint-distribution test (stat_utils.py) for token and block verification on the
+    GPU, and a deliberately broken variant that the same test must reject;
   * torch.library.opcheck with CUDA inputs for every op;
   * the graph-safe Philox ops: coins equal to the Python Philox, CUDA-graph captures (verify and
     sample, with filters) replayed with advancing offsets.
@@ -247,7 +247,7 @@ def _broken_skip_residual(target_probs, draft_probs, draft_tokens, *, num_draft_
 @pytest.mark.parametrize("rule", ["token", "block"])
 @pytest.mark.parametrize("cfg", LOSSLESS_CONFIGS, ids=lambda c: "V{}-g{}-s{}".format(*c))
 def test_lossless_joint_on_gpu(cuda, rule, cfg):
-    """Spec §8 on the GPU: the completed gamma+1 tokens follow the target's exact joint, for
+    """The exact distribution test on the GPU: the completed gamma+1 tokens follow the target's exact joint, for
     full and ragged rows, and the mean accepted length matches its exact value."""
     V, gamma, seed = cfg
     tables = su.make_tables(V, gamma, seed)

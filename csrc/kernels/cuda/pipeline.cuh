@@ -9,12 +9,14 @@
 //                       lowest argmax, the chunk's normaliser relative to its own max, and for
 //                       top-k / top-p / min-p a list of its largest entries. A "row unit" is one
 //                       target position (b, i <= n) or draft position (b, i < n).
-//   masked sum          (top-p without top-k) the exact kept mass of every chunk (top-p total);
 //   filter merge        (filters) one block per unit: global max, the top-k / top-p / min-p
-//                       threshold from the chunk lists (exact whenever the lists provably hold
-//                       every entry that matters, else the unit is handed to the fallback);
-//   fallback            (filters) one block per unit that needs it: the thresholds by radix
-//                       select over the whole row (exact, slower);
+//                       threshold from the chunk lists, exact whenever the lists provably hold
+//                       every entry that matters (filters.cuh); otherwise the unit is left
+//                       pending for one of the next three steps;
+//   exact mass + merge  (top-p alone) for units whose approximate kept mass cannot decide the
+//                       top-p group: the exact mass, then the merge again;
+//   fallback            (top-k / top-p) one block per unit the lists could not decide: the
+//                       thresholds by radix select over the whole row (exact, slower);
 //   masked sum          (filters) the normaliser of units whose kept set the lists did not cover;
 //   decide 1            one block per batch row: validates the row (num_draft_tokens,
 //                       draft_tokens), finishes every position's state (max, threshold,
@@ -27,9 +29,11 @@
 //   sample 1 / sample 2 the emitted token: chunk masses of the one distribution that is sampled
 //                       (residual or p), then one block per row finds the chunk and, inside it,
 //                       the token by an exact prefix sum in index order (two-level inverse CDF).
+// Which kernels run depends on the task, rule and sampling settings only (launch.cuh), so a
+// call can be captured in a CUDA graph; a step with nothing to do for a unit exits at once.
 //
-// Rounding, relative to the CPU ops (verification-rules.md section 7 rules hold exactly: a
-// zero-probability token is never accepted or sampled, comparisons are half-open):
+// Rounding, relative to the CPU ops. The numerical rules hold exactly: comparisons are
+// half-open and a zero-probability token is never accepted or sampled.
 //   * exact, bit for bit: every logit threshold (top-k, top-p, min-p), every e = exp((l-max)/T)
 //     that enters a decision, p_i(x_i) and q_i(x_i) given the normaliser, the block weights
 //     w_i, argmax, the top-beta counts, and which tokens have positive weight;
@@ -39,7 +43,7 @@
 //     the inverse CDF) use a fast exp: absolute error below ~1e-6 in probability units;
 //     the second level of the inverse CDF is exact inside the chosen chunk.
 // A decision can therefore differ from the CPU's only when its coin lies within ~1e-6 of the
-// threshold (tests/test_cuda.py checks exactly that).
+// threshold (tests/cuda_agreement.py states the agreement the tests require).
 #pragma once
 
 #include <cstdint>
