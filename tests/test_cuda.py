@@ -37,14 +37,16 @@ import pytest
 import torch
 
 import specdecode
-import stat_utils as su
 from specdecode.reference import VerifyOutput
+
 import op_error_cases
-from stat_utils import _MASK32, philox4x32_10, philox_uniforms  # Python reference of kernels/philox.h
+import stat_utils as su
 from cuda_agreement import RULES, assert_agree, assert_samples_agree, logit_inputs, prob_inputs, to_device
+from stat_utils import _MASK32, philox4x32_10, philox_uniforms  # Python reference of kernels/philox.h
 
 OPS = torch.ops.specdecode
 pytestmark = pytest.mark.cuda
+
 
 @pytest.fixture
 def cuda() -> torch.device:

@@ -125,7 +125,8 @@ std::tuple<at::Tensor, at::Tensor> verify_probs_device(const Backend& backend, c
   problem.params = params;
   const DeviceOutputs out = launch_device(backend, "verify_probs", problem, target, draft, draft_tokens.contiguous(),
                                           num_draft_tokens.contiguous(), coins, {d.batch, d.gamma + 1});
-  if (!coins.philox() || !backend.capturing()) raise_device_statuses("verify_probs", out.status, "target_probs", "draft_probs");
+  if (!coins.philox() || !backend.capturing())
+    raise_device_statuses("verify_probs", out.status, "target_probs", "draft_probs");
   return {out.tokens, out.accepted_len};
 }
 

@@ -61,9 +61,7 @@ namespace cuda {
 constexpr int kPassThreads = 256;                          // threads of every per-chunk kernel
 constexpr int kPassMinBlocks = 3;                          // resident blocks per SM they are compiled for
 constexpr int kChunk = 8192;                               // entries per chunk (stats, passes)
-constexpr int kPerThread = kChunk / kPassThreads;          // 32 entries per thread
 constexpr int kSampleChunk = 2048;                         // entries per chunk (sampling)
-constexpr int kSamplePerThread = kSampleChunk / kPassThreads;  // 8
 constexpr int kRowThreads = 128;                           // threads of the per-row kernels
 constexpr int kMergeThreads = 256;                         // filter merge / fallback
 constexpr int kListCap = 512;                              // listed entries per chunk at most
@@ -251,8 +249,10 @@ __device__ __forceinline__ double logit_residual(const PosState& sp, const PosSt
                                                  float lp, float lq) {
   if (sp.status != kOk || sq.status != kOk) return 0.0;
   const double wp_norm = __dmul_rn(w, sp.inv_norm);
-  const double p = lp >= sp.keep ? __dmul_rn(static_cast<double>(scaled_exp(lp, sp.max_logit, inv_temp)), wp_norm) : 0.0;
-  const double q = lq >= sq.keep ? __dmul_rn(static_cast<double>(scaled_exp(lq, sq.max_logit, inv_temp)), sq.inv_norm) : 0.0;
+  const double ep = static_cast<double>(scaled_exp(lp, sp.max_logit, inv_temp));
+  const double eq = static_cast<double>(scaled_exp(lq, sq.max_logit, inv_temp));
+  const double p = lp >= sp.keep ? __dmul_rn(ep, wp_norm) : 0.0;
+  const double q = lq >= sq.keep ? __dmul_rn(eq, sq.inv_norm) : 0.0;
   const double r = __dsub_rn(p, q);
   return r > 0.0 ? r : 0.0;
 }
@@ -315,8 +315,10 @@ __device__ __forceinline__ double approx_row_mass(const Args<T>& a, int64_t unit
   double total = 0.0;
   for (int64_t c = 0; c < a.chunks; ++c) {
     const ChunkStats st = stats[c];
-    if (st.max > -float_inf())
-      total += st.sum * exp((static_cast<double>(st.max) - static_cast<double>(max_logit)) * static_cast<double>(a.logit.inv_temp));
+    if (st.max > -float_inf()) {
+      const double shift = (static_cast<double>(st.max) - static_cast<double>(max_logit)) * a.logit.inv_temp;
+      total += st.sum * exp(shift);
+    }
   }
   return total;
 }
