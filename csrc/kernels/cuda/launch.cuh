@@ -39,11 +39,18 @@ struct PipelinePlan {
 
 inline bool rule_reads_draft(Rule rule) { return rule == Rule::kToken || rule == Rule::kBlock; }
 
-inline bool problem_is_valid(const VerifyProblem& p) {
+// Sizes and settings (what the scratch size depends on).
+inline bool shape_is_valid(const VerifyProblem& p) {
   if (p.batch < 0 || p.vocab < 1 || p.batch > (int64_t{1} << 40) || p.vocab > (int64_t{1} << 40)) return false;
   if (p.task == Task::kSampleLogits ? p.gamma != 0 : p.gamma < 1) return false;
   if (p.task == Task::kSampleLogits && !p.greedy && !(p.sampling.temperature > 0.0)) return false;
   if (p.task == Task::kVerifyLogits && p.rule != Rule::kGreedy && !(p.sampling.temperature > 0.0)) return false;
+  return true;
+}
+
+// Sizes, settings and pointers.
+inline bool problem_is_valid(const VerifyProblem& p) {
+  if (!shape_is_valid(p)) return false;
   if (p.batch == 0) return true;  // nothing is launched (empty tensors may have null data)
   if (p.target == nullptr || p.out_tokens == nullptr || p.out_status == nullptr) return false;
   if (p.coins.uniforms == nullptr && (p.coins.philox_seed == nullptr || p.coins.philox_offset == nullptr)) return false;

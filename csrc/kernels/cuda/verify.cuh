@@ -77,7 +77,8 @@ struct VerifyProblem {
   int32_t* out_status = nullptr;
 };
 
-// Device scratch the call needs, in bytes (0 when B = 0). Pure host arithmetic.
+// Device scratch the call needs, in bytes (0 when B = 0). Pure host arithmetic on the sizes,
+// task, rule and sampling settings (the pointers need not be set yet).
 size_t verify_scratch_bytes(const VerifyProblem& problem);
 
 // Launches the kernels on `stream`. Returns cudaSuccess, the first launch error, or

@@ -14,7 +14,7 @@ extern template cudaError_t run_pipeline<__nv_bfloat16>(const VerifyProblem&, vo
 extern template cudaError_t run_pipeline<double>(const VerifyProblem&, void*, size_t, cudaStream_t);
 
 size_t verify_scratch_bytes(const VerifyProblem& problem) {
-  if (!problem_is_valid(problem) || problem.batch == 0) return 0;
+  if (!shape_is_valid(problem) || problem.batch == 0) return 0;
   return plan_pipeline(problem).bytes;
 }
 
