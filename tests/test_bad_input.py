@@ -1,4 +1,4 @@
-"""Bad input (spec §7). Through the public API every mistake raises ValueError or TypeError
+"""Bad input (docs/verification.md §7). Through the public API every mistake raises ValueError or TypeError
 whose message names the offending argument; called directly, ``torch.ops.specdecode.*`` raise
 (ValueError / TypeError / RuntimeError) and never crash the process (some direct calls run in a
 subprocess to prove there is no segfault).
@@ -120,7 +120,7 @@ PROB_CASES = [
 
 @pytest.mark.parametrize("make,options,exc,match", [c[1:] for c in PROB_CASES], ids=[c[0] for c in PROB_CASES])
 def test_verify_rejects_bad_input(make, options, exc, match):
-    """specdecode.verify raises ValueError / TypeError naming the argument (spec §7)."""
+    """specdecode.verify raises ValueError / TypeError naming the argument (docs/verification.md §7)."""
     with pytest.raises(exc, match=match):
         _call(make(_valid()), **options)
 

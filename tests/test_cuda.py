@@ -18,8 +18,8 @@ What is checked:
   * every error of every op, triggered in a subprocess (a crash fails one test instead of
     killing pytest), raises the CPU op's exception type and message; mixed devices raise a
     ValueError naming the device;
-  * the exact joint-distribution test (stat_utils.py) for token and block verification on the
-    GPU, and a deliberately broken variant that the same test must reject;
+  * the exact joint-distribution test of docs/verification.md section 8 for token and block
+    verification on the GPU, and a deliberately broken variant that the same test must reject;
   * torch.library.opcheck with CUDA inputs for every op;
   * the graph-safe Philox ops: coins equal to the Python Philox, CUDA-graph captures (verify and
     sample, with filters) replayed with advancing offsets.

@@ -9,10 +9,9 @@ import pytest
 import torch
 from test_generate_models import ARCHS, PAD, _one_thread, left_padded, make_pair  # noqa: F401
 
-import specdecode.generation.loop as loop
-from specdecode.generation.hf import custom_generate
-from specdecode.generation.loop import generate
-from specdecode.generation.stats import SpeculativeStats
+import specdecode.engine.batch as batch_layout
+from specdecode import custom_generate, generate
+from specdecode.engine import SpeculativeStats
 
 MAX_NEW = 20
 
@@ -77,8 +76,8 @@ def test_greedy_draft_equal_to_target_accepts_everything(arch):
 
 @pytest.mark.parametrize("arch", ["llama", "opt"])
 def test_greedy_with_repacking_every_step(arch, monkeypatch):
-    monkeypatch.setattr(loop, "_REPACK_MIN_WASTE", 1)
-    monkeypatch.setattr(loop, "_REPACK_MIN_FRACTION", 0.0)
+    monkeypatch.setattr(batch_layout, "REPACK_MIN_WASTE", 1)
+    monkeypatch.setattr(batch_layout, "REPACK_MIN_FRACTION", 0.0)
     target, draft = make_pair(arch)
     ids, mask = left_padded([3, 9, 5, 1, 7], seed=3)
     out = ours(target, draft, ids, mask, num_draft_tokens=4, rule="token", max_new_tokens=24)
@@ -100,7 +99,7 @@ def test_greedy_with_draft_schedules(schedule):
 
 
 def test_heuristic_schedule_rule():
-    from specdecode.generation.schedules import HeuristicSchedule
+    from specdecode.engine.schedules import HeuristicSchedule
 
     s = HeuristicSchedule(3, max_num_draft_tokens=6)
     stats = SpeculativeStats()
@@ -116,7 +115,7 @@ def test_heuristic_schedule_rule():
 
 def test_optimal_schedule_uses_leviathan_formula():
     from specdecode.analysis import optimal_num_draft_tokens
-    from specdecode.generation.schedules import OptimalSchedule
+    from specdecode.engine.schedules import OptimalSchedule
 
     s = OptimalSchedule(4, max_num_draft_tokens=20)
     stats = SpeculativeStats(accepted_tokens=798, rejections=200, draft_calls=101, draft_time=1.0 + 0.5,

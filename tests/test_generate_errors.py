@@ -6,8 +6,7 @@ import pytest
 import torch
 from test_generate_models import PAD, _one_thread, left_padded, make_model, make_pair  # noqa: F401
 
-from specdecode.generation.hf import check_compatibility, custom_generate
-from specdecode.generation.loop import generate
+from specdecode import check_compatibility, custom_generate, generate
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +60,7 @@ def test_tokenizer_larger_than_the_shared_vocabulary_is_refused(pair):
 
 def test_incompatible_vocabularies_are_refused():
     target = make_model("llama", vocab=128)
-    with pytest.raises(ValueError, match="vocabulary sizes differ"):
+    with pytest.raises(ValueError, match="vocabulary sizes differ"), pytest.warns(UserWarning, match="swapped"):
         check_compatibility(target, make_model("llama", vocab=1000, layers=1))
     other_eos = make_model("llama", vocab=128, layers=1)
     other_eos.config.eos_token_id = 5
@@ -146,8 +145,12 @@ def test_num_draft_tokens_must_be_at_least_one(pair, value):
 def test_unknown_rule_and_rule_options_are_refused(pair):
     with pytest.raises(ValueError, match="unknown rule 'nope'"):
         run(pair, rule="nope")
-    with pytest.raises(TypeError, match="unexpected option"):
+    with pytest.raises(TypeError, match="unexpected keyword argument 'bogus'"):
         run(pair, rule="typical", bogus=1)
+    with pytest.raises(TypeError, match="'max_new_token'; did you mean 'max_new_tokens'"):
+        run(pair, max_new_token=8)
+    with pytest.raises(TypeError, match="did you mean 'epsilon'"):
+        run(pair, rule="typical", epsilom=0.1)
 
 
 def test_bad_sampling_settings_are_refused(pair):
@@ -186,3 +189,14 @@ def test_sliding_window_overflow_is_refused():
     with pytest.raises(ValueError, match="sliding window"):
         generate(target, draft, ids, mask, max_new_tokens=12)
     assert generate(target, draft, ids, mask, max_new_tokens=10).sequences.shape == (2, 16)
+
+
+def test_draft_larger_than_target_gets_a_warning(pair):
+    target, draft = pair
+    with pytest.warns(UserWarning, match="more parameters"):
+        check_compatibility(draft, target)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        check_compatibility(target, draft)  # the right order: silent

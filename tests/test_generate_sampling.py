@@ -13,9 +13,9 @@ import torch
 from scipy import stats as scipy_stats
 from test_generate_models import PAD, _one_thread, make_pair  # noqa: F401
 
-import specdecode.generation.loop as loop
-from specdecode.generation.hf import custom_generate
-from specdecode.generation.loop import generate
+import specdecode.engine.batch as batch_layout
+import specdecode.engine.loop as engine_loop
+from specdecode import ModelDrafter, custom_generate, generate
 from specdecode.reference import process_logits
 
 V = 8
@@ -118,10 +118,47 @@ def test_plugin_sampling_with_processors_is_lossless(pair):
     assert chi_square_p(seq[:, len(PROMPT):], joint) > PASS_P
 
 
+class GreedyClaimingQDrafter(ModelDrafter):
+    """Broken: proposes the draft's argmax but hands over the logits as if it had sampled."""
+
+    def propose(self, state, num_tokens):
+        proposal = super().propose(state, num_tokens)
+        proposal.draft_tokens = proposal.draft_logits.argmax(-1)
+        return proposal
+
+
+def _break_rollback(monkeypatch):
+    """Broken: rejected drafts stay visible to their rows (no holes)."""
+    original = batch_layout.BatchState.advance
+
+    def advance(self, accepted_len, next_tokens, num_draft, max_accepted):
+        return original(self, torch.full_like(accepted_len, max_accepted), next_tokens, 0, max_accepted)
+
+    monkeypatch.setattr(batch_layout.BatchState, "advance", advance)
+
+
+def _break_bonus_position(monkeypatch):
+    """Broken: the bonus token is drawn from p_gamma instead of p_{gamma+1}."""
+    original = engine_loop.SpeculativeEngine._score
+
+    def score(self, draft_tokens):
+        logits = original(self, draft_tokens)
+        if logits.shape[1] > 1:
+            logits = torch.cat([logits[:, :-1], logits[:, -2:-1]], 1)
+        return logits
+
+    monkeypatch.setattr(engine_loop.SpeculativeEngine, "_score", score)
+
+
 @pytest.mark.parametrize("broken", ["no_rollback", "bonus_position", "greedy_draft"])
 def test_broken_loops_fail_the_same_test(pair, broken, monkeypatch):
     target, draft = pair
     joint = exact_joint(target, PROMPT)
-    monkeypatch.setattr(loop, "_DEBUG_BREAK", broken)
+    if broken == "no_rollback":
+        _break_rollback(monkeypatch)
+    elif broken == "bonus_position":
+        _break_bonus_position(monkeypatch)
+    else:
+        draft = GreedyClaimingQDrafter(draft)
     out = sample_standalone(target, draft, "token")
     assert chi_square_p(out.sequences[:, len(PROMPT):], joint) < FAIL_P

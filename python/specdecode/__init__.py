@@ -17,21 +17,38 @@ from specdecode.analysis import (
     expected_tokens_per_call,
     optimal_num_draft_tokens,
 )
-from specdecode.generation.hf import check_compatibility, custom_generate
-from specdecode.generation.loop import SpeculativeOutput, generate
-from specdecode.generation.schedules import DraftSchedule
-from specdecode.generation.stats import SpeculativeStats
+from specdecode.drafters import Drafter, LayerSkipDrafter, ModelDrafter, Proposal
+from specdecode.engine import DraftSchedule, SpeculativeStats
+from specdecode.integrations.hf import SpeculativeOutput, check_compatibility, custom_generate, generate
 from specdecode.reference import VerifyOutput
 from specdecode.rules import RuleInfo, list_rules, register_rule, unregister_rule
+from specdecode.sampling import SamplingParams
+from specdecode.trees import TokenTree, tree_attention_mask, verify_tree
 from specdecode.verify import verify, verify_logits
 
 __version__ = "0.1.0"
 
+
+def load_demo_pair(*args, **kwargs):  # noqa: ANN002, ANN003 - same signature as the demo's
+    """``(target, draft, tokenizer)``: the embedded trained demo pair
+    (:func:`specdecode.demo.load_demo_pair`; imported lazily, it loads transformers)."""
+    from specdecode.demo import load_demo_pair as load
+
+    return load(*args, **kwargs)
+
+
 __all__ = [
     "DraftSchedule",
+    "Drafter",
+    "LayerSkipDrafter",
+    "ModelDrafter",
+    "Proposal",
+    "SamplingParams",
+    "load_demo_pair",
     "RuleInfo",
     "SpeculativeOutput",
     "SpeculativeStats",
+    "TokenTree",
     "check_compatibility",
     "custom_generate",
     "generate",
@@ -43,7 +60,9 @@ __all__ = [
     "list_rules",
     "optimal_num_draft_tokens",
     "register_rule",
+    "tree_attention_mask",
     "unregister_rule",
     "verify",
     "verify_logits",
+    "verify_tree",
 ]

@@ -7,7 +7,7 @@ from typing import Any
 import torch
 
 try:
-    from specdecode import _C  # noqa: F401  (importing registers the ops)
+    import specdecode._C as _C  # noqa: F401  (importing registers the ops)
 except ImportError as exc:  # pragma: no cover - exercised only on a broken install
     raise ImportError(
         "specdecode: the compiled extension specdecode._C could not be loaded "

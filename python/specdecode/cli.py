@@ -4,6 +4,7 @@
     python -m specdecode demo --rule block --gamma 6 --temperature 1 --prompt "def parse("
     python -m specdecode demo --target PATH --draft PATH   # any local Hugging Face pair
     python -m specdecode bench [--quick] [--plot]   # see specdecode.bench_generate
+    python -m specdecode bench --trees [--quick]    # token trees vs chains, see specdecode.bench_trees
     python -m specdecode info                       # what was built
 """
 
@@ -98,6 +99,11 @@ def main(argv: list[str] | None = None) -> None:
     sub.add_parser("info", help="what was built")
     args, rest = parser.parse_known_args(argv)
     if args.command == "bench":
+        if "--trees" in rest:
+            from specdecode.bench_trees import main as trees_main
+
+            trees_main([a for a in rest if a != "--trees"], prog="python -m specdecode bench --trees")
+            return
         from specdecode.bench_generate import main as bench_main
 
         bench_main(rest, prog="python -m specdecode bench")

@@ -16,6 +16,7 @@ A user rule is then accepted by name everywhere a rule is: ``verify``, ``verify_
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -110,6 +111,11 @@ def list_rules() -> list[RuleInfo]:
     return list(_BUILTIN_RULES.values()) + list(_USER_RULES.values())
 
 
+def is_chain_rule(name: str) -> bool:
+    """Whether ``name`` is a registered chain rule (built-in or user)."""
+    return name in _BUILTIN_RULES or name in _USER_RULES
+
+
 def get_rule(name: str) -> RuleInfo:
     """The registry entry for ``name``; ``ValueError`` listing the known rules otherwise."""
     if not isinstance(name, str):
@@ -119,6 +125,27 @@ def get_rule(name: str) -> RuleInfo:
         known = ", ".join(r.name for r in list_rules())
         raise ValueError(f"rule: unknown rule {name!r}; known rules: {known}")
     return info
+
+
+_RULE_CALL_ARGUMENTS = {"target_probs", "draft_probs", "draft_tokens", "num_draft_tokens", "uniforms"}
+
+
+def rule_option_names(info: RuleInfo) -> frozenset[str] | None:
+    """The option names a rule declares: a built-in rule's documented options; a user rule's
+    extra keyword parameters (None when its function takes ``**kwargs``: anything goes)."""
+    if info.builtin:
+        return frozenset(info.options)
+    try:
+        parameters = inspect.signature(info.fn).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    names = set()
+    for p in parameters:
+        if p.kind is inspect.Parameter.VAR_KEYWORD:
+            return None
+        if p.kind in (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD):
+            names.add(p.name)
+    return frozenset(names - _RULE_CALL_ARGUMENTS)
 
 
 def builtin_rule_params(info: RuleInfo, options: dict[str, Any]) -> list[float]:

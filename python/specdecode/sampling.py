@@ -148,3 +148,21 @@ def sample_logits(logits: Tensor, sampling: SamplingParams, *, generator: torch.
             raise ValueError(f"uniforms: expected device {logits.device}, got {uniforms.device}")
         uniforms = uniforms.to(torch.float64)
     return ops.sample_logits(logits, uniforms, *sampling.op_args())
+
+
+def processed_probs(logits: Tensor, sampling: SamplingParams) -> Tensor:
+    """The processed distribution of every logit row, as the compiled ops compute it.
+
+    Shape:
+        logits: ``[B, V]`` float32 / float16 / bfloat16 / float64.
+        returns: ``[B, V]`` float64, rows summing to 1 (one-hot on the argmax when greedy).
+
+    These are exactly the weights :func:`sample_logits` draws from and the verification ops
+    read as ``p`` / ``q``; use them for draws no kernel covers (children drawn without
+    replacement for a token tree) so that the drafted law stays the verified one.
+    """
+    if not isinstance(logits, Tensor):
+        raise TypeError(f"logits: expected a torch.Tensor of shape [B, V], got {type(logits).__name__}")
+    if not isinstance(sampling, SamplingParams):
+        raise TypeError(f"sampling: expected a SamplingParams, got {type(sampling).__name__}")
+    return ops.processed_probs(logits, *sampling.op_args())

@@ -12,6 +12,7 @@ from specdecode import reference
 from specdecode._ops import ops
 from specdecode.reference import VerifyOutput
 from specdecode.rules import RuleInfo, builtin_rule_params, get_rule
+from specdecode.sampling import SamplingParams, as_sampling_params
 
 _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 # How far a probability row may sum from 1 before verify() calls it bad input.
@@ -241,30 +242,16 @@ def verify(
     return VerifyOutput(tokens, accepted_len)
 
 
-def _check_sampling(temperature: float, top_k: int, top_p: float, min_p: float) -> None:
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
-        raise TypeError(f"temperature: expected a float, got {type(temperature).__name__}")
-    if not (0.0 <= float(temperature) < float("inf")):
-        raise ValueError(f"temperature: expected a finite value >= 0 (0 = greedy), got {temperature}")
-    if isinstance(top_k, bool) or not isinstance(top_k, int):
-        raise TypeError(f"top_k: expected an int (0 = off), got {type(top_k).__name__}")
-    if top_k < 0:
-        raise ValueError(f"top_k: expected >= 0 (0 = off), got {top_k}")
-    if not (0.0 < float(top_p) <= 1.0):
-        raise ValueError(f"top_p: expected a value in (0, 1] (1 = off), got {top_p}")
-    if not (0.0 <= float(min_p) <= 1.0):
-        raise ValueError(f"min_p: expected a value in [0, 1] (0 = off), got {min_p}")
-
-
 def verify_logits(
     target_logits: Tensor,
     draft_logits: Tensor | None,
     draft_tokens: Tensor,
     *,
-    temperature: float = 1.0,
-    top_k: int = 0,
-    top_p: float = 1.0,
-    min_p: float = 0.0,
+    temperature: float | None = None,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    min_p: float | None = None,
+    sampling: SamplingParams | None = None,
     rule: str = "token",
     num_draft_tokens: Tensor | None = None,
     generator: torch.Generator | None = None,
@@ -275,8 +262,9 @@ def verify_logits(
 ) -> VerifyOutput:
     """Verify from raw logits, applying standardized sampling inside the compiled op.
 
-    The same temperature, top-k, top-p and min-p are applied to target and draft logits (in
-    that order, see :func:`specdecode.reference.process_logits`), each logit row is read once,
+    The same temperature, top-k, top-p and min-p (given one by one, or together as
+    ``sampling=SamplingParams(...)``; defaults: temperature 1, no filters) are applied to
+    target and draft logits (in that order, see :mod:`specdecode.sampling`), each logit row is read once,
     and rows after the first rejection are not read by token verification. ``temperature=0``
     is greedy decoding: every built-in rule becomes the greedy rule. A drafted token that the
     draft's processed distribution gives probability 0 (only possible if it was drafted with
@@ -293,10 +281,10 @@ def verify_logits(
     :func:`specdecode.reference.verify_logits_reference` except where a coin lies within about
     1e-6 (relative) of a decision boundary.
     """
-    _check_sampling(temperature, top_k, top_p, min_p)
+    sampling = as_sampling_params(sampling, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
     info = get_rule(rule)
     params = builtin_rule_params(info, rule_options) if info.builtin else []
-    if float(temperature) == 0.0 and info.builtin:
+    if sampling.is_greedy and info.builtin:
         info, params = get_rule("greedy"), []
     philox = _philox_pair(philox_seed, philox_offset)
     num_draft_tokens, uniforms = _prepare_common(
@@ -305,19 +293,18 @@ def verify_logits(
     )
     B, gamma = draft_tokens.shape
     if not info.builtin:
-        target_probs = reference.process_logits(target_logits, temperature, top_k, top_p, min_p).to(target_logits.dtype)
+        target_probs = reference.process_logits(target_logits, *sampling.op_args()).to(target_logits.dtype)
         draft_probs = None
         if draft_logits is not None:
-            draft_probs = reference.process_logits(draft_logits, temperature, top_k, top_p, min_p).to(draft_logits.dtype)
+            draft_probs = reference.process_logits(draft_logits, *sampling.op_args()).to(draft_logits.dtype)
         result = info.fn(target_probs, draft_probs, draft_tokens, num_draft_tokens=num_draft_tokens,
                          uniforms=uniforms, **rule_options)
         return _as_verify_output(result, B, gamma, rule)
     draft = draft_logits if info.needs_draft_probs else None
-    sampling = (float(temperature), int(top_k), float(top_p), float(min_p))
     if philox is not None:
         tokens, accepted_len = ops.verify_logits_philox(
-            target_logits, draft, draft_tokens, num_draft_tokens, *philox, *sampling, info.name, params)
+            target_logits, draft, draft_tokens, num_draft_tokens, *philox, *sampling.op_args(), info.name, params)
     else:
         tokens, accepted_len = ops.verify_logits(
-            target_logits, draft, draft_tokens, num_draft_tokens, uniforms, *sampling, info.name, params)
+            target_logits, draft, draft_tokens, num_draft_tokens, uniforms, *sampling.op_args(), info.name, params)
     return VerifyOutput(tokens, accepted_len)

@@ -2,10 +2,26 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import torch
+
 from specdecode.analysis import expected_speedup, expected_tokens_per_call
+
+
+class Clock:
+    """``perf_counter`` after synchronising the CUDA devices in use, so that phases are timed,
+    not merely launched."""
+
+    def __init__(self, *devices: torch.device) -> None:
+        self.cuda = sorted({d for d in devices if d.type == "cuda"}, key=str)
+
+    def __call__(self) -> float:
+        for d in self.cuda:
+            torch.cuda.synchronize(d)
+        return time.perf_counter()
 
 
 def _ratio(num: float, den: float) -> float:
@@ -38,6 +54,7 @@ class SpeculativeStats:
     """
 
     rule: str = "token"
+    drafter: str = "model"
     batch_size: int = 0
     draft_schedule: str = "constant"
     steps: int = 0
@@ -50,6 +67,9 @@ class SpeculativeStats:
     rejections: int = 0
     new_tokens: int = 0
     repacks: int = 0
+    tree_rule: str = ""
+    rank_tried: list[int] = field(default_factory=list)
+    rank_accepted: list[int] = field(default_factory=list)
     position_drafted: list[int] = field(default_factory=list)
     position_accepted: list[int] = field(default_factory=list)
     num_draft_tokens_history: list[int] = field(default_factory=list)
@@ -72,6 +92,13 @@ class SpeculativeStats:
     def acceptance_rate_per_position(self) -> list[float]:
         """P(draft position i accepted | it was verified), i = 0..max gamma - 1."""
         return [_ratio(a, d) for a, d in zip(self.position_accepted, self.position_drafted)]
+
+    @property
+    def acceptance_by_rank(self) -> list[float]:
+        """Token trees: P(the rank-r child of a node is accepted | the walk tried it), r = 0, 1, ...
+        (rank = drafting order among siblings). Feed it to :func:`specdecode.trees.sequoia_shape`
+        through :func:`specdecode.trees.acceptance_from_conditional`."""
+        return [_ratio(a, t) for a, t in zip(self.rank_accepted, self.rank_tried)]
 
     @property
     def alpha(self) -> float:
@@ -143,7 +170,7 @@ class SpeculativeStats:
         """Every counter and every derived value, as plain Python types."""
         data = asdict(self)
         for name in (
-            "acceptance_rate", "acceptance_rate_per_position", "alpha", "mean_accepted_length",
+            "acceptance_rate", "acceptance_rate_per_position", "acceptance_by_rank", "alpha", "mean_accepted_length",
             "block_efficiency", "mean_num_draft_tokens", "draft_time_per_call", "target_time_per_call",
             "cost_ratio", "tokens_per_second", "predicted_speedup", "predicted_tokens_per_call", "other_time",
         ):
@@ -158,7 +185,7 @@ class SpeculativeStats:
 
         per_pos = " ".join(f"{r:.2f}" for r in self.acceptance_rate_per_position) or "-"
         lines = [
-            f"SpeculativeStats  rule={self.rule}  batch={self.batch_size}  schedule={self.draft_schedule}",
+            f"SpeculativeStats  rule={self.rule}  drafter={self.drafter}  batch={self.batch_size}  schedule={self.draft_schedule}",
             f"  new tokens            {self.new_tokens}   ({self.tokens_per_second:.1f} tok/s)",
             f"  steps / row-steps     {self.steps} / {self.row_steps}",
             f"  target calls          {self.target_calls}  (prefill {self.target_prefill_calls})",

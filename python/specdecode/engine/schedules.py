@@ -27,7 +27,7 @@ import torch
 from specdecode.analysis import optimal_num_draft_tokens
 
 if TYPE_CHECKING:
-    from specdecode.generation.stats import SpeculativeStats
+    from specdecode.engine.stats import SpeculativeStats
 
 SCHEDULES = ("constant", "heuristic", "optimal")
 DEFAULT_MAX_NUM_DRAFT_TOKENS = 32
@@ -87,7 +87,7 @@ class HeuristicSchedule(DraftSchedule):
 
 
 class OptimalSchedule(DraftSchedule):
-    """Leviathan-optimal gamma from running estimates of alpha and c (spec §9)."""
+    """Leviathan-optimal gamma from running estimates of alpha and c (docs/verification.md §9)."""
 
     name = "optimal"
 

@@ -1,0 +1,270 @@
+"""The drafter protocol: how the engine asks for guesses and tells what was accepted.
+
+A drafter proposes draft tokens for every active row of the batch; the engine scores them with
+the target in one forward pass, verifies them with a rule, and then tells the drafter what was
+kept, so it can roll its own state (a KV cache, an n-gram index, text) forward or back. The
+engine knows drafters only through this module.
+
+Three objects cross the boundary:
+
+- :class:`DraftState` (engine -> drafter, read-only): the batch as the drafter may see it: the
+  column layout shared with the target's KV cache (token ids, attention mask and position ids
+  per column; the last committed column holds each row's *pending* token, the one the next
+  target forward starts from), every row's real context, the sampling settings, randomness,
+  and the Hugging Face logits processors to apply to draft logits.
+- :class:`Proposal` (drafter -> engine): ``k`` draft tokens per row and the logits each was
+  sampled from, or ``None`` for a deterministic proposal (a point mass: verification then uses
+  a one-hot ``q``, which keeps sampling lossless).
+- :class:`CommitUpdate` (engine -> drafter): per row how many drafts were accepted, how many
+  columns are now committed, which rows continue, and how the committed columns moved when the
+  engine re-packed the batch.
+
+Write your own drafter by implementing :class:`Drafter` (see ``tests/test_drafters.py`` for a
+tiny one written in the test file).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+import torch
+from torch import Tensor
+
+from specdecode.sampling import SamplingParams
+
+if TYPE_CHECKING:  # pragma: no cover
+    from specdecode.trees import TokenTree
+
+
+@runtime_checkable
+class DraftState(Protocol):
+    """What a drafter may read at one step. Rows are the *active* rows (finished rows have left
+    the batch); ``row_ids`` maps them to the caller's batch.
+
+    Shape:
+        tokens, attention_mask, positions: ``[b, >= num_columns]`` int64 — the column buffers;
+            columns ``[0, num_columns)`` are committed, column ``num_columns - 1`` holds the
+            pending token (never in any cache yet). ``attention_mask`` is 1 for a real token,
+            0 for left padding or a hole left by a rejected draft; ``positions`` count real
+            tokens only.
+        row_ids: ``[b]`` int64 — each active row's index in the caller's batch.
+    """
+
+    @property
+    def tokens(self) -> Tensor: ...
+
+    @property
+    def attention_mask(self) -> Tensor: ...
+
+    @property
+    def positions(self) -> Tensor: ...
+
+    @property
+    def num_columns(self) -> int: ...
+
+    @property
+    def has_holes(self) -> bool: ...
+
+    @property
+    def row_ids(self) -> Tensor: ...
+
+    @property
+    def batch_size(self) -> int: ...
+
+    @property
+    def vocab_size(self) -> int: ...
+
+    @property
+    def device(self) -> torch.device: ...
+
+    @property
+    def sampling(self) -> SamplingParams: ...
+
+    @property
+    def generator(self) -> torch.Generator | None: ...
+
+    def contexts(self) -> list[Tensor]:
+        """Every active row's real tokens so far (prompt without padding, then every emitted
+        token, the pending one last), as 1-D int64 tensors."""
+        ...
+
+    def uniforms(self, *shape: int) -> Tensor:
+        """Fresh float64 coins in [0, 1) from the generation's generator, on ``device``."""
+        ...
+
+    def process_draft_logits(self, logits: Tensor, drafted: Tensor) -> Tensor:
+        """Apply the generation's Hugging Face logits processors to draft logits.
+
+        Shape:
+            logits: ``[b, V]`` float32 at draft position ``i``; drafted: ``[b, i]`` the tokens
+            drafted before it in this step. Returns ``[b, V]`` (``logits`` itself without
+            processors).
+        """
+        ...
+
+    def clock(self) -> float:
+        """Seconds (after synchronising the devices in use), for the drafter's own timings."""
+        ...
+
+
+@dataclass
+class Proposal:
+    """What a drafter proposes for one step.
+
+    Shape:
+        draft_tokens: ``[b, k]`` int64 — ``x_1..x_k`` per row, on the state's device.
+        draft_logits: ``[b, k, V]`` float — the logits ``x_i`` was sampled from, *after* the
+            Hugging Face processors and before the sampling settings (verification applies
+            temperature / top-k / top-p / min-p itself, exactly as
+            :func:`specdecode.sampling.sample_logits` did); ``None`` when the proposal is a
+            deterministic function of the context (n-grams, re-encoded text, argmax drafts
+            at temperature 0).
+        num_draft_tokens: ``[b]`` int64 or None — row ``b`` proposes only its first
+            ``num_draft_tokens[b]`` tokens (0..k); None means k for every row.
+        tree: a :class:`~specdecode.trees.TokenTree` or None — a tree proposal (node 0 is the
+            pending token); then ``draft_tokens`` are the tree's tokens ``[b, N]`` and
+            ``draft_logits`` ``[b, N, V]`` give, per node, the distribution its children were
+            drawn from.
+
+    ``children`` (trees only) says how each node's children were drafted:
+    ``"deterministic"`` (a function of the context), ``"iid"`` (i.i.d. draws from ``q``) or
+    ``"without_replacement"``; it decides which tree rule verifies the tree losslessly.
+    ``forward_calls`` counts the drafter's model forward passes for this proposal and
+    ``prefill_seconds`` the part of its time spent on prefilling (both feed the statistics).
+    """
+
+    draft_tokens: Tensor
+    draft_logits: Tensor | None = None
+    num_draft_tokens: Tensor | None = None
+    tree: TokenTree | None = None
+    children: str | None = None
+    forward_calls: int = 0
+    prefill_seconds: float = 0.0
+
+    @property
+    def is_deterministic(self) -> bool:
+        """True when the tokens are not samples (no draft distribution to verify against)."""
+        return self.draft_logits is None
+
+    @property
+    def num_tokens(self) -> int:
+        """``k``: draft tokens per row (tree: nodes per row, root included)."""
+        return int(self.draft_tokens.shape[1])
+
+
+@dataclass
+class CommitUpdate:
+    """What verification kept at one step, for the drafter to roll its state.
+
+    Shape:
+        accepted_len: ``[b]`` int64 — accepted drafts per row of the step (before any row left).
+        kept_rows: ``[b']`` int64 or None — the rows that continue, in their new order (None:
+            every row continues).
+        column_order: ``[b', num_columns]`` int64 or None — set when the engine re-packed the
+            batch after this step: committed column ``j`` of row ``r`` now holds what column
+            ``column_order[r, j]`` held (rows already reduced to ``kept_rows``).
+        accepted_nodes: ``[b, D+1]`` int64 or None — tree steps: the node indices of each
+            row's accepted path (root first, -1 padded).
+
+    ``num_columns`` is the number of committed columns after the step *before* any re-pack;
+    the last of them holds each row's new pending token. Columns before ``num_columns - 1``
+    that a drafter computed for its own proposal stay valid (the engine masks the rejected
+    ones as holes); anything a drafter cached at or beyond ``num_columns - 1`` is stale.
+    """
+
+    accepted_len: Tensor
+    num_columns: int
+    kept_rows: Tensor | None = None
+    column_order: Tensor | None = None
+    accepted_nodes: Tensor | None = None
+
+
+@runtime_checkable
+class Drafter(Protocol):
+    """Proposes draft tokens. ``reset`` starts a new generation (and ends one); ``propose`` is
+    called once per step with the number of draft tokens wanted (a drafter may propose fewer,
+    per row, through ``Proposal.num_draft_tokens``, or a shorter ``k``); ``commit`` follows
+    every step, and every re-pack of the batch.
+
+    Optional attributes the engine reads when present: ``name`` (str, for statistics),
+    ``device`` (a ``torch.device`` the drafter computes on, synchronised for timings) and
+    ``max_columns`` (int: the drafter cannot attend over more cache columns, e.g. a draft
+    model's sliding window).
+    """
+
+    def reset(self) -> None: ...
+
+    def propose(self, state: DraftState, num_tokens: int) -> Proposal: ...
+
+    def commit(self, update: CommitUpdate) -> None: ...
+
+
+class DrafterBase:
+    """Convenience base for drafters: no-op ``reset`` / ``commit`` and the checks the engine
+    runs on every proposal (:meth:`check_proposal`). Subclasses implement ``propose``."""
+
+    #: Shown in statistics and benchmark tables.
+    name: str = "drafter"
+    #: Most cache columns the drafter can attend over (a sliding window), or None.
+    max_columns: int | None = None
+
+    def reset(self) -> None:  # noqa: D102
+        return None
+
+    def commit(self, update: CommitUpdate) -> None:  # noqa: D102
+        return None
+
+    def propose(self, state: DraftState, num_tokens: int) -> Proposal:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def describe(self) -> dict[str, Any]:
+        """Settings worth reporting (benchmarks, stats)."""
+        return {"drafter": self.name}
+
+
+def check_proposal(proposal: Any, batch_size: int, vocab_size: int, num_tokens: int, device: torch.device,
+                   drafter: Any) -> Proposal:
+    """The engine's checks of a chain proposal: types, shapes, devices and token ranges, with
+    errors that name the drafter. Returns the proposal."""
+    who = type(drafter).__name__
+    if not isinstance(proposal, Proposal):
+        raise TypeError(f"{who}.propose: expected a specdecode.drafters.Proposal, got {type(proposal).__name__}")
+    tokens = proposal.draft_tokens
+    if not isinstance(tokens, Tensor) or tokens.dim() != 2 or tokens.shape[0] != batch_size:
+        shape = tuple(tokens.shape) if isinstance(tokens, Tensor) else type(tokens).__name__
+        raise ValueError(f"{who}.propose: draft_tokens must have shape [b, k] = [{batch_size}, k], got {shape}")
+    if tokens.dtype != torch.int64 or tokens.device != device:
+        raise ValueError(f"{who}.propose: draft_tokens must be int64 on {device}, got {tokens.dtype} on {tokens.device}")
+    k = tokens.shape[1]
+    if proposal.tree is None and k > num_tokens:
+        raise ValueError(f"{who}.propose: proposed {k} tokens per row, more than the {num_tokens} asked for")
+    counts = proposal.num_draft_tokens
+    if counts is not None:
+        if not isinstance(counts, Tensor) or tuple(counts.shape) != (batch_size,) or counts.dtype != torch.int64:
+            raise ValueError(f"{who}.propose: num_draft_tokens must be an int64 tensor of shape [{batch_size}]")
+        if counts.device != device:
+            raise ValueError(f"{who}.propose: num_draft_tokens must be on {device}, got {counts.device}")
+    if proposal.draft_logits is not None:
+        logits = proposal.draft_logits
+        if not isinstance(logits, Tensor) or tuple(logits.shape) != (batch_size, k, vocab_size):
+            shape = tuple(logits.shape) if isinstance(logits, Tensor) else type(logits).__name__
+            raise ValueError(
+                f"{who}.propose: draft_logits must have shape [b, k, V] = [{batch_size}, {k}, {vocab_size}], got {shape}"
+            )
+    return proposal
+
+
+def point_mass_logits(draft_tokens: Tensor, vocab_size: int, dtype: torch.dtype = torch.float32) -> Tensor:
+    """Logits whose processed distribution is one-hot on each draft token (0 there, -inf
+    elsewhere), whatever the sampling settings: how a deterministic proposal is verified by
+    the rules that read ``q``.
+
+    Shape:
+        draft_tokens: ``[b, k]`` int64 in ``[0, vocab_size)``. Returns ``[b, k, vocab_size]``.
+    """
+    logits = torch.full((*draft_tokens.shape, vocab_size), float("-inf"), dtype=dtype, device=draft_tokens.device)
+    logits.scatter_(2, draft_tokens.clamp(0, vocab_size - 1)[..., None], 0.0)
+    return logits
+
+

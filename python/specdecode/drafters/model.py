@@ -1,0 +1,185 @@
+"""``ModelDrafter``: a second Hugging Face causal LM drafts, one token per forward, with its own
+KV cache laid out on the engine's columns (same holes, same positions)."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from specdecode.drafters.base import CommitUpdate, DrafterBase, DraftState, Proposal
+from specdecode.models import facts, kv_cache
+from specdecode.sampling import sample_logits
+from specdecode.trees.builders import TreeBuilder
+
+
+class ModelDrafter(DrafterBase):
+    """Drafts with ``model``, any Hugging Face decoder-only causal LM sharing the target's
+    vocabulary (checked by :func:`specdecode.check_compatibility`).
+
+    Each proposed token is drawn by :func:`specdecode.sampling.sample_logits` from the draft
+    logits after the generation's logits processors, with the generation's sampling settings:
+    the very distribution the verification op later computes from the returned logits. At
+    temperature 0 the draft proposes its argmax.
+
+    The draft's cache covers the engine's committed columns up to the pending token; a step
+    feeds the columns it has not seen (the pending token, and the last accepted draft when a
+    whole block was accepted) in one forward, then drafts ``k - 1`` more one token at a time.
+
+    With ``tree`` (a :class:`~specdecode.trees.builders.TreeBuilder`) it drafts a token tree
+    instead: one draft forward per depth scores all the new nodes of that depth at once with a
+    tree attention mask; afterwards the draft's cache keeps only the committed columns (the
+    accepted path is fed with the next step's first forward).
+
+    Example:
+        >>> drafter = ModelDrafter(draft_model)
+        >>> out = specdecode.generate(target, drafter, input_ids, max_new_tokens=32)
+    """
+
+    name = "model"
+
+    def __init__(self, model: torch.nn.Module, tree: TreeBuilder | None = None) -> None:
+        if not isinstance(model, torch.nn.Module):
+            raise TypeError(f"model: expected a Hugging Face causal LM (torch.nn.Module), got {type(model).__name__}")
+        if tree is not None and not isinstance(tree, TreeBuilder):
+            raise TypeError(f"tree: expected a TreeBuilder or None, got {type(tree).__name__}")
+        self.tree = tree
+        self.model = model
+        self.device = facts.input_device(model)
+        self._logits_to_keep_ok = facts.accepts_logits_to_keep(model)
+        self.max_columns = facts.sliding_window(model)
+        self.cache = None
+        self.cached_columns = 0
+
+    def reset(self) -> None:
+        self.cache = None
+        self.cached_columns = 0
+
+    def describe(self) -> dict:
+        n = sum(p.numel() for p in self.model.parameters())
+        return {"drafter": self.name, "draft_model": type(self.model).__name__, "draft_params": n}
+
+    def _feed(self, state: DraftState, ids: Tensor, positions: Tensor, mask: Tensor | None, last_only: bool) -> Tensor:
+        """One draft forward appending ``ids`` to the draft cache; float32 logits on the state's
+        device, over the shared vocabulary."""
+        logits = facts.forward(self.model, ids.to(self.device), mask, positions.to(self.device), self.cache,
+                               last_only=last_only, logits_to_keep_ok=self._logits_to_keep_ok)
+        return logits[..., : state.vocab_size].to(device=state.device, dtype=torch.float32)
+
+    def _catch_up(self, state: DraftState) -> tuple[Tensor, float]:
+        """Feed every committed column the cache has not seen, the pending token last; returns
+        the draft logits at the pending token and the prefill seconds (0 after the first step)."""
+        if self.cache is None:
+            self.cache = kv_cache.new_cache()
+            self.cached_columns = 0
+        prefilling = self.cached_columns == 0
+        start = state.clock() if prefilling else 0.0
+        pending = state.num_columns - 1
+        lo = self.cached_columns
+        mask = state.attention_mask[:, : pending + 1].to(self.device) if state.has_holes else None
+        logits = self._feed(state, state.tokens[:, lo: pending + 1], state.positions[:, lo: pending + 1], mask, True)
+        self.cached_columns = pending + 1
+        return logits, (state.clock() - start if prefilling else 0.0)
+
+    @torch.no_grad()
+    def propose(self, state: DraftState, num_tokens: int) -> Proposal:
+        if self.tree is not None:
+            return self._propose_tree(state)
+        logits, prefill_seconds = self._catch_up(state)
+        pending = state.num_columns - 1
+        b = state.batch_size
+        committed_mask = state.attention_mask[:, : pending + 1].to(self.device) if state.has_holes else None
+        pending_position = state.positions[:, pending]
+        tokens: list[Tensor] = []
+        logits_out: list[Tensor] = []
+        for i in range(num_tokens):
+            if i > 0:
+                mask = None
+                if committed_mask is not None:
+                    mask = torch.cat([committed_mask, committed_mask.new_ones((b, i))], 1)
+                logits = self._feed(state, tokens[-1][:, None], (pending_position + i)[:, None], mask, True)
+            drafted = torch.stack(tokens, 1) if tokens else state.tokens[:, :0]
+            logits = state.process_draft_logits(logits, drafted)
+            coins = None if state.sampling.is_greedy else state.uniforms(b)
+            tokens.append(sample_logits(logits, state.sampling, uniforms=coins))
+            logits_out.append(logits)
+        self.cached_columns = pending + num_tokens  # the pending token and x_1 .. x_{k-1}
+        return Proposal(torch.stack(tokens, 1), torch.stack(logits_out, 1), forward_calls=num_tokens,
+                        prefill_seconds=prefill_seconds)
+
+    def _propose_tree(self, state: DraftState) -> Proposal:
+        """Draft a token tree with the builder: one forward per depth over that depth's new nodes."""
+        root_logits, prefill_seconds = self._catch_up(state)
+        pending = state.num_columns - 1
+        b = state.batch_size
+        prefix = state.attention_mask[:, : pending + 1].to(device=self.device, dtype=torch.bool)
+        root_position = state.positions[:, pending].to(self.device)
+        dtype = self.model.dtype if hasattr(self.model, "dtype") else torch.float32
+        slots = _TreeSlots(b, self.device)
+
+        def expand(node_ids: Tensor, tokens: Tensor, parents: Tensor, depth: int) -> Tensor:
+            visible = slots.add(node_ids.to(self.device), parents.to(self.device))  # [b, n, S]
+            n = tokens.shape[1]
+            allowed = torch.cat([prefix[:, None, :].expand(-1, n, -1), visible], 2)[:, None]
+            mask = torch.zeros(allowed.shape, dtype=dtype, device=self.device).masked_fill(
+                ~allowed, torch.finfo(dtype).min)
+            positions = (root_position + depth)[:, None].expand(-1, n)
+            return self._feed(state, tokens, positions, mask, False)
+
+        built = self.tree.build(state.tokens[:, pending], root_logits, expand, state.sampling, state.uniforms)
+        kv_cache.crop(self.cache, pending + 1)  # keep the committed columns only
+        self.cached_columns = pending + 1
+        return Proposal(built.tree.tokens, built.draft_logits, tree=built.tree, children=built.children,
+                        forward_calls=1 + built.forward_calls, prefill_seconds=prefill_seconds)
+
+    def commit(self, update: CommitUpdate) -> None:
+        if self.cache is None:
+            return
+        valid = min(self.cached_columns, update.num_columns - 1)  # everything before the new pending token
+        kv_cache.crop(self.cache, valid)
+        self.cached_columns = valid
+        if update.kept_rows is not None:
+            kv_cache.select_rows(self.cache, update.kept_rows.to(self.device))
+        order = update.column_order
+        if order is not None:
+            if self.cached_columns == 0:
+                self.reset()
+                return
+            order = order.to(self.device)
+            # Columns the cache never held (the last accepted draft of a fully accepted block)
+            # are re-fed at the next step: keep the prefix of new columns that all come from cache.
+            fully_cached = (order < self.cached_columns).all(0).long().cumprod(0)
+            keep = int(fully_cached.sum())
+            kv_cache.gather_columns(self.cache, order.clamp_max(self.cached_columns - 1))
+            kv_cache.crop(self.cache, keep)
+            self.cached_columns = keep
+
+
+class _TreeSlots:
+    """Which tree nodes a draft forward has already fed (its *slots*, in feeding order), and
+    for each slot the slots of its ancestors-or-self, per row."""
+
+    def __init__(self, batch: int, device: torch.device) -> None:
+        self.slot_of = torch.full((batch, 1), -1, dtype=torch.long, device=device)  # node id -> slot (root: -1)
+        self.ancestors = torch.zeros((batch, 0, 0), dtype=torch.bool, device=device)
+
+    def add(self, node_ids: Tensor, parents: Tensor) -> Tensor:
+        """Register new nodes (``[b, n]`` ids and their parents' ids) as the next slots;
+        returns which slots each new node may attend to, ``[b, n, S_after]``."""
+        b, n = node_ids.shape
+        S = self.ancestors.shape[1]
+        needed = int(node_ids.max()) + 1
+        if needed > self.slot_of.shape[1]:
+            grow = self.slot_of.new_full((b, needed - self.slot_of.shape[1]), -1)
+            self.slot_of = torch.cat([self.slot_of, grow], 1)
+        parent_slot = self.slot_of.gather(1, parents.clamp_min(0))
+        parent_slot = torch.where(parents >= 0, parent_slot, torch.full_like(parent_slot, -1))
+        inherited = self.ancestors.gather(1, parent_slot.clamp_min(0)[:, :, None].expand(-1, -1, S)) if S else \
+            self.ancestors.new_zeros((b, n, 0))
+        inherited = inherited & (parent_slot >= 0)[:, :, None]
+        rows = torch.cat([inherited, torch.eye(n, dtype=torch.bool, device=node_ids.device).expand(b, -1, -1)], 2)
+        grown = torch.zeros((b, S + n, S + n), dtype=torch.bool, device=node_ids.device)
+        grown[:, :S, :S] = self.ancestors
+        grown[:, S:, :] = rows
+        self.ancestors = grown
+        self.slot_of.scatter_(1, node_ids, torch.arange(S, S + n, device=node_ids.device).expand(b, -1).contiguous())
+        return rows

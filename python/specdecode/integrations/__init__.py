@@ -1,0 +1,1 @@
+"""Thin adapters from other libraries' conventions to the engine (today: Hugging Face)."""
