@@ -24,7 +24,8 @@ def build_report() -> str:
         f"CUDA kernels compiled: {'yes' if info['cuda'] else 'no'}",
         "ops (torch.ops.specdecode):",
     ]
-    for op in ("verify_probs", "verify_logits", "verify_probs_philox", "verify_logits_philox"):
+    for op in ("verify_probs", "verify_logits", "verify_probs_philox", "verify_logits_philox", "sample_logits",
+               "sample_logits_philox"):
         backends = [key for key in ("CPU", "CUDA") if torch._C._dispatch_has_kernel_for_dispatch_key(f"specdecode::{op}", key)]
         lines.append(f"  {op:21s} {', '.join(backends)}")
     from specdecode.rules import list_rules
