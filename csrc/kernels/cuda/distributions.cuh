@@ -11,8 +11,9 @@
 //   * a probability read from memory is double(float(value)) (float64 exact), as ProbRow;
 //   * a logit's unnormalised weight e = fast_exp((l - max) / T) is the CPU's float32 value bit
 //     for bit (same polynomial, no FMA contraction); the normaliser sum(e) is accumulated in
-//     float64 per thread (the CPU sums float32 partials of 2048 entries), so 1/sum may differ
-//     from the CPU's by ~1e-7..1e-6 relative: see tests/test_cuda.py for what that allows;
+//     float64 per thread (the CPU sums float32 partials of 2048 entries, for an unfiltered row
+//     in one online pass relative to each chunk's max), so 1/sum may differ from the CPU's by
+//     ~1e-7..1e-6 relative: see tests/test_cuda.py for what that allows;
 //   * residuals (w p - q)_+ round exactly as the CPU's residual(): w * p - q for probabilities,
 //     e_p * (w * inv_norm_p) - e_q * inv_norm_q for logits, each product and difference
 //     rounded on its own (explicit _rn intrinsics: no FMA contraction);
