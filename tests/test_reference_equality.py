@@ -17,6 +17,7 @@ import torch
 
 import specdecode
 from specdecode import reference
+import specdecode.sampling
 
 RULES = ["token", "block", "greedy", "typical", "top_beta"]
 NEEDS_DRAFT = {"token", "block"}
@@ -425,3 +426,17 @@ def test_narrower_instruction_sets_agree_with_reference(isa):
         env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, f"{isa} loops:\n{run.stdout[-4000:]}\n{run.stderr[-2000:]}"
     assert " passed" in run.stdout and "failed" not in run.stdout
+
+
+@pytest.mark.parametrize("rule", RULES)
+def test_tiny_temperature_matches_reference(rule):
+    """A positive temperature so small that 1/T overflows float32 (found by fuzzing: every row
+    lost its mass and the op raised "no positive mass"): the kernels clamp 1/T to the largest
+    float, which keeps only the max logit(s), as the reference's float64 division does."""
+    sampling = (1e-40, 0, 1.0, 0.0)
+    target, draft, x, n, u = _logits_case(17, 3, 111, torch.float32, seed=4, sampling=sampling)
+    _check_logits_against_reference(target, draft if rule in NEEDS_DRAFT else None, x, n, u, rule, sampling)
+    logits = target[:, 0]
+    tokens = specdecode.sampling.sample_logits(logits, specdecode.sampling.SamplingParams(1e-40),
+                                               uniforms=u[:, 0])
+    assert torch.equal(tokens, logits.argmax(-1))

@@ -97,6 +97,16 @@ struct SamplingParams {
   double top_p = 1.0;        // 1 = off
   double min_p = 0.0;        // 0 = off
   bool filters() const { return top_k > 0 || top_p < 1.0 || min_p > 0.0; }
+  // 1 / temperature as the float32 factor the kernels scale logits with. A temperature so small
+  // that 1/T overflows float32 (T < ~3e-39) is clamped to the largest float: still greedy in
+  // effect (every token below the max gets weight 0, ties at the max share the mass, as in the
+  // reference), where an infinite factor would turn (max - max) * inf into NaN and leave the
+  // row without mass.
+  float inv_temp() const {
+    const double inv = 1.0 / temperature;
+    const double largest = static_cast<double>(std::numeric_limits<float>::max());
+    return static_cast<float>(inv < largest ? inv : largest);
+  }
 };
 
 // Numerics of LogitRow: a kept token's weight is e = fast_exp((l - max) * inv_temp) in float32,
@@ -171,7 +181,7 @@ class LogitRow {
   void prepare() const {
     if (prepared_) return;
     prepared_ = true;
-    inv_temp_ = static_cast<float>(1.0 / params_->temperature);
+    inv_temp_ = params_->inv_temp();
     const LogitLoops<T>& loops = logit_loops<T>();
     keep_logit_ = -std::numeric_limits<float>::infinity();
     min_e_ = 0.0f;

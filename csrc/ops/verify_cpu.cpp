@@ -162,9 +162,10 @@ std::tuple<at::Tensor, at::Tensor> verify_logits_cpu(const at::Tensor& target_lo
 
 // The [B, gamma+1] coins of one Philox call, computed on the host exactly as the CUDA kernels
 // compute them on the device.
-at::Tensor philox_uniforms(const at::Tensor& target, const at::Tensor& draft_tokens, const at::Tensor& philox_seed,
-                           const at::Tensor& philox_offset) {
-  check_philox_args(target, philox_seed, philox_offset);
+at::Tensor philox_uniforms(const char* target_name, const at::Tensor& target, const at::Tensor& draft_tokens,
+                           const at::Tensor& philox_seed, const at::Tensor& philox_offset) {
+  check_philox_args(target, philox_seed, philox_offset, target_name);
+  check_given("draft_tokens", draft_tokens);
   TORCH_CHECK_VALUE(draft_tokens.dim() == 2, "draft_tokens: expected shape [B, gamma], got ", draft_tokens.sizes());
   const int64_t B = draft_tokens.size(0), columns = draft_tokens.size(1) + 1;
   const uint64_t seed = static_cast<uint64_t>(philox_seed.item<int64_t>());
@@ -182,7 +183,7 @@ std::tuple<at::Tensor, at::Tensor> verify_probs_philox_cpu(
     const at::Tensor& num_draft_tokens, const at::Tensor& philox_seed, const at::Tensor& philox_offset,
     c10::string_view rule_name, at::ArrayRef<double> rule_params) {
   return verify_probs_cpu(target_probs, draft_probs, draft_tokens, num_draft_tokens,
-                          philox_uniforms(target_probs, draft_tokens, philox_seed, philox_offset), rule_name,
+                          philox_uniforms("target_probs", target_probs, draft_tokens, philox_seed, philox_offset), rule_name,
                           rule_params);
 }
 
@@ -192,7 +193,7 @@ std::tuple<at::Tensor, at::Tensor> verify_logits_philox_cpu(
     double temperature, int64_t top_k, double top_p, double min_p, c10::string_view rule_name,
     at::ArrayRef<double> rule_params) {
   return verify_logits_cpu(target_logits, draft_logits, draft_tokens, num_draft_tokens,
-                           philox_uniforms(target_logits, draft_tokens, philox_seed, philox_offset), temperature,
+                           philox_uniforms("target_logits", target_logits, draft_tokens, philox_seed, philox_offset), temperature,
                            top_k, top_p, min_p, rule_name, rule_params);
 }
 

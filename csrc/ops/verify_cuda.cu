@@ -249,9 +249,9 @@ bool stream_is_capturing(cudaStream_t stream) {
 
 // Shape/dtype checks of the (seed, offset) pair; returns a dummy uniforms tensor of the right
 // shape so the shared checks in checks.h apply unchanged.
-at::Tensor philox_coin_placeholder(const at::Tensor& target, const at::Tensor& draft_tokens,
+at::Tensor philox_coin_placeholder(const char* target_name, const at::Tensor& target, const at::Tensor& draft_tokens,
                                    const at::Tensor& philox_seed, const at::Tensor& philox_offset, CoinSource* coins) {
-  check_philox_args(target, philox_seed, philox_offset);
+  check_philox_args(target, philox_seed, philox_offset, target_name);
   coins->philox = kc::PhiloxSeedOffset{philox_seed.data_ptr<int64_t>(), philox_offset.data_ptr<int64_t>()};
   // A zero-stride view of one uninitialised element: no kernel, only what check_verify_inputs
   // reads (shape, dtype, device). The kernels never read it.
@@ -263,10 +263,11 @@ std::tuple<at::Tensor, at::Tensor> verify_probs_philox_cuda(
     const at::Tensor& target_probs, const std::optional<at::Tensor>& draft_probs, const at::Tensor& draft_tokens,
     const at::Tensor& num_draft_tokens, const at::Tensor& philox_seed, const at::Tensor& philox_offset,
     c10::string_view rule_name, at::ArrayRef<double> rule_params) {
+  check_given("draft_tokens", draft_tokens);
   TORCH_CHECK_VALUE(draft_tokens.dim() == 2, "draft_tokens: expected shape [B, gamma], got ", draft_tokens.sizes());
   CoinSource coins;
   const at::Tensor placeholder =
-      philox_coin_placeholder(target_probs, draft_tokens, philox_seed, philox_offset, &coins);
+      philox_coin_placeholder("target_probs", target_probs, draft_tokens, philox_seed, philox_offset, &coins);
   const c10::cuda::CUDAGuard guard(target_probs.device());
   const bool capturing = stream_is_capturing(c10::cuda::getCurrentCUDAStream());
   return run_probs("verify_probs_philox", target_probs, draft_probs, draft_tokens, num_draft_tokens, placeholder,
@@ -278,10 +279,11 @@ std::tuple<at::Tensor, at::Tensor> verify_logits_philox_cuda(
     const at::Tensor& num_draft_tokens, const at::Tensor& philox_seed, const at::Tensor& philox_offset,
     double temperature, int64_t top_k, double top_p, double min_p, c10::string_view rule_name,
     at::ArrayRef<double> rule_params) {
+  check_given("draft_tokens", draft_tokens);
   TORCH_CHECK_VALUE(draft_tokens.dim() == 2, "draft_tokens: expected shape [B, gamma], got ", draft_tokens.sizes());
   CoinSource coins;
   const at::Tensor placeholder =
-      philox_coin_placeholder(target_logits, draft_tokens, philox_seed, philox_offset, &coins);
+      philox_coin_placeholder("target_logits", target_logits, draft_tokens, philox_seed, philox_offset, &coins);
   const c10::cuda::CUDAGuard guard(target_logits.device());
   const bool capturing = stream_is_capturing(c10::cuda::getCurrentCUDAStream());
   return run_logits("verify_logits_philox", target_logits, draft_logits, draft_tokens, num_draft_tokens, placeholder,

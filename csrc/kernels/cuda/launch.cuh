@@ -45,7 +45,7 @@ cudaError_t launch_rows(const RowsArgs<typename Src::Elem>& a, const Src& src, c
 
 inline LogitParams make_logit_params(const SamplingParams& sampling) {
   LogitParams p;
-  p.inv_temp = static_cast<float>(1.0 / (sampling.temperature > 0.0 ? sampling.temperature : 1.0));
+  p.inv_temp = sampling.temperature > 0.0 ? sampling.inv_temp() : 1.0f;
   p.top_k = sampling.top_k;
   p.top_p = sampling.top_p;
   p.min_e = sampling.min_p > 0.0 ? static_cast<float>(sampling.min_p) : 0.0f;
