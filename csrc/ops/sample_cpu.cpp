@@ -58,7 +58,7 @@ at::Tensor sample_logits_cpu(const at::Tensor& logits, const at::Tensor& uniform
 at::Tensor sample_logits_philox_cpu(const at::Tensor& logits, const at::Tensor& philox_seed,
                                     const at::Tensor& philox_offset, double temperature, int64_t top_k, double top_p,
                                     double min_p) {
-  check_philox_args(logits, philox_seed, philox_offset);
+  check_philox_args(logits, philox_seed, philox_offset, "logits");
   TORCH_CHECK_VALUE(logits.dim() == 2, "logits: expected shape [B, V], got ", logits.sizes());
   const int64_t B = logits.size(0);
   const uint64_t seed = static_cast<uint64_t>(philox_seed.item<int64_t>());

@@ -176,9 +176,10 @@ std::tuple<at::Tensor, at::Tensor> verify_logits_device(const Backend& backend, 
 
 // The Philox variants check (seed, offset) and draft_tokens' rank first, exactly as the CPU
 // ops do before they generate their coins (verify_cpu.cpp philox_uniforms).
-inline CoinTensors philox_coins(const at::Tensor& target, const at::Tensor& draft_tokens,
+inline CoinTensors philox_coins(const char* target_name, const at::Tensor& target, const at::Tensor& draft_tokens,
                                 const at::Tensor& philox_seed, const at::Tensor& philox_offset) {
-  check_philox_args(target, philox_seed, philox_offset);
+  check_philox_args(target, philox_seed, philox_offset, target_name);
+  check_given("draft_tokens", draft_tokens);
   TORCH_CHECK_VALUE(draft_tokens.dim() == 2, "draft_tokens: expected shape [B, gamma], got ", draft_tokens.sizes());
   CoinTensors coins;
   coins.seed = philox_seed;
@@ -191,7 +192,7 @@ std::tuple<at::Tensor, at::Tensor> verify_probs_philox_device(
     const Backend& backend, const at::Tensor& target_probs, const std::optional<at::Tensor>& draft_probs,
     const at::Tensor& draft_tokens, const at::Tensor& num_draft_tokens, const at::Tensor& philox_seed,
     const at::Tensor& philox_offset, c10::string_view rule_name, at::ArrayRef<double> rule_params) {
-  const CoinTensors coins = philox_coins(target_probs, draft_tokens, philox_seed, philox_offset);
+  const CoinTensors coins = philox_coins("target_probs", target_probs, draft_tokens, philox_seed, philox_offset);
   const at::Tensor placeholder = philox_placeholder(draft_tokens, {draft_tokens.size(0), draft_tokens.size(1) + 1});
   return verify_probs_device(backend, target_probs, draft_probs, draft_tokens, num_draft_tokens, placeholder, coins,
                              rule_name, rule_params);
@@ -203,7 +204,7 @@ std::tuple<at::Tensor, at::Tensor> verify_logits_philox_device(
     const at::Tensor& draft_tokens, const at::Tensor& num_draft_tokens, const at::Tensor& philox_seed,
     const at::Tensor& philox_offset, double temperature, int64_t top_k, double top_p, double min_p,
     c10::string_view rule_name, at::ArrayRef<double> rule_params) {
-  const CoinTensors coins = philox_coins(target_logits, draft_tokens, philox_seed, philox_offset);
+  const CoinTensors coins = philox_coins("target_logits", target_logits, draft_tokens, philox_seed, philox_offset);
   const at::Tensor placeholder = philox_placeholder(draft_tokens, {draft_tokens.size(0), draft_tokens.size(1) + 1});
   return verify_logits_device(backend, target_logits, draft_logits, draft_tokens, num_draft_tokens, placeholder, coins,
                               temperature, top_k, top_p, min_p, rule_name, rule_params);
@@ -241,7 +242,7 @@ template <class Backend>
 at::Tensor sample_logits_philox_device(const Backend& backend, const at::Tensor& logits,
                                        const at::Tensor& philox_seed, const at::Tensor& philox_offset,
                                        double temperature, int64_t top_k, double top_p, double min_p) {
-  check_philox_args(logits, philox_seed, philox_offset);
+  check_philox_args(logits, philox_seed, philox_offset, "logits");
   TORCH_CHECK_VALUE(logits.dim() == 2, "logits: expected shape [B, V], got ", logits.sizes());
   CoinTensors coins;
   coins.seed = philox_seed;

@@ -11,9 +11,18 @@ from specdecode import _ops  # noqa: F401  (the schemas must exist first)
 from torch import Tensor
 
 
-def _verify_outputs(target: Tensor, others: dict[str, Tensor | None], draft_tokens: Tensor) -> tuple[Tensor, Tensor]:
+def _check_given(tensors: dict[str, object], optional: tuple[str, ...] = ()) -> None:
+    """A required Tensor argument passed as None (the compiled ops raise TypeError too)."""
+    for name, tensor in tensors.items():
+        if name not in optional:
+            torch._check_type(isinstance(tensor, Tensor), lambda name=name: f"{name}: expected a Tensor, got None")
+
+
+def _verify_outputs(target_name: str, target: Tensor, others: dict[str, Tensor | None],
+                    draft_tokens: Tensor) -> tuple[Tensor, Tensor]:
     # The same checks as the compiled ops, so a mixed-device call that lands here (a meta
     # tensor among CPU ones) raises instead of returning uninitialised tensors.
+    _check_given({target_name: target, **others}, optional=("draft_probs", "draft_logits"))
     for name, tensor in others.items():
         if tensor is not None:
             torch._check_value(
@@ -24,7 +33,7 @@ def _verify_outputs(target: Tensor, others: dict[str, Tensor | None], draft_toke
     B, gamma = draft_tokens.shape
     torch._check_value(
         target.dim() == 3 and target.shape[0] == B and target.shape[1] == gamma + 1,
-        lambda: f"target: expected shape [B, gamma+1, V] = [{B}, {gamma + 1}, V], got {tuple(target.shape)}",
+        lambda: f"{target_name}: expected shape [B, gamma+1, V] = [{B}, {gamma + 1}, V], got {tuple(target.shape)}",
     )
     return draft_tokens.new_empty((B, gamma + 1)), draft_tokens.new_empty((B,))
 
@@ -41,7 +50,7 @@ def _verify_probs_fake(
 ) -> tuple[Tensor, Tensor]:
     others = {"draft_probs": draft_probs, "draft_tokens": draft_tokens, "num_draft_tokens": num_draft_tokens,
               "uniforms": uniforms}
-    return _verify_outputs(target_probs, others, draft_tokens)
+    return _verify_outputs("target_probs", target_probs, others, draft_tokens)
 
 
 @torch.library.register_fake("specdecode::verify_logits")
@@ -60,7 +69,7 @@ def _verify_logits_fake(
 ) -> tuple[Tensor, Tensor]:
     others = {"draft_logits": draft_logits, "draft_tokens": draft_tokens, "num_draft_tokens": num_draft_tokens,
               "uniforms": uniforms}
-    return _verify_outputs(target_logits, others, draft_tokens)
+    return _verify_outputs("target_logits", target_logits, others, draft_tokens)
 
 
 @torch.library.register_fake("specdecode::verify_probs_philox")
@@ -76,7 +85,7 @@ def _verify_probs_philox_fake(
 ) -> tuple[Tensor, Tensor]:
     others = {"draft_probs": draft_probs, "draft_tokens": draft_tokens, "num_draft_tokens": num_draft_tokens,
               "philox_seed": philox_seed, "philox_offset": philox_offset}
-    return _verify_outputs(target_probs, others, draft_tokens)
+    return _verify_outputs("target_probs", target_probs, others, draft_tokens)
 
 
 @torch.library.register_fake("specdecode::verify_logits_philox")
@@ -96,10 +105,11 @@ def _verify_logits_philox_fake(
 ) -> tuple[Tensor, Tensor]:
     others = {"draft_logits": draft_logits, "draft_tokens": draft_tokens, "num_draft_tokens": num_draft_tokens,
               "philox_seed": philox_seed, "philox_offset": philox_offset}
-    return _verify_outputs(target_logits, others, draft_tokens)
+    return _verify_outputs("target_logits", target_logits, others, draft_tokens)
 
 
 def _sample_outputs(logits: Tensor, others: dict[str, Tensor]) -> Tensor:
+    _check_given({"logits": logits, **others})
     for name, tensor in others.items():
         torch._check_value(
             tensor.device == logits.device,

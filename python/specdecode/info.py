@@ -22,6 +22,7 @@ def build_report() -> str:
     lines += [
         f"built with torch {info['torch_build_version']}, {info['compiler']}, cxx11 ABI {info['cxx11_abi']}",
         f"CUDA kernels compiled: {'yes' if info['cuda'] else 'no'}",
+        f"CPU logit loops: {info.get('cpu_isa', '?')} (narrow with SPECDECODE_CPU_ISA=avx2|baseline)",
         "ops (torch.ops.specdecode):",
     ]
     for op in ("verify_probs", "verify_logits", "verify_probs_philox", "verify_logits_philox", "sample_logits",

@@ -72,8 +72,8 @@ inline PipelinePlan plan_pipeline(const VerifyProblem& p) {
   plan.units = p.batch * (p.gamma + 1) + (plan.has_draft ? p.batch * p.gamma : 0);
 
   LogitConfig& cfg = plan.logit;
-  const double temperature = p.sampling.temperature > 0.0 ? p.sampling.temperature : 1.0;
-  cfg.inv_temp = static_cast<float>(1.0 / temperature);
+  // 1/T clamped to the largest float exactly as the CPU's LogitRow does (tiny temperatures)
+  cfg.inv_temp = p.sampling.temperature > 0.0 ? p.sampling.inv_temp() : 1.0f;
   cfg.min_e = p.sampling.min_p > 0.0 ? static_cast<float>(p.sampling.min_p) : 0.0f;
   cfg.top_k = (p.sampling.top_k > 0 && p.sampling.top_k < p.vocab) ? p.sampling.top_k : 0;
   cfg.top_p = p.sampling.top_p;
