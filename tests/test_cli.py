@@ -70,4 +70,19 @@ def test_info_reports_the_build(tmp_path: Path) -> None:
 def test_python_m_info(tmp_path: Path, module: str) -> None:
     proc = subprocess.run([sys.executable, "-m", module], cwd=tmp_path, env=ENV, capture_output=True, text=True,
                           timeout=60)
-    assert proc.returncode == 0 and "CUDA kernels compiled" in proc.stdout
+    assert proc.returncode == 0 and "CUDA kernels:" in proc.stdout and "CPU code path:" in proc.stdout
+
+
+def test_info_explains_missing_cuda_and_names_the_cpu_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    from specdecode import info
+
+    monkeypatch.setattr(torch.version, "cuda", None)
+    assert "CPU-only build" in info.cuda_status({"cuda": False})
+    monkeypatch.setattr(torch.version, "cuda", "12.4")
+    reason = info.cuda_status({"cuda": False})
+    assert "12.4" in reason and "no CUDA compiler" in reason and "--no-build-isolation" in reason
+    assert info.cuda_status({"cuda": True}).startswith("compiled")
+    assert info.cpu_code_path({"cpu_isa": "avx2"}).startswith("avx2")
+    assert "not reported" in info.cpu_code_path({})
