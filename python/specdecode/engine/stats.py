@@ -266,8 +266,8 @@ class SpeculativeStats:
         definitions = {t.name: t.definition for t in words.TERMS}
         cells = []
         for name, value, meaning in self.summary():
-            tip = html.escape(definitions.get(name, meaning), quote=True)
-            cells.append(f'<tr><td style="text-align:left" title="{tip}">{html.escape(name)}</td>'
+            tip = f' title="{html.escape(definitions[name], quote=True)}"' if name in definitions else ""
+            cells.append(f'<tr><td style="text-align:left"{tip}>{html.escape(name)}</td>'
                          f'<td style="text-align:right"><code>{html.escape(value)}</code></td>'
                          f'<td style="text-align:left">{html.escape(meaning)}</td></tr>')
         times = ", ".join(f"{name} {share}" for name, _, share in self.time_summary()[:-1])
