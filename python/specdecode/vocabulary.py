@@ -34,13 +34,13 @@ ALPHA = Term(
     "alpha",
     "mean per-position acceptance probability: the chance that a draft token is accepted when "
     "every draft before it was; estimated as accepted / (accepted + rejected)",
-    "P(accept a draft | the drafts before it were accepted)",
+    "P(draft accepted | earlier drafts accepted)",
 )
 ACCEPTANCE_BY_POSITION = Term(
     "acceptance by position",
     "for draft position i = 1, 2, ...: the share of steps in which position i was accepted "
     "(about alpha^i when positions are alike)",
-    "share of steps that accepted position i (~ alpha^i)",
+    "share of steps accepting position i, ~alpha^i",
 )
 BLOCK_EFFICIENCY = Term(
     "block efficiency",

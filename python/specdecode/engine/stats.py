@@ -193,7 +193,7 @@ class SpeculativeStats:
             (words.ACCEPTANCE_RATE.name, words.rate(self.acceptance_rate), words.ACCEPTANCE_RATE.short),
             (words.ALPHA.name, words.rate(self.alpha), words.ALPHA.short),
             ("acceptance by depth" if tree else by_position.name, words.rates(self.acceptance_rate_per_position),
-             "share of steps that accepted depth i" if tree else by_position.short),
+             "share of steps accepting depth i" if tree else by_position.short),
         ]
         if tree:
             rows.append(("acceptance by rank", words.rates(self.acceptance_by_rank),
@@ -240,11 +240,10 @@ class SpeculativeStats:
         cost_aware = cost_aware_speedup(self.block_efficiency, gamma, self.draft_time_per_call,
                                         self.target_time_per_call, step_seconds)
         overhead = (self.verify_time + self.bookkeeping_time + self.other_time) / (self.total_time or 1.0)
-        return (f"{words.SPEEDUP.name} {words.speedup(measured)} vs predicted "
-                f"{words.speedup(self.predicted_speedup)}: one verify call ({gamma + 1} tokens) costs "
-                f"{verify_steps:.1f} target decode steps here, where the formula assumes 1; at the measured "
-                f"costs the prediction is {words.speedup(cost_aware)}, and verification and bookkeeping "
-                f"take {100 * overhead:.0f}% of the time")
+        return (f"{words.SPEEDUP.name} {words.speedup(measured)}, predicted {words.speedup(self.predicted_speedup)}: "
+                f"a verify call ({gamma + 1} tokens) costs {verify_steps:.1f} target decode steps here, not the 1 "
+                f"the formula assumes; at the measured costs it predicts {words.speedup(cost_aware)} "
+                f"(verification and bookkeeping: {100 * overhead:.0f}% of the time)")
 
     def __str__(self) -> str:
         rows = self.summary()
