@@ -59,12 +59,13 @@ class Column:
     """One column of :func:`format_table`: the row key, the header (default: the key with
     spaces for underscores; a newline splits it over two lines) and how to format a value
     (default: numbers with one number of decimals for the whole column, see :func:`format_table`).
-    Only a column marked ``wrap`` breaks its cells over lines; the others keep them whole."""
+    Rich fits the table in the width by wrapping headers and text at spaces; a column marked
+    ``wrap`` is the one that takes whatever width is left."""
 
     key: str
     header: str | None = None
     fmt: Callable[[Any], str] | None = None
-    wrap: bool = False  # a text column that may wrap (explanations); others never wrap
+    wrap: bool = False  # an explanation column: it takes the width left over and wraps in it
 
 
 def _auto_format(values: list[Any]) -> Callable[[Any], str]:
@@ -108,8 +109,8 @@ def format_table(rows: Iterable[dict[str, Any]], columns: Sequence[str | Column]
         cells = ["-" if v is None or (isinstance(v, float) and v != v) else fmt(v) for v in values]
         text = any(isinstance(v, str) for v in values)
         header = spec.header if spec.header is not None else spec.key.replace("_", " ")
-        table.add_column(header, justify="left" if text else "right", no_wrap=not spec.wrap,
-                         overflow="fold" if spec.wrap else "ignore")
+        table.add_column(header, justify="left" if text else "right", overflow="fold",
+                         ratio=1 if spec.wrap else None)
         formatted.append(cells)
     for i in range(len(rows)):
         table.add_row(*(cells[i] for cells in formatted))
