@@ -2,7 +2,7 @@
 specdecode (token and block rules), on the same pair, prompts, seed and max_new_tokens.
 
     python -m specdecode bench                  # cost-realistic pair, full table
-    python -m specdecode bench --quick          # the same pair, 2 prompts: about a minute
+    python -m specdecode bench --quick          # the same pair, shorter: about half a minute
     python -m specdecode bench --plot           # also PNGs: acceptance by position, speedup vs gamma
     python benchmarks/bench_generate.py ...     # the same
 
@@ -353,7 +353,9 @@ QUICK = dict(num_prompts=2, max_new_tokens=32, batch_sizes=[1], repeats=1)
 def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     at_least = cli_args.int_at_least
     parser = base_parser(__doc__, prog=prog,
-                         quick_help="a shorter run on the same pair (the defaults below after the semicolons)")
+                         quick_help="a shorter run on the same pair (the defaults below after the semicolons)",
+                         repeats_help=f"timed runs per case, median reported (default: {FULL['repeats']}; "
+                                      f"--quick: {QUICK['repeats']})")
     parser.add_argument("--pair", choices=["benchmark", "demo"], default="benchmark",
                         help="embedded pair: 'benchmark' enlarges the trained target to a realistic cost without "
                              "changing its outputs; 'demo' is the pair as trained (tiny, so call overhead dominates "

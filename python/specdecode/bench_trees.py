@@ -153,7 +153,7 @@ def plot(rows: list[dict[str, Any]], out: str) -> str:
 
 
 def main(argv: list[str] | None = None, prog: str | None = None) -> None:
-    parser = base_parser(__doc__.splitlines()[0], prog=prog)
+    parser = base_parser(__doc__.splitlines()[0], prog=prog, repeats_help="timed runs per case (default: 1)")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     parser.add_argument("--num-prompts", type=int, default=8)
     parser.add_argument("--max-new-tokens", type=int, default=48)

@@ -135,14 +135,15 @@ def write_results(out_dir: str | Path, name: str, rows: list[dict[str, Any]], me
 
 
 def base_parser(description: str, prog: str | None = None,
-                quick_help: str = "small shapes and few repeats (a smoke run)") -> argparse.ArgumentParser:
+                quick_help: str = "small shapes and few repeats (a smoke run)",
+                repeats_help: str = "timed runs per case, median reported (default: chosen per case)",
+                ) -> argparse.ArgumentParser:
     """Arguments every benchmark takes: --quick, --repeats, --out, --seed; help shows defaults."""
     from specdecode.cli_args import HelpFormatter, int_at_least
 
     parser = argparse.ArgumentParser(description=description, prog=prog, formatter_class=HelpFormatter)
     parser.add_argument("--quick", action="store_true", help=quick_help)
-    parser.add_argument("--repeats", type=int_at_least("repeats", 1), default=None,
-                        help="timed runs per case, median reported (default: 3, 1 with --quick)")
+    parser.add_argument("--repeats", type=int_at_least("repeats", 1), default=None, help=repeats_help)
     parser.add_argument("--out", default="bench_results", help="directory for the CSV/JSON results")
     parser.add_argument("--seed", type=int_at_least("seed", 0), default=0, help="random seed")
     return parser
