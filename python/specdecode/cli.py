@@ -25,6 +25,7 @@ examples:
   python -m specdecode demo --target PATH --draft PATH      (any local Hugging Face pair)
   python -m specdecode bench --quick
   python -m specdecode bench --trees --quick
+  python -m specdecode bench --device cuda                  (decode paths on a GPU)
   python -m specdecode info
 
 The words in the statistics (acceptance rate, alpha, block efficiency, cost ratio c) are
@@ -139,6 +140,11 @@ def main(argv: list[str] | None = None) -> None:
     sub.add_parser("info", help="what was built")
     args, rest = parser.parse_known_args(argv)
     if args.command == "bench":
+        if any(a == "--device" or a.startswith("--device=") for a in rest):
+            from specdecode.bench_gpu import main as gpu_main
+
+            gpu_main(rest, prog="python -m specdecode bench --device")
+            return
         if "--trees" in rest:
             from specdecode.bench_trees import main as trees_main
 

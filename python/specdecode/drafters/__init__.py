@@ -1,7 +1,9 @@
 """Drafters: who proposes the tokens the target verifies.
 
 - :class:`Drafter` (protocol), :class:`Proposal`, :class:`CommitUpdate`, :class:`DraftState`:
-  the contract between a drafter and the engine (:mod:`specdecode.drafters.base`).
+  the contract between a drafter and the engine (:mod:`specdecode.drafters.base`);
+  :class:`StaticDrafter` / :class:`StaticDraftState` the same for the static, graph-capturable
+  decode path.
 - :class:`ModelDrafter`: a second Hugging Face causal LM with its own KV cache.
 - :class:`LayerSkipDrafter`: self-speculation with some of the target's own decoder layers.
 """
@@ -12,6 +14,8 @@ from specdecode.drafters.base import (
     DrafterBase,
     DraftState,
     Proposal,
+    StaticDrafter,
+    StaticDraftState,
     point_mass_logits,
 )
 from specdecode.drafters.layer_skip import LayerSkipDrafter
@@ -25,5 +29,7 @@ __all__ = [
     "LayerSkipDrafter",
     "ModelDrafter",
     "Proposal",
+    "StaticDraftState",
+    "StaticDrafter",
     "point_mass_logits",
 ]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from specdecode.drafters.base import CommitUpdate, DrafterBase, DraftState, Proposal
+from specdecode.drafters.base import CommitUpdate, DrafterBase, DraftState, Proposal, StaticDraftState
 from specdecode.models import facts, kv_cache
 from specdecode.sampling import sample_logits
 from specdecode.trees.builders import TreeBuilder
@@ -24,6 +24,12 @@ class ModelDrafter(DrafterBase):
     The draft's cache covers the engine's committed columns up to the pending token; a step
     feeds the columns it has not seen (the pending token, and the last accepted draft when a
     whole block was accepted) in one forward, then drafts ``k - 1`` more one token at a time.
+
+    On the static decode path (:class:`~specdecode.drafters.StaticDrafter`) the draft keeps a
+    :class:`~specdecode.models.static_cache.ColumnCache` on the engine's columns: each step feeds
+    the last committed column and the pending token in one forward (the last committed column is
+    re-fed: it is the one draft token the previous step never fed when it was accepted), then
+    ``k - 1`` one-token forwards; rolling back is the engine moving the row lengths.
 
     With ``tree`` (a :class:`~specdecode.trees.builders.TreeBuilder`) it drafts a token tree
     instead: one draft forward per depth scores all the new nodes of that depth at once with a
@@ -152,6 +158,56 @@ class ModelDrafter(DrafterBase):
             kv_cache.gather_columns(self.cache, order.clamp_max(self.cached_columns - 1))
             kv_cache.crop(self.cache, keep)
             self.cached_columns = keep
+
+
+    # ------------------------------------------------------------------ static decode path
+    def static_key(self) -> tuple:
+        return ("model", id(self.model))
+
+    def _static_inputs(self, state: StaticDraftState, first: Tensor, num_columns: int) -> tuple[Tensor, Tensor, Tensor]:
+        from specdecode.models.static_cache import column_inputs
+
+        dtype = self.model.dtype if hasattr(self.model, "dtype") else torch.float32
+        return column_inputs(first, state.start, num_columns, state.capacity, dtype)
+
+    def _static_forward(self, state: StaticDraftState, inputs: tuple[Tensor, Tensor, Tensor], ids: Tensor | None
+                        ) -> Tensor:
+        columns, positions, mask = inputs
+        if ids is None:
+            ids = state.tokens.gather(1, columns)
+        self._static_cache.columns = columns
+        logits = facts.forward(self.model, ids, mask, positions, self._static_cache, last_only=True,
+                               logits_to_keep_ok=self._logits_to_keep_ok)
+        return logits[:, : state.vocab_size].float()
+
+    @torch.no_grad()
+    def static_prefill(self, state: StaticDraftState, num_tokens: int) -> None:
+        if self.tree is not None:
+            raise ValueError("tree: token trees are not supported on the static decode path yet; draft a chain "
+                             "(tree=None) or use decode_path='eager'")
+        from specdecode.models.static_cache import ColumnCache
+
+        self._static_cache = state.buffer("draft_cache", lambda: ColumnCache(state.capacity))
+        width = state.prompt_columns - 1  # the first step feeds the last prompt column with the pending token
+        if width > 0:
+            first = torch.zeros(state.batch_size, dtype=torch.long, device=state.device)
+            self._static_forward(state, self._static_inputs(state, first, width), None)
+
+    def static_propose(self, state: StaticDraftState, num_tokens: int) -> tuple[Tensor, Tensor]:
+        logits = self._static_forward(state, self._static_inputs(state, state.lengths - 1, 2), None)
+        tokens = [state.sample(logits)]
+        all_logits = [logits]
+        if num_tokens > 1:
+            # The one-token forwards i = 1 .. k-1 feed columns lengths + i: their masks and positions
+            # are the rows of one (k-1)-column layout, built once.
+            columns, positions, mask = self._static_inputs(state, state.lengths + 1, num_tokens - 1)
+            for i in range(1, num_tokens):
+                j = slice(i - 1, i)
+                logits = self._static_forward(state, (columns[:, j], positions[:, j], mask[:, :, j]),
+                                              tokens[-1][:, None])
+                tokens.append(state.sample(logits))
+                all_logits.append(logits)
+        return torch.stack(tokens, 1), torch.stack(all_logits, 1)
 
 
 class _TreeSlots:

@@ -26,6 +26,7 @@ from specdecode.engine.batch import BatchState
 from specdecode.engine.processors import ProcessorRunner
 from specdecode.engine.settings import EngineSettings
 from specdecode.engine.stats import Clock, SpeculativeStats
+from specdecode.engine.syncs import HostSyncs
 from specdecode.models import facts, kv_cache
 from specdecode.rules import get_rule, is_chain_rule
 from specdecode.sampling import SamplingParams, sample_logits
@@ -141,10 +142,11 @@ class SpeculativeEngine:
                 f"sliding window ({self.window}); sliding-window attention is only supported within the window"
             )
         devices = [self.device] + [d for d in (getattr(self.drafter, "device", None),) if isinstance(d, torch.device)]
-        self.clock = Clock(*devices)
+        self.syncs = HostSyncs()
+        self.clock = Clock(*devices, syncs=self.syncs)
         self.batch = BatchState(input_ids, attention_mask, device=self.device, max_new_tokens=s.max_new_tokens,
-                                pad_id=s.pad_id, max_step_columns=s.schedule.maximum)
-        self.processors = ProcessorRunner(self.batch, s.processors, s.stopping, s.pad_id)
+                                pad_id=s.pad_id, max_step_columns=s.schedule.maximum, syncs=self.syncs)
+        self.processors = ProcessorRunner(self.batch, s.processors, s.stopping, s.pad_id, self.syncs)
         self.view = DraftView(self.batch, s, self.processors, self.clock)
         self.cache = kv_cache.new_cache()
         self.eos = torch.tensor(s.eos_ids, dtype=torch.long, device=self.device) if s.eos_ids else None
@@ -153,16 +155,25 @@ class SpeculativeEngine:
         stats.drafter = getattr(self.drafter, "name", type(self.drafter).__name__)
         stats.batch_size = self.batch.batch
         stats.draft_schedule = getattr(s.schedule, "name", type(s.schedule).__name__)
+        stats.decode_path = "eager"
         if s.streamer is not None:
-            s.streamer.put(self.batch.sequences[:, : self.batch.prompt_len].cpu())
-        self._prefill()
-        while self.batch.num_active > 0:
-            if not self._step():
-                break
-        if s.streamer is not None:
-            s.streamer.end()
-        self.drafter.reset()
-        new = int(self.batch.generated.max()) if self.batch.batch else 0
+            s.streamer.put(self.syncs.fetch(self.batch.sequences[:, : self.batch.prompt_len]))
+        try:
+            self._prefill()
+            while self.batch.num_active > 0:
+                self.syncs.stepping = True
+                more = self._step()
+                self.syncs.stepping = False
+                if not more:
+                    break
+            self.syncs.stepping = False
+            if s.streamer is not None:
+                s.streamer.end()
+            self.drafter.reset()
+            new = self.syncs.integer(self.batch.generated.max()) if self.batch.batch else 0
+        finally:
+            stats.host_syncs += self.syncs.total
+            stats.step_host_syncs += self.syncs.in_steps
         return self.batch.sequences[:, : self.batch.prompt_len + new]
 
     # ------------------------------------------------------------------ phases
@@ -183,7 +194,7 @@ class SpeculativeEngine:
         """Draft tokens for this step and each row's remaining budget ``[b]``."""
         b, s = self.batch, self.settings
         remaining = s.max_new_tokens - b.generated[b.rows]
-        remaining_max = int(remaining.max())
+        remaining_max = self.syncs.integer(remaining.max())
         gamma = max(min(s.schedule.num_draft_tokens(), remaining_max - 1), 0)
         return self._fit_window(gamma), remaining
 
@@ -257,6 +268,8 @@ class SpeculativeEngine:
             target_logits.contiguous(), draft_logits, proposal.draft_tokens, sampling=s.sampling, rule=self.rule.name,
             num_draft_tokens=verified, uniforms=self.view.uniforms(n, k + 1), **s.rule_options,
         )
+        if self.device.type == "cuda" and self.rule.builtin:
+            self.syncs.count()  # the CUDA op copies its per-row statuses to the host to raise bad input
         self.stats.verify_time += self.clock() - t0
         return result.tokens.to(self.device), result.accepted_len.to(self.device), verified
 
@@ -376,15 +389,13 @@ class SpeculativeEngine:
     def _count_tree(self, tree: TokenTree, accepted_h: Tensor, nodes_h: Tensor) -> None:
         """Acceptance by depth and by child rank (what Sequoia's shape is planned from)."""
         stats = self.stats
-        parents = tree.parents.cpu()
-        num = tree.num_nodes.cpu()
+        parents, num, depth = (self.syncs.fetch(t) for t in (tree.parents, tree.num_nodes, tree.depth))
         N = parents.shape[1]
         index = torch.arange(N)
         real = index[None, :] < num[:, None]
         same = (parents[:, :, None] == parents[:, None, :]) & real[:, None, :] & (index[None, None, :] < index[None, :, None])
         rank = same.sum(2)  # rank of each node among its siblings
         children = ((parents[:, None, :] == index[None, :, None]) & real[:, None, :]).sum(2)  # [b, N]
-        depth = tree.depth.cpu()
         for row in range(parents.shape[0]):
             tau = int(accepted_h[row])
             path = nodes_h[row, : tau + 1].tolist()
@@ -436,15 +447,15 @@ class SpeculativeEngine:
 
         t0 = self.clock()
         keep, finished = self._emit(tokens, accepted_len, remaining)
-        host = torch.stack([accepted_len, keep, finished.long(), verified]).cpu()
+        host = self.syncs.fetch(torch.stack([accepted_len, keep, finished.long(), verified]))
         accepted_h, keep_h, finished_h, verified_h = host[0], host[1], host[2].bool(), host[3]
         if tree is not None:
             self._count(0, accepted_h, keep_h, verified_h)
-            self._count_tree(tree, accepted_h, nodes.cpu())
+            self._count_tree(tree, accepted_h, self.syncs.fetch(nodes))
         else:
             self._count(k, accepted_h, keep_h, verified_h)
         if s.streamer is not None:
-            s.streamer.put(tokens[0, : int(keep_h[0])].cpu())
+            s.streamer.put(self.syncs.fetch(tokens[0, : int(keep_h[0])]))
         continuing = ~finished_h
         if not bool(continuing.any()):
             stats.bookkeeping_time += self.clock() - t0

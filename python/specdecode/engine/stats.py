@@ -17,12 +17,17 @@ class Clock:
     """``perf_counter`` after synchronising the CUDA devices in use, so that phases are timed,
     not merely launched."""
 
-    def __init__(self, *devices: torch.device) -> None:
+    def __init__(self, *devices: torch.device, syncs: Any = None) -> None:
         self.cuda = sorted({d for d in devices if d.type == "cuda"}, key=str)
+        self.syncs = syncs  # a specdecode.engine.syncs.HostSyncs that counts the waits, or None
 
     def __call__(self) -> float:
-        for d in self.cuda:
-            torch.cuda.synchronize(d)
+        if self.cuda:
+            if self.syncs is not None:
+                self.syncs.synchronize(self.cuda)
+            else:
+                for d in self.cuda:
+                    torch.cuda.synchronize(d)
         return time.perf_counter()
 
 
@@ -47,6 +52,16 @@ class SpeculativeStats:
       a block short.
     - ``position_drafted[i]`` / ``position_accepted[i]``: how often draft position ``i`` (0-based)
       was verified / accepted.
+    - ``decode_path``: ``"eager"`` (the dynamic loop), ``"static"`` (static caches, device-side
+      steps run eagerly) or ``"graphed"`` (the same steps replayed as CUDA graphs).
+    - ``host_syncs``: times the host waited for the device during the call
+      (:mod:`specdecode.engine.syncs`: value reads, timing synchronisations, the CUDA verify op's
+      status copy), of which ``step_host_syncs`` inside decoding steps (prefill, setup and the
+      final read of the results excluded); see :attr:`host_syncs_per_step`. Static path only:
+      ``decode_steps_run`` counts the steps launched (``steps`` those with an active row; the
+      difference is masked work after the last row finished, before the host noticed) and
+      ``graph_captures`` the CUDA graph recordings this call made (0 when it replayed graphs
+      kept from an earlier call).
     - Times in seconds: ``draft_time`` (draft forwards + proposal sampling + HF processors on
       draft logits), ``target_time`` (target forwards + processors on target logits),
       ``verify_time`` (``verify_logits`` and the uniforms it uses), ``bookkeeping_time``
@@ -59,6 +74,7 @@ class SpeculativeStats:
     drafter: str = "model"
     batch_size: int = 0
     draft_schedule: str = "constant"
+    decode_path: str = "eager"
     steps: int = 0
     row_steps: int = 0
     target_calls: int = 0
@@ -69,6 +85,10 @@ class SpeculativeStats:
     rejections: int = 0
     new_tokens: int = 0
     repacks: int = 0
+    host_syncs: int = 0
+    step_host_syncs: int = 0
+    decode_steps_run: int = 0
+    graph_captures: int = 0
     tree_rule: str = ""
     rank_tried: list[int] = field(default_factory=list)
     rank_accepted: list[int] = field(default_factory=list)
@@ -141,6 +161,11 @@ class SpeculativeStats:
         return _ratio(self.draft_time_per_call, self.target_time_per_call)
 
     @property
+    def host_syncs_per_step(self) -> float:
+        """Host synchronisations per decoding step (``step_host_syncs / steps``)."""
+        return _ratio(self.step_host_syncs, self.steps)
+
+    @property
     def tokens_per_second(self) -> float:
         """New tokens (all rows) per second of wall time."""
         return _ratio(self.new_tokens, self.total_time)
@@ -175,6 +200,7 @@ class SpeculativeStats:
             "acceptance_rate", "acceptance_rate_per_position", "acceptance_by_rank", "alpha", "mean_accepted_length",
             "block_efficiency", "mean_num_draft_tokens", "draft_time_per_call", "target_time_per_call",
             "cost_ratio", "tokens_per_second", "predicted_speedup", "predicted_tokens_per_call", "other_time",
+            "host_syncs_per_step",
         ):
             data[name] = getattr(self, name)
         return data
@@ -208,6 +234,9 @@ class SpeculativeStats:
         if not tree:
             rows.append((words.PREDICTED_SPEEDUP.name, words.speedup(self.predicted_speedup),
                          words.PREDICTED_SPEEDUP.short))
+        if self.host_syncs:
+            rows.append(("host syncs", str(self.host_syncs),
+                         f"{self.host_syncs_per_step:.2f} per step: waits for the device"))
         return rows
 
     def time_summary(self) -> list[tuple[str, str, str]]:
@@ -221,7 +250,7 @@ class SpeculativeStats:
 
     def _title(self) -> str:
         rule = f"tree rule {self.tree_rule}" if self.tree_rule else f"rule {self.rule}"
-        return f"SpeculativeStats: {rule}, drafter {self.drafter}, batch {self.batch_size}"
+        return f"SpeculativeStats: {rule}, drafter {self.drafter}, batch {self.batch_size}, {self.decode_path} path"
 
     def explain_speedup(self, target_tokens_per_second: float) -> str:
         """One line on why the measured speed-up differs from Leviathan's prediction, given the

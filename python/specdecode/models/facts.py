@@ -145,15 +145,21 @@ def forward(model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor | 
 _TREE_MASK_SUPPORT: dict[int, bool] = {}
 
 
-def check_tree_attention(model: torch.nn.Module, name: str = "target") -> None:
-    """Raise ``ValueError`` unless ``model`` honours a custom 4D attention mask together with
-    explicit position ids, which token trees need. Probed once per model with two tiny
-    forwards: a query that may not see its predecessor must give the same logits as the
-    sequence without that predecessor."""
+def accepts_custom_4d_mask(model: torch.nn.Module) -> bool:
+    """Whether ``model`` honours a custom 4D attention mask together with explicit position ids
+    (token trees and static caches need both). Probed once per model with two tiny forwards: a
+    query that may not see its predecessor must give the same logits as the sequence without
+    that predecessor."""
     key = id(model)
     if key not in _TREE_MASK_SUPPORT:
         _TREE_MASK_SUPPORT[key] = _probe_tree_attention(model)
-    if not _TREE_MASK_SUPPORT[key]:
+    return _TREE_MASK_SUPPORT[key]
+
+
+def check_tree_attention(model: torch.nn.Module, name: str = "target") -> None:
+    """Raise ``ValueError`` unless ``model`` honours a custom 4D attention mask together with
+    explicit position ids, which token trees need (:func:`accepts_custom_4d_mask`)."""
+    if not accepts_custom_4d_mask(model):
         impl = getattr(getattr(model, "config", None), "_attn_implementation", None)
         raise ValueError(
             f"{name}: {type(model).__name__} (attention implementation {impl!r}) does not honour a custom 4D "

@@ -223,11 +223,32 @@ def split_sampling_warpers(logits_processor: Any, do_sample: bool) -> tuple[Any,
     return (LogitsProcessorList(others) if others else None), sampling
 
 
+DECODE_PATHS = ("eager", "static", "graphed")
+
+
+def check_decode_path(decode_path: Any, draft: Any) -> str:
+    """``decode_path`` checked (one of :data:`DECODE_PATHS`); ``draft=None`` (the target alone)
+    only runs on the static paths."""
+    if not isinstance(decode_path, str) or decode_path not in DECODE_PATHS:
+        raise ValueError(f"decode_path: expected one of {', '.join(repr(p) for p in DECODE_PATHS)}, got {decode_path!r}")
+    if draft is None and decode_path == "eager":
+        raise ValueError("draft: None (the target alone) runs only with decode_path='static' or 'graphed'; pass a "
+                         "draft model or a drafter")
+    return decode_path
+
+
 def as_drafter(target: torch.nn.Module, draft: Any, *, target_tokenizer: Any = None,
                draft_tokenizer: Any = None, tree: Any = None) -> tuple[Drafter, int, int]:
     """``(drafter, shared vocabulary size, vocabulary limit for prompt ids)`` from a draft model
     (checked against the target and wrapped in a :class:`ModelDrafter`, drafting ``tree`` when
-    given) or a drafter."""
+    given), a drafter, or None (the target alone, static paths only)."""
+    if draft is None:
+        from specdecode.engine.static_loop import TargetOnly
+
+        if tree is not None:
+            raise ValueError("tree: a tree needs a draft model")
+        check_model("target", target)
+        return TargetOnly(), vocab_rows(target), _embedding_rows(target)  # type: ignore[return-value]
     if isinstance(draft, torch.nn.Module):
         vocab = check_compatibility(target, draft, target_tokenizer=target_tokenizer, draft_tokenizer=draft_tokenizer)
         limit = min(_embedding_rows(target), _embedding_rows(draft))

@@ -33,7 +33,8 @@ class SpeculativeOutput:
 _KEYWORDS = (
     "num_draft_tokens", "rule", "max_new_tokens", "tree", "num_nodes", "tree_depth", "tree_children", "do_sample", "temperature", "top_k", "top_p", "min_p",
     "eos_token_id", "pad_token_id", "logits_processor", "stopping_criteria", "streamer", "draft_schedule",
-    "max_num_draft_tokens", "generator", "target_tokenizer", "draft_tokenizer", "stats",
+    "max_num_draft_tokens", "generator", "target_tokenizer", "draft_tokenizer", "stats", "decode_path",
+    "stop_check_every", "phase_timing",
 )
 
 
@@ -67,6 +68,9 @@ def generate(
     target_tokenizer: Any = None,
     draft_tokenizer: Any = None,
     stats: SpeculativeStats | None = None,
+    decode_path: str = "eager",
+    stop_check_every: int = 1,
+    phase_timing: bool = False,
     **rule_options: Any,
 ) -> SpeculativeOutput:
     """Speculative decoding of ``target`` with ``draft``: the same output distribution as
@@ -98,6 +102,17 @@ def generate(
     ``"heuristic"``, ``"optimal"`` or a :class:`DraftSchedule`. ``generator`` drives every
     random choice, so a seed fixes the output.
 
+    ``decode_path`` picks the engine: ``"eager"`` (default; everything above), ``"static"``
+    (static KV caches, every step decided on the device, at most one host synchronisation per
+    step; any device) or ``"graphed"`` (the static steps recorded once as CUDA graphs and
+    replayed; CUDA only). The static paths take chains with a constant ``num_draft_tokens``,
+    compiled rules, left-padded batches and no processors, stopping criteria or streamer; see
+    :mod:`specdecode.engine.static_loop`. There, ``draft=None`` decodes the target alone, and
+    ``stop_check_every=k`` checks for the end of the generation every ``k`` steps (each check
+    is one host synchronisation). ``phase_timing=True`` times the draft, target, verify and
+    bookkeeping phases separately (with ``"graphed"``: one CUDA graph per phase instead of one per
+    step, a little slower); without it the graphed path times only whole steps.
+
     Example:
         >>> target, draft, tok = specdecode.load_demo_pair()
         >>> ids = tok(["def add(a, b):\\n"], return_tensors="pt").input_ids
@@ -107,6 +122,7 @@ def generate(
     """
     start = time.perf_counter()
     rule_options = args.rule_options(rule, rule_options, "generate", _KEYWORDS)
+    decode_path = args.check_decode_path(decode_path, draft)
     builder = args.tree_builder(draft, tree, num_nodes, tree_depth, tree_children)
     drafter, vocab, vocab_limit = args.as_drafter(target, draft, target_tokenizer=target_tokenizer,
                                                   draft_tokenizer=draft_tokenizer, tree=builder)
@@ -140,5 +156,13 @@ def generate(
         stopping=stopping, streamer=streamer, generator=generator, vocab_size=vocab,
         schedule=make_schedule(draft_schedule, num_draft_tokens, max_num_draft_tokens),
     )
-    sequences, stats = run_engine(target, drafter, input_ids, mask, settings, stats, start_time=start)
+    if decode_path == "eager":
+        sequences, stats = run_engine(target, drafter, input_ids, mask, settings, stats, start_time=start)
+    else:
+        from specdecode.engine.static_loop import run_static_engine
+
+        args.check_int("stop_check_every", stop_check_every, 1)
+        sequences, stats = run_static_engine(target, drafter, input_ids, mask, settings, stats,
+                                             decode_path=decode_path, stop_check_every=stop_check_every,
+                                             phase_timing=bool(phase_timing), start_time=start)
     return SpeculativeOutput(sequences, stats)
