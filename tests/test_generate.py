@@ -351,3 +351,16 @@ def test_vocab_padding_pair(target_vocab, draft_vocab):
     assert int(sampled.sequences.max()) < 128
     via_plugin = plugin(target, draft, ids, mask, num_draft_tokens=4, do_sample=False, suppress_tokens=extra or None)
     assert torch.equal(via_plugin, ref)
+
+
+def test_stats_passed_in_accumulate_over_calls():
+    """A SpeculativeStats passed to several calls sums every counter, the whole-call time
+    included: the total can never fall below the sum of the phases it contains."""
+    target, draft = make_pair("llama")
+    ids, mask = left_padded([5, 8], seed=3)
+    stats = SpeculativeStats()
+    for _ in range(3):
+        generate(target, draft, ids, mask, max_new_tokens=6, eos_token_id=[], stats=stats)
+    assert stats.new_tokens == 3 * 2 * 6
+    phases = stats.draft_time + stats.target_time + stats.verify_time + stats.bookkeeping_time
+    assert stats.total_time >= phases > 0

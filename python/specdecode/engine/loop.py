@@ -506,12 +506,14 @@ def run_engine(target: torch.nn.Module, drafter: Drafter, input_ids: Tensor, att
                settings: EngineSettings, stats: SpeculativeStats | None = None, *,
                start_time: float | None = None) -> tuple[Tensor, SpeculativeStats]:
     """Generate with a fresh :class:`SpeculativeEngine`; returns ``(sequences, stats)``.
-    ``stats.total_time`` counts from ``start_time`` (a ``time.perf_counter()`` value taken
-    when the caller started checking its arguments), or from now."""
+    ``stats.total_time`` grows by the time since ``start_time`` (a ``time.perf_counter()`` value
+    taken when the caller started checking its arguments), or since now: a ``stats`` passed in
+    accumulates over calls like every other counter."""
     if stats is not None and not isinstance(stats, SpeculativeStats):
         raise TypeError(f"stats: expected a SpeculativeStats or None, got {type(stats).__name__}")
     engine = SpeculativeEngine(target, drafter, settings, stats)
     start = time.perf_counter() if start_time is None else start_time
+    total_before = engine.stats.total_time
     sequences = engine.generate(input_ids, attention_mask)
-    engine.stats.total_time = engine.clock() - start
+    engine.stats.total_time = total_before + (engine.clock() - start)
     return sequences, engine.stats
