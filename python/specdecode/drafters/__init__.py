@@ -3,6 +3,10 @@
 - :class:`Drafter` (protocol), :class:`Proposal`, :class:`CommitUpdate`, :class:`DraftState`:
   the contract between a drafter and the engine (:mod:`specdecode.drafters.base`).
 - :class:`ModelDrafter`: a second Hugging Face causal LM with its own KV cache.
+- :class:`NgramDrafter`: prompt lookup, no model (copies what followed an earlier occurrence
+  of each row's last tokens).
+- :class:`TokenizerBridgeDrafter`: a draft model with its own tokenizer (text is re-encoded
+  both ways).
 """
 
 from specdecode.drafters.base import (
@@ -14,6 +18,7 @@ from specdecode.drafters.base import (
     point_mass_logits,
 )
 from specdecode.drafters.model import ModelDrafter
+from specdecode.drafters.ngram import NgramDrafter
 
 __all__ = [
     "CommitUpdate",
@@ -21,6 +26,7 @@ __all__ = [
     "Drafter",
     "DrafterBase",
     "ModelDrafter",
+    "NgramDrafter",
     "Proposal",
     "point_mass_logits",
 ]
