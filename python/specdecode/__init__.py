@@ -17,7 +17,7 @@ from specdecode.analysis import (
     expected_tokens_per_call,
     optimal_num_draft_tokens,
 )
-from specdecode.drafters import Drafter, ModelDrafter, NgramDrafter, Proposal
+from specdecode.drafters import Drafter, ModelDrafter, NgramDrafter, Proposal, TokenizerBridgeDrafter
 from specdecode.engine import DraftSchedule, SpeculativeStats
 from specdecode.integrations.hf import SpeculativeOutput, check_compatibility, custom_generate, generate
 from specdecode.reference import VerifyOutput
@@ -43,6 +43,7 @@ __all__ = [
     "NgramDrafter",
     "Proposal",
     "SamplingParams",
+    "TokenizerBridgeDrafter",
     "load_demo_pair",
     "RuleInfo",
     "SpeculativeOutput",

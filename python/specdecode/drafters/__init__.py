@@ -19,6 +19,7 @@ from specdecode.drafters.base import (
 )
 from specdecode.drafters.model import ModelDrafter
 from specdecode.drafters.ngram import NgramDrafter
+from specdecode.drafters.tokenizer_bridge import TokenizerBridgeDrafter
 
 __all__ = [
     "CommitUpdate",
@@ -28,5 +29,6 @@ __all__ = [
     "ModelDrafter",
     "NgramDrafter",
     "Proposal",
+    "TokenizerBridgeDrafter",
     "point_mass_logits",
 ]
