@@ -1,16 +1,24 @@
-"""End-to-end generation benchmark: the target alone, Hugging Face assisted generation, and
-specdecode (token and block rules), on the same pair, prompts, seed and ``max_new_tokens``.
+"""End-to-end generation benchmark: the target alone, Hugging Face assisted generation (with the
+draft model, and its prompt-lookup mode), and specdecode with every drafter and rule, on the
+same pair, prompts, seed and ``max_new_tokens``.
 
     python -m specdecode bench                  # cost-realistic pair, full table
     python -m specdecode bench --quick          # CI smoke run (small, a few seconds)
+    python -m specdecode bench --drafters ngram --rules token --batch-sizes 1
     python -m specdecode bench --plot           # also PNGs: acceptance by position, speedup vs gamma
     python benchmarks/bench_generate.py ...     # the same
+
+Drafters (``--drafters``, see :func:`drafter_factories`): ``model`` (the draft model,
+:class:`~specdecode.drafters.ModelDrafter`), ``ngram`` (prompt lookup,
+:class:`~specdecode.drafters.NgramDrafter`), and ``layerskip-1/2/3`` (the target's first k
+layers, when this build has ``LayerSkipDrafter``). Each runs with every rule of ``--rules``.
 
 Every configuration runs in one process, one after the other, ``--repeats`` times; tokens/s is
 the median over repeats. EOS is disabled for every method, so each generates exactly
 ``max_new_tokens`` per prompt. Batch 8: specdecode runs one left-padded batch; the target alone
-runs one batched ``generate``; Hugging Face assisted generation supports batch 1 only, so it is
-8 sequential calls. Ratios compare with the target alone and with HF measured in the same run.
+runs one batched ``generate``; Hugging Face assisted generation (both modes) supports batch 1
+only, so it is 8 sequential calls. Ratios compare with the target alone and with both HF modes
+measured in the same run.
 """
 
 from __future__ import annotations
@@ -26,7 +34,27 @@ import torch
 from specdecode.analysis import expected_speedup
 from specdecode.benchmarking import base_parser, environment, format_table, time_call, write_results
 
-METHODS_T = ("target alone", "HF assisted", "specdecode token", "specdecode block")
+BASELINES = ("target alone", "HF assisted", "HF prompt lookup")
+RULES = ("token", "block")
+
+
+def drafter_factories(target: Any, draft: Any) -> dict[str, Callable[[], Any]]:
+    """The drafter axis: name -> a function building a fresh drafter (or a draft model) for one
+    generation. Adding a drafter to the benchmark is one entry here."""
+    from specdecode import drafters
+
+    factories: dict[str, Callable[[], Any]] = {
+        "model": lambda: drafters.ModelDrafter(draft),
+        "ngram": lambda: drafters.NgramDrafter(),
+    }
+    if hasattr(drafters, "LayerSkipDrafter"):  # written on another branch
+        for k in (1, 2, 3):
+            factories[f"layerskip-{k}"] = lambda k=k: drafters.LayerSkipDrafter(target, num_layers=k)
+    return factories
+
+
+def method_name(drafter: str, rule: str) -> str:
+    return f"specdecode {drafter} {rule}"
 
 
 def load_pair(pair: str = "benchmark", target_path: str | None = None, draft_path: str | None = None
@@ -113,8 +141,14 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     def sampling(temperature: float) -> dict[str, Any]:
         return dict(do_sample=True, temperature=temperature) if temperature > 0 else dict(do_sample=False)
 
+    factories = drafter_factories(target, draft)
+    unknown = [d for d in args.drafters if d not in factories]
+    if unknown:
+        raise SystemExit(f"--drafters: unknown {unknown}; this build has {sorted(factories)}")
+    specs = {method_name(d, r): (d, r) for d in args.drafters for r in args.rules}
+    methods = list(BASELINES) + list(specs)
     cases: list[tuple[float, int, str]] = [
-        (t, b, m) for t in args.temperatures for b in args.batch_sizes for m in METHODS_T
+        (t, b, m) for t in args.temperatures for b in args.batch_sizes for m in methods
     ]
     results: dict[tuple[float, int, str], dict[str, Any]] = {}
     bar = tqdm(total=len(cases) * args.repeats, desc="bench", unit="run")
@@ -131,15 +165,16 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                 for ids, mask in padded:
                     out = target.generate(ids, attention_mask=mask, **common, **sampling(temperature))
                     new_tokens += (out.shape[1] - ids.shape[1]) * ids.shape[0]
-            elif method == "HF assisted":  # batch 1 only: one call per prompt
+            elif method.startswith("HF "):  # batch 1 only: one call per prompt
+                mode = dict(assistant_model=draft) if method == "HF assisted" else dict(prompt_lookup_num_tokens=gamma)
                 for p in prompts[: len(groups) * batch_size]:
-                    out = target.generate(p, attention_mask=torch.ones_like(p), assistant_model=draft,
-                                          **common, **sampling(temperature))
+                    out = target.generate(p, attention_mask=torch.ones_like(p), **mode, **common,
+                                          **sampling(temperature))
                     new_tokens += out.shape[1] - p.shape[1]
             else:
-                rule = method.split()[-1]
+                name, rule = specs[method]
                 for ids, mask in padded:
-                    out = specdecode.generate(target, draft, ids, mask if batch_size > 1 else None,
+                    out = specdecode.generate(target, factories[name](), ids, mask if batch_size > 1 else None,
                                               num_draft_tokens=gamma, rule=rule, eos_token_id=None,
                                               generator=gen, **common, **sampling(temperature))
                     new_tokens += (out.sequences.shape[1] - ids.shape[1]) * ids.shape[0]
@@ -152,16 +187,21 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
         row: dict[str, Any] = {"temperature": temperature, "batch": batch_size, "method": method,
                                "tokens": counts[0], "tok_per_s": tokens_per_s}
         if stats_runs:
+            name = specs[method][0]
             alpha = statistics.median(s.alpha for s in stats_runs)
             per_position = [statistics.median(s.acceptance_rate_per_position[i] for s in stats_runs
                                               if i < len(s.acceptance_rate_per_position))
                             for i in range(gamma)]
             efficiency = statistics.median(s.block_efficiency for s in stats_runs)
-            row.update(alpha=alpha, block_efficiency=efficiency,
+            # Leviathan's c: the measured decode-step ratio for the draft model; for other
+            # drafters the per-call ratio the run measured (0 for a drafter without a model).
+            c = c_measured if name == "model" else statistics.median(s.cost_ratio for s in stats_runs)
+            row.update(drafter=name, rule=specs[method][1], alpha=alpha, block_efficiency=efficiency,
                        draft_call_s=statistics.median(s.draft_time_per_call for s in stats_runs),
+                       draft_step_s=statistics.median(s.draft_time / max(s.steps, 1) for s in stats_runs),
                        verify_call_s=statistics.median(s.target_time_per_call for s in stats_runs),
                        acceptance_by_position=[round(a, 4) for a in per_position],
-                       predicted_speedup=expected_speedup(min(alpha, 1.0), gamma, c_measured),
+                       predicted_speedup=expected_speedup(min(alpha, 1.0), gamma, c),
                        verify_share=statistics.median(s.verify_time / max(s.total_time, 1e-12) for s in stats_runs),
                        bookkeeping_share=statistics.median(s.bookkeeping_time / max(s.total_time, 1e-12)
                                                            for s in stats_runs))
@@ -171,17 +211,17 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     rows = []
     for (temperature, batch_size, method), row in results.items():
         base = results[(temperature, batch_size, "target alone")]["tok_per_s"]
-        hf = results[(temperature, batch_size, "HF assisted")]["tok_per_s"]
         row["x_target"] = row["tok_per_s"] / base
-        row["x_hf"] = row["tok_per_s"] / hf
+        row["x_hf_assisted"] = row["tok_per_s"] / results[(temperature, batch_size, "HF assisted")]["tok_per_s"]
+        row["x_hf_lookup"] = row["tok_per_s"] / results[(temperature, batch_size, "HF prompt lookup")]["tok_per_s"]
         if "predicted_speedup" in row:
             row["measured_over_predicted"] = row["x_target"] / row["predicted_speedup"]
             # Leviathan's formula assumes a verify call (gamma+1 tokens) costs one decode step of
             # the target. On a CPU it costs more; this prediction uses the measured costs instead:
-            # tokens per call x (target-alone time per token) / (gamma draft calls + one verify call).
+            # tokens per call x (target-alone time per token) / (drafting + one verify call per step).
             step_s = batch_size / base  # target alone: seconds per decode step of the batch
             row["cost_aware_prediction"] = (row["block_efficiency"] * step_s
-                                            / (gamma * row["draft_call_s"] + row["verify_call_s"]))
+                                            / (row["draft_step_s"] + row["verify_call_s"]))
             row["measured_over_cost_aware"] = row["x_target"] / row["cost_aware_prediction"]
         rows.append(row)
     meta = {**environment(), "pair": pair_name, "cost_ratio_c": c_measured, "gamma": gamma,
@@ -191,12 +231,12 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
         sweep = gamma_sweep(target, draft, prompts, args, c_measured, pad_id)
         meta["gamma_sweep"] = sweep
         plot(rows, sweep, Path(args.out))
-    columns = ["temperature", "batch", "method", "tok_per_s", "x_target", "x_hf", "alpha", "block_efficiency",
-               "predicted_speedup", "measured_over_predicted", "cost_aware_prediction", "measured_over_cost_aware"]
+    columns = ["temperature", "batch", "method", "tok_per_s", "x_target", "x_hf_assisted", "x_hf_lookup", "alpha",
+               "block_efficiency", "predicted_speedup", "cost_aware_prediction", "measured_over_cost_aware"]
     print(format_table(rows, columns))
     for row in rows:
         if "acceptance_by_position" in row:
-            print(f"  alpha by position  T={row['temperature']} B={row['batch']} {row['method']:17s} "
+            print(f"  alpha by position  T={row['temperature']} B={row['batch']} {row['method']:26s} "
                   + " ".join(f"{a:.2f}" for a in row["acceptance_by_position"]))
     csv_path, json_path = write_results(args.out, "bench_generate", rows, meta)
     print(f"wrote {csv_path} and {json_path}")
@@ -287,6 +327,9 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     parser.add_argument("--num-draft-tokens", "--gamma", type=int, default=5)
     parser.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--drafters", nargs="+", default=None,
+                        help="specdecode drafters to run (default: every one this build has; see drafter_factories)")
+    parser.add_argument("--rules", nargs="+", default=list(RULES), help="verification rules for every drafter")
     parser.add_argument("--plot", action="store_true", help="write PNG figures to --out")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch CPU threads (default: torch's choice; 1 avoids stalls on a busy machine)")
@@ -301,6 +344,11 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
         args.max_new_tokens = min(args.max_new_tokens, 12)
         args.batch_sizes = [b if b == 1 else 2 for b in args.batch_sizes]
     args.repeats = args.repeats or (1 if args.quick else 3)
+    if args.drafters is None:
+        import specdecode.drafters as drafters
+
+        args.drafters = ["model", "ngram"] + ([f"layerskip-{k}" for k in (1, 2, 3)]
+                                              if hasattr(drafters, "LayerSkipDrafter") and not args.quick else [])
     if args.threads:
         torch.set_num_threads(args.threads)
     run(args)
