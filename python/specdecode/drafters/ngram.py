@@ -1,44 +1,45 @@
 """``NgramDrafter``: prompt lookup. Each row drafts by copying what followed an earlier
 occurrence of its own last few tokens; no model.
 
-Matching runs on the device as a handful of tensor ops over the whole batch: the rows' real
-tokens are first packed to the right of one ``[b, W]`` buffer (left padding and the holes of
-rejected drafts squeezed out, ``-1`` in front), then for ``n = 1 .. max_ngram`` a boolean
-``[b, W]`` map marks the positions ``e`` where the ``n`` tokens ending at ``e`` equal the row's
-last ``n`` tokens (each ``n`` adds one comparison to the map of ``n - 1``). The cost per step is
-``O(b * W * max_ngram)`` elementwise work and one host read (the longest proposal), with no
-Python loop over rows or positions.
+Matching is a handful of vectorised array operations over the whole batch, on the host (NumPy:
+a few microseconds per operation, where a PyTorch CPU operation costs several times that and
+the arrays are small; from a GPU the context crosses once per step, about ``8 * b * W`` bytes).
+The rows' real tokens are first packed to the right of one ``[b, W]`` array (left padding and
+the holes of rejected drafts squeezed out, ``-1`` in front); then for ``n = 1 .. max_ngram`` a
+boolean ``[b, W]`` map marks the positions ``e`` where the ``n`` tokens ending at ``e`` equal
+the row's last ``n`` tokens (each ``n`` adds one comparison to the map of ``n - 1``). The cost
+per step is ``O(b * W * max_ngram)`` elementwise work, with no Python loop over rows or
+positions.
 """
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from torch import Tensor
 
 from specdecode.drafters.base import CommitUpdate, DrafterBase, DraftState, Proposal
 
 
-def packed_contexts(tokens: Tensor, attention_mask: Tensor) -> tuple[Tensor, Tensor]:
-    """Every row's real tokens, in order, right-aligned in one buffer padded with ``-1`` on the
+def packed_contexts(tokens: np.ndarray, attention_mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Every row's real tokens, in order, right-aligned in one array padded with ``-1`` on the
     left; and each row's number of real tokens.
 
     Shape:
-        tokens, attention_mask: ``[b, W]`` int64 (mask 1 = real token, 0 = padding or a hole).
+        tokens, attention_mask: ``[b, W]`` integers (mask 1 = real token, 0 = padding or a hole).
         returns: ``([b, W]`` int64, ``[b]`` int64).
     """
     b, width = tokens.shape
-    real = attention_mask.bool()
+    real = attention_mask.astype(bool)
     lengths = real.sum(1)
-    # destination column of each real token: right-aligned, order kept; the rest go to a trash column
-    dest = real.long().cumsum(1) - 1 + (width - lengths)[:, None]
-    dest = torch.where(real, dest, width)
-    packed = torch.full((b, width + 1), -1, dtype=tokens.dtype, device=tokens.device)
-    packed.scatter_(1, dest, tokens)
-    return packed[:, :width], lengths
+    packed = np.full((b, width), -1, dtype=np.int64)
+    # row-major order on both sides: row r's real tokens fill its last lengths[r] columns, in order
+    packed[np.arange(width)[None, :] >= (width - lengths)[:, None]] = tokens[real]
+    return packed, lengths
 
 
-def ngram_lookup(context: Tensor, lengths: Tensor, num_tokens: int, max_ngram: int, min_ngram: int,
-                 extend_period: bool = True) -> tuple[Tensor, Tensor, Tensor]:
+def ngram_lookup(context: np.ndarray, lengths: np.ndarray, num_tokens: int, max_ngram: int, min_ngram: int,
+                 extend_period: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The prompt-lookup proposal of every row of a packed batch (see :func:`packed_contexts`).
 
     For ``n`` from ``max_ngram`` down to ``min_ngram``, the first ``n`` for which the row's last
@@ -53,19 +54,19 @@ def ngram_lookup(context: Tensor, lengths: Tensor, num_tokens: int, max_ngram: i
     Shape:
         context: ``[b, W]`` int64, real tokens right-aligned, ``-1`` in front.
         lengths: ``[b]`` int64 real tokens per row.
-        returns: ``(draft_tokens [b, num_tokens], num_draft_tokens [b], ngram [b])`` — entries
-        of a row beyond its count repeat its last token; ``ngram`` is the matched ``n`` (0: none).
+        returns: ``(draft_tokens [b, num_tokens], num_draft_tokens [b], ngram [b])`` int64 —
+        entries of a row beyond its count repeat its last token; ``ngram`` is the matched ``n``
+        (0: none).
     """
     b, width = context.shape
-    device = context.device
     num_ends = width - 1  # a match must end before the last token, so that something follows it
     if num_ends <= 0 or num_tokens <= 0:
-        zeros = context.new_zeros(b)
-        return context.new_zeros((b, max(num_tokens, 0))), zeros, zeros
-    ends = torch.arange(num_ends, device=device)
-    last_end = torch.zeros(b, dtype=torch.long, device=device)
-    ngram = torch.zeros(b, dtype=torch.long, device=device)
-    matches = torch.ones((b, num_ends), dtype=torch.bool, device=device)
+        zeros = np.zeros(b, dtype=np.int64)
+        return np.zeros((b, max(num_tokens, 0)), dtype=np.int64), zeros, zeros.copy()
+    ends = np.arange(num_ends)
+    last_end = np.zeros(b, dtype=np.int64)
+    ngram = np.zeros(b, dtype=np.int64)
+    matches = np.ones((b, num_ends), dtype=bool)
     for n in range(1, min(max_ngram, num_ends) + 1):
         i = n - 1  # compare the token i places before a match's end with the row's i-th last token
         if i:
@@ -74,21 +75,21 @@ def ngram_lookup(context: Tensor, lengths: Tensor, num_tokens: int, max_ngram: i
         if n < min_ngram:
             continue
         usable = matches & (lengths > i)[:, None]  # a row shorter than n has no n-gram of its own
-        end = torch.where(usable, ends, -1).amax(1)  # the most recent occurrence
+        end = np.where(usable, ends, -1).max(1)  # the most recent occurrence
         hit = end >= 0
-        last_end = torch.where(hit, end, last_end)  # a longer n-gram overrides a shorter one
-        ngram = torch.where(hit, n, ngram)
+        last_end = np.where(hit, end, last_end)  # a longer n-gram overrides a shorter one
+        ngram = np.where(hit, n, ngram)
     start = last_end + 1
     period = width - start  # tokens after the occurrence (>= 1)
-    steps = torch.arange(num_tokens, device=device)
+    steps = np.arange(num_tokens)
     if extend_period:
         index = start[:, None] + steps[None, :] % period[:, None]
-        counts = torch.where(ngram > 0, num_tokens, 0)
+        counts = np.where(ngram > 0, num_tokens, 0)
     else:
-        index = (start[:, None] + steps[None, :]).clamp_max(width - 1)
-        counts = torch.where(ngram > 0, period.clamp_max(num_tokens), 0)
-    draft = context.gather(1, index)
-    draft = torch.where(steps[None, :] >= counts[:, None], context[:, -1:], draft)
+        index = np.minimum(start[:, None] + steps[None, :], width - 1)
+        counts = np.where(ngram > 0, np.minimum(period, num_tokens), 0)
+    draft = np.take_along_axis(context, index, 1)
+    draft = np.where(steps[None, :] >= counts[:, None], context[:, -1:], draft)
     return draft, counts, ngram
 
 
@@ -174,16 +175,16 @@ class NgramDrafter(DrafterBase):
 
     def reset(self) -> None:
         # verified[n, i] / accepted[n, i]: draft position i (0-based) after an n-gram match
-        self.verified = torch.zeros((self.max_ngram + 1, 0), dtype=torch.float64)
-        self.accepted = torch.zeros_like(self.verified)
-        self._last: tuple[Tensor, Tensor] | None = None  # (ngram [b], counts [b]) of the last proposal
+        self.verified = np.zeros((self.max_ngram + 1, 0))
+        self.accepted = np.zeros_like(self.verified)
+        self._last: tuple[np.ndarray, np.ndarray] | None = None  # (ngram [b], counts [b]) of the last proposal
 
     def describe(self) -> dict:
         return {"drafter": self.name, "max_ngram": self.max_ngram, "min_ngram": self.min_ngram,
                 "max_lookback": self.max_lookback, "extend_period": self.extend_period,
                 "min_acceptance": self.min_acceptance}
 
-    def acceptance_estimates(self, num_tokens: int) -> Tensor:
+    def acceptance_estimates(self, num_tokens: int) -> np.ndarray:
         """Estimated probability that draft position ``i`` is accepted after an ``n``-gram match
         (the product of the per-position acceptance estimates up to ``i``).
 
@@ -198,48 +199,58 @@ class NgramDrafter(DrafterBase):
     def _grow(self, num_tokens: int) -> None:
         extra = num_tokens - self.verified.shape[1]
         if extra > 0:
-            pad = torch.zeros((self.max_ngram + 1, extra), dtype=torch.float64)
-            self.verified = torch.cat([self.verified, pad], 1)
-            self.accepted = torch.cat([self.accepted, pad.clone()], 1)
+            pad = np.zeros((self.max_ngram + 1, extra))
+            self.verified = np.concatenate([self.verified, pad], 1)
+            self.accepted = np.concatenate([self.accepted, pad], 1)
 
-    @torch.no_grad()
     def propose(self, state: DraftState, num_tokens: int) -> Proposal:
         columns = state.num_columns
+        lo = 0
+        if self.max_lookback is not None and not state.has_holes:
+            lo = max(columns - self.max_lookback, 0)
+        tokens = _host(state.tokens[:, lo:columns])
         if state.has_holes:
-            context, lengths = packed_contexts(state.tokens[:, :columns], state.attention_mask[:, :columns])
+            context, lengths = packed_contexts(tokens, _host(state.attention_mask[:, :columns]))
             if self.max_lookback is not None and context.shape[1] > self.max_lookback:
                 context = context[:, -self.max_lookback:]
-                lengths = lengths.clamp_max(self.max_lookback)
+                lengths = np.minimum(lengths, self.max_lookback)
         else:  # every column is a real token (batch 1, or no padding and no rejected drafts)
-            lo = 0 if self.max_lookback is None else max(columns - self.max_lookback, 0)
-            context = state.tokens[:, lo:columns]
-            lengths = torch.full((state.batch_size,), columns - lo, dtype=torch.long, device=state.device)
+            context = tokens
+            lengths = np.full(state.batch_size, columns - lo, dtype=np.int64)
         draft, counts, ngram = ngram_lookup(context, lengths, num_tokens, self.max_ngram, self.min_ngram,
                                             self.extend_period)
         if self.min_acceptance > 0.0:
             keep = self.acceptance_estimates(num_tokens) >= self.min_acceptance
-            limit = keep.long().cumprod(1).sum(1).to(counts.device)  # [max_ngram + 1]
-            counts = torch.minimum(counts, limit[ngram])
+            limit = keep.cumprod(1).sum(1)  # [max_ngram + 1]: positions before the first cut
+            counts = np.minimum(counts, limit[ngram])
         # Ids the target cannot score (prompt ids beyond its logits) end a row's proposal.
         invalid = draft >= state.vocab_size
-        first_invalid = torch.where(invalid.any(1), invalid.long().argmax(1), num_tokens)
-        counts = torch.minimum(counts, first_invalid)
-        draft = draft.masked_fill(invalid, 0)
-        longest = int(counts.max()) if counts.numel() else 0
+        counts = np.minimum(counts, np.where(invalid.any(1), invalid.argmax(1), num_tokens))
+        draft = np.where(invalid, 0, draft)
+        longest = int(counts.max()) if counts.size else 0
         self._last = (ngram, counts) if longest else None
-        return Proposal(draft[:, :longest].contiguous(), None, counts)
+        device = state.device
+        return Proposal(torch.from_numpy(np.ascontiguousarray(draft[:, :longest])).to(device), None,
+                        torch.from_numpy(counts.astype(np.int64)).to(device))
 
     def commit(self, update: CommitUpdate) -> None:
         last, self._last = self._last, None
         if last is None:
             return
-        ngram, counts = (t.cpu() for t in last)
-        accepted = update.accepted_len.cpu()
+        ngram, counts = last
+        accepted = _host(update.accepted_len)
         k = int(counts.max())
         self._grow(k)
-        positions = torch.arange(k)
+        positions = np.arange(k)
         # position i was verified when the proposal reached it and every earlier draft was accepted
-        verified = (positions[None, :] < torch.minimum(accepted + 1, counts)[:, None]).double()
-        taken = (positions[None, :] < accepted[:, None]).double()
-        self.verified[:, :k].index_add_(0, ngram, verified)
-        self.accepted[:, :k].index_add_(0, ngram, taken)
+        verified = positions[None, :] < np.minimum(accepted + 1, counts)[:, None]
+        taken = positions[None, :] < accepted[:, None]
+        for n in np.unique(ngram[counts > 0]):
+            rows = ngram == n
+            self.verified[n, :k] += verified[rows].sum(0)
+            self.accepted[n, :k] += taken[rows].sum(0)
+
+
+def _host(tensor: Tensor) -> np.ndarray:
+    """A tensor's values as a NumPy array (no copy for a CPU tensor)."""
+    return tensor.detach().cpu().numpy()
