@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import copy
 import statistics
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -35,6 +36,10 @@ from specdecode.analysis import expected_speedup
 from specdecode.benchmarking import base_parser, environment, format_table, time_call, write_results
 
 BASELINES = ("target alone", "HF assisted", "HF prompt lookup")
+# --clock: wall time, or the benchmark thread's CPU time (CPU runs with --threads 1 only: on a
+# machine shared with other work it is far less noisy; it does not see GPU time). The per-phase
+# times of SpeculativeStats behind the cost-aware prediction stay wall times.
+CLOCKS = {"wall": time.perf_counter, "cpu": time.thread_time}
 RULES = ("token", "block")
 
 
@@ -182,7 +187,8 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
             return new_tokens
 
         counts: list[int] = []
-        times = time_call(lambda: counts.append(once()) or bar.update(1), repeats=args.repeats, warmup=0)
+        times = time_call(lambda: counts.append(once()) or bar.update(1), repeats=args.repeats, warmup=0,
+                          clock=CLOCKS[args.clock])
         tokens_per_s = statistics.median(n / t for n, t in zip(counts, times))
         row: dict[str, Any] = {"temperature": temperature, "batch": batch_size, "method": method,
                                "tokens": counts[0], "tok_per_s": tokens_per_s}
@@ -224,7 +230,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                                             / (row["draft_step_s"] + row["verify_call_s"]))
             row["measured_over_cost_aware"] = row["x_target"] / row["cost_aware_prediction"]
         rows.append(row)
-    meta = {**environment(), "pair": pair_name, "cost_ratio_c": c_measured, "gamma": gamma,
+    meta = {**environment(), "clock": args.clock, "pair": pair_name, "cost_ratio_c": c_measured, "gamma": gamma,
             "max_new_tokens": args.max_new_tokens, "num_prompts": len(prompts), "args": vars(args)}
 
     if args.plot:
@@ -330,6 +336,8 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     parser.add_argument("--drafters", nargs="+", default=None,
                         help="specdecode drafters to run (default: every one this build has; see drafter_factories)")
     parser.add_argument("--rules", nargs="+", default=list(RULES), help="verification rules for every drafter")
+    parser.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
+                        help="wall time, or this thread's CPU time (with --threads 1 on a busy CPU machine)")
     parser.add_argument("--plot", action="store_true", help="write PNG figures to --out")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch CPU threads (default: torch's choice; 1 avoids stalls on a busy machine)")
@@ -351,6 +359,8 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
                                               if hasattr(drafters, "LayerSkipDrafter") and not args.quick else [])
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.clock == "cpu" and torch.get_num_threads() != 1:
+        raise SystemExit("--clock cpu: counts only this thread's CPU time; run with --threads 1")
     run(args)
 
 
