@@ -89,7 +89,10 @@ def main() -> None:
             })
     columns = ["B", "gamma", "V", "impl", "median_us", "GB/s", "x_vs_torch_token", "x_vs_hf", "mean_accepted"]
     print(format_table(rows, columns))
-    csv_path, json_path = write_results(args.out, "bench_verify_cpu", rows, {**environment(), "args": vars(args)})
+    from specdecode._ops import build_info
+
+    meta = {**environment(), "cpu_isa": build_info().get("cpu_isa"), "args": vars(args)}
+    csv_path, json_path = write_results(args.out, "bench_verify_cpu", rows, meta)
     print(f"\nwrote {csv_path} and {json_path}")
 
 

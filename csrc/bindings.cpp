@@ -3,6 +3,8 @@
 #include <pybind11/pybind11.h>
 #include <torch/version.h>
 
+#include "kernels/logit_loops.h"
+
 namespace py = pybind11;
 
 PYBIND11_MODULE(_C, m) {
@@ -17,6 +19,9 @@ PYBIND11_MODULE(_C, m) {
     info["compiler"] = SPECDECODE_CXX_COMPILER;
     info["torch_build_version"] = TORCH_VERSION;
     info["cxx11_abi"] = static_cast<bool>(_GLIBCXX_USE_CXX11_ABI);
+    // The instruction set the CPU logit loops run with in this process (SPECDECODE_CPU_ISA
+    // can narrow it; see kernels/logit_loops.h).
+    info["cpu_isa"] = specdecode::kernels::logit_loops_isa();
     return info;
   });
 }

@@ -1,4 +1,4 @@
-"""Shared helpers of the statistical tests (spec §8): synthetic context-dependent target/draft
+"""Shared helpers of the statistical tests (docs/verification.md §8): synthetic context-dependent target/draft
 models, exact enumeration of their joints and expected accepted lengths, the Monte-Carlo
 harness that runs a verification rule and completes its output to gamma+1 tokens, a
 chi-square / G goodness-of-fit test that pools cells with small expected counts, and
@@ -201,7 +201,7 @@ def table_row_fns(tables: PrefixTables):
 
 
 def exact_expected_accepted(p_fn, q_fn, V: int, gamma: int, rule: str):
-    """Exact ``E[tau]`` over drafts ``x ~ q`` by enumerating every draft prefix (spec §8).
+    """Exact ``E[tau]`` over drafts ``x ~ q`` by enumerating every draft prefix (docs/verification.md §8).
 
     ``p_fn(prefix)`` / ``q_fn(prefix)`` return the conditional rows (lists of floats or of
     :class:`fractions.Fraction`, in which case the result is an exact Fraction).
@@ -453,7 +453,7 @@ def run_lossless_experiment(
 
 
 def inverse_cdf(weights: Tensor, u: Tensor) -> Tensor:
-    """Batched inverse-CDF draw (spec §7): the first x with ``cumsum[x] > u * total`` and
+    """Batched inverse-CDF draw (docs/verification.md §7): the first x with ``cumsum[x] > u * total`` and
     ``weights[x] > 0``; the last positive token if rounding leaves none; -1 for zero mass.
 
     Shape: weights ``[N, V]`` float64 >= 0, u ``[N]`` -> ``[N]`` int64."""
@@ -525,7 +525,7 @@ def make_token_rule(*, residual: bool = True, accept: str = "ratio") -> Callable
 
 
 def make_block_rule(*, h: str = "correct") -> Callable:
-    """A vectorised PyTorch block-verification rule (spec §3). ``h="correct"`` is the lossless
+    """A vectorised PyTorch block-verification rule (docs/verification.md §3). ``h="correct"`` is the lossless
     rule (a control); ``h="w"`` is the broken variant that uses ``h_i = w_i`` for every i."""
 
     def rule(target_probs, draft_probs, draft_tokens, *, num_draft_tokens, uniforms):

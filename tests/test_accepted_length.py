@@ -1,4 +1,4 @@
-"""Expected accepted length (spec §3, §8): exact values by enumeration, token vs block vs the
+"""Expected accepted length (docs/verification.md §3, §8): exact values by enumeration, token vs block vs the
 full-information ideal, the paper's two-token example, and the ops' empirical mean
 accepted_len against the exact values.
 

@@ -1,4 +1,4 @@
-"""The analysis formulas of spec §9 (Leviathan et al. 2022, §3): Table 1's speedups, the
+"""The analysis formulas of docs/verification.md §9 (Leviathan et al. 2022, §3): Table 1's speedups, the
 closed forms, the optimal draft length, acceptance_rate = 1 - TV, and bad inputs.
 """
 

@@ -1,64 +1,51 @@
-"""The CUDA implementations of ``verify_probs`` / ``verify_logits`` (csrc/ops/verify_cuda.cu over
-the kernels in csrc/kernels/cuda/).
+"""The CUDA implementations of the verify / sample ops (csrc/ops/verify_cuda.cpp and
+sample_cuda.cpp, host code, over the torch-free kernels in csrc/kernels/cuda/).
 
 Every test that needs a GPU takes the ``cuda`` fixture, which skips when
 ``torch.cuda.is_available()`` is false (checked when the test runs, never at import) and fails
 when a GPU is there but specdecode was built without its CUDA kernels. The Philox
-known-answer test needs no GPU.
+known-answer test needs no GPU. (tests/test_cuda_emulation.py runs the same kernels without a
+GPU, under a CPU emulator.)
 
 What is checked:
-  * CPU vs CUDA agreement on tokens and accepted lengths with the SAME uniforms, for
-    V in {111, 32000, 128256, 151936}, B in {1, 17, 64}, every rule, both ops, float32 /
-    float16 / bfloat16, plus top-k / top-p / min-p with tied logits, ragged rows, float64,
-    non-contiguous inputs, large gamma, an empty batch;
-  * the exact joint-distribution test of spec §8 for token and block verification run on the
-    GPU, and a deliberately broken variant (y ~ p instead of the residual after a rejection)
-    that the same test must reject; E[tau] against its exact value;
-  * torch.library.opcheck with CUDA inputs; bad input raising the CPU's ValueError;
-  * the graph-safe Philox variant (when its schema is registered): coins equal to the Python
-    Philox below, and a CUDA-graph capture replayed with advancing offsets.
-
-Expected differences between CPU and CUDA (and how they are bounded here):
-  * verify_probs reads the same float64 values on both sides; only summation order differs
-    (the CPU sums sequentially, the GPU in parallel, both in float64), so a decision can only
-    differ when a coin lies within ~1e-13 of its threshold. Allowed margin: 1e-9.
-  * verify_logits computes every unnormalised weight e = exp((l - max) / T) bit-identically,
-    but the CPU sums the normaliser in float32 chunks of 2048 (float64 across chunks) while
-    the GPU sums in float64: 1/sum differs by up to ~1e-6 relative. An acceptance decision
-    can then differ when |u - p/q| is within ~1e-6, and a residual draw when u lies within
-    ~1e-6 / (residual mass) of a boundary of the residual's CDF. Allowed margin: 1e-5 (scaled
-    by 1 / residual mass for draws).
-  A mismatching row is accepted only if the reference math (float64, specdecode.reference)
-  puts the coin of the first disagreeing decision within that margin of its threshold, or,
-  when only the emitted token differs, puts the GPU's token's CDF interval within that margin
-  of the coin. Greedy decisions and argmax corrections must agree exactly.
+  * CPU vs CUDA agreement on tokens and accepted lengths with the SAME uniforms (rules of
+    tests/cuda_agreement.py), for V in {111, 32000, 128256, 151936}, B in {1, 17, 64}, every
+    rule, both verify ops and sample_logits, float32 / float16 / bfloat16, plus top-k / top-p /
+    min-p with tied logits, ragged rows, float64, non-contiguous inputs, gamma up to 8000 (no
+    per-row shared-memory limit any more), an empty batch; repeated calls give identical
+    results (deterministic reductions);
+  * token / greedy / typical / top-beta never validate a position after the first rejection;
+  * every error of every op, triggered in a subprocess (a crash fails one test instead of
+    killing pytest), raises the CPU op's exception type and message; mixed devices raise a
+    ValueError naming the device;
+  * the exact joint-distribution test of docs/verification.md section 8 for token and block
+    verification on the GPU, and a deliberately broken variant that the same test must reject;
+  * torch.library.opcheck with CUDA inputs for every op;
+  * the graph-safe Philox ops: coins equal to the Python Philox, CUDA-graph captures (verify and
+    sample, with filters) replayed with advancing offsets.
 """
 
 from __future__ import annotations
 
+import json
 import math
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 import specdecode
-import stat_utils as su
-from specdecode import reference
 from specdecode.reference import VerifyOutput
+
+import op_error_cases
+import stat_utils as su
+from cuda_agreement import RULES, assert_agree, assert_samples_agree, logit_inputs, prob_inputs, to_device
+from stat_utils import _MASK32, philox4x32_10, philox_uniforms  # Python reference of kernels/philox.h
 
 OPS = torch.ops.specdecode
 pytestmark = pytest.mark.cuda
-
-RULES = [
-    ("token", []),
-    ("block", []),
-    ("greedy", []),
-    ("typical", [0.09, 0.3, 0.0]),
-    ("typical", [0.09, 0.3, 1.0]),  # sample_correction: y ~ p
-    ("top_beta", [3.0, 1.0]),
-]
-PROBS_MARGIN = 1e-9
-LOGITS_MARGIN = 1e-5
 
 
 @pytest.fixture
@@ -66,7 +53,8 @@ def cuda() -> torch.device:
     """The CUDA device; skips without one (queried at test time, not at import)."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA device")
-    for op in ("verify_probs", "verify_logits"):
+    for op in ("verify_probs", "verify_logits", "verify_probs_philox", "verify_logits_philox", "sample_logits",
+               "sample_logits_philox"):
         assert torch._C._dispatch_has_kernel_for_dispatch_key(f"specdecode::{op}", "CUDA"), (
             f"a CUDA device is available but specdecode::{op} has no CUDA kernel: the extension was built "
             "without CUDA (python -m specdecode.info shows the build)"
@@ -74,157 +62,17 @@ def cuda() -> torch.device:
     return torch.device("cuda")
 
 
-# ----------------------------------------------------------------------------------- inputs
-
-
-def _logit_inputs(B, gamma, V, dtype, seed, *, ragged=True, noise=0.7, quantize=False):
-    """Target logits [B, gamma+1, V], draft logits = target + noise (realistic acceptance),
-    drafts sampled from the draft's softmax, ragged num_draft_tokens, uniforms. CPU tensors."""
-    g = torch.Generator().manual_seed(seed)
-    target = torch.randn(B, gamma + 1, V, generator=g) * 3.0
-    draft = target[:, :gamma] + noise * torch.randn(B, gamma, V, generator=g)
-    if quantize:  # many exact ties
-        target, draft = (target * 2).round() / 2, (draft * 2).round() / 2
-    q = torch.softmax(draft.double(), -1)
-    drafts = torch.multinomial(q.reshape(-1, V), 1, generator=g).view(B, gamma)
-    if ragged:
-        num = torch.randint(0, gamma + 1, (B,), generator=g)
-        num[0] = gamma
-    else:
-        num = torch.full((B,), gamma, dtype=torch.int64)
-    u = torch.rand(B, gamma + 1, dtype=torch.float64, generator=g)
-    return target.to(dtype), draft.to(dtype), drafts, num, u
-
-
-def _prob_inputs(B, gamma, V, dtype, seed, **kw):
-    target, draft, drafts, num, u = _logit_inputs(B, gamma, V, torch.float32, seed, **kw)
-    return torch.softmax(target, -1).to(dtype), torch.softmax(draft, -1).to(dtype), drafts, num, u
-
-
-def _to(device, *tensors):
-    return [t.to(device) if isinstance(t, torch.Tensor) else t for t in tensors]
-
-
-# ------------------------------------------------------------- comparing CPU and CUDA results
-
-
-def _rows_for_reference(op, target, draft, b, n, sampling):
-    """float64 processed p [n+1, V] and q [n, V] (or None) of row b, as the reference sees them
-    (logits are read through float32, as both kernels do)."""
-    t, d = target[b, : n + 1].cpu(), (draft[b, :n].cpu() if draft is not None else None)
-    if op == "probs":
-        return t.double(), (d.double() if d is not None else None)
-    temperature, top_k, top_p, min_p = sampling
-    process = lambda x: reference.process_logits(x.float().double(), temperature, top_k, top_p, min_p)  # noqa: E731
-    return process(t), (process(d) if d is not None and d.numel() else None)
-
-
-def _block_h(p, q, x, n):
-    w = [1.0]
-    for i in range(n):
-        w.append(reference.block_weight(w[-1], float(p[i, x[i]]), float(q[i, x[i]])))
-    h = []
-    for i in range(1, n + 1):
-        if i == n:
-            h.append(w[n])
-            continue
-        z = float((w[i] * p[i] - q[i]).clamp_min(0.0).sum())
-        denom = z + (1.0 - w[i])
-        h.append(z / denom if denom > 0 else 1.0)
-    return w, h
-
-
-def _decision_margin(rule, params, p, q, x, u, n, tau_a, tau_b):
-    """Distance between the coin and the threshold of the first decision on which two results
-    with accepted lengths tau_a != tau_b disagree (relative for typical / top-beta)."""
-    if rule == "block":
-        i = max(tau_a, tau_b)  # one side accepted the sub-block of length i, the other did not
-        _, h = _block_h(p, q, x, n)
-        return abs(float(u[i - 1]) - h[i - 1])
-    i = min(tau_a, tau_b)  # both accepted drafts < i; exactly one accepted draft i
-    px = float(p[i, x[i]])
-    if rule == "token":
-        qx = float(q[i, x[i]])
-        ratio = px / qx if qx > 0 else (math.inf if px > 0 else 0.0)
-        return abs(float(u[i]) - ratio)
-    if rule == "typical":
-        epsilon, delta = params[0], params[1]
-        threshold = min(epsilon, delta * math.exp(-reference.entropy(p[i])))
-        return abs(px - threshold) / max(threshold, 1e-300)
-    if rule == "top_beta":
-        tolerance = params[1]
-        if px <= 0.0:
-            return 0.0 if float(p[i].max()) == 0.0 else math.inf
-        log_gap = abs(math.log(float(p[i].max())) - math.log(px) - tolerance)
-        others = torch.arange(p.shape[1]) != x[i]
-        near_tie = float(((p[i] - px).abs() / px)[others].min()) if p.shape[1] > 1 else math.inf
-        return min(log_gap, near_tie)
-    return math.inf  # greedy: decisions are exact
-
-
-def _emission_margin(rule, params, p, q, x, u_emit, n, tau, y):
-    """How far the coin u_emit lies from the CDF interval of token y in the distribution the
-    rule samples from at tau (float64 reference), scaled by 1 / its mass; inf when the rule
-    emits an argmax (must agree exactly)."""
-    if rule == "token":
-        weights = p[n] if tau == n else (p[tau] - q[tau]).clamp_min(0.0)
-    elif rule == "block":
-        w, _ = _block_h(p, q, x, n)
-        weights = p[n] if tau == n else (w[tau] * p[tau] - q[tau]).clamp_min(0.0)
-    elif rule == "typical" and params[2] != 0.0:
-        weights = p[tau]
-    else:
-        return math.inf
-    if float(weights.sum()) <= 0.0:
-        weights = p[tau]
-    total = float(weights.sum())
-    cdf = torch.cumsum(weights, 0) / total
-    lo = float(cdf[y - 1]) if y > 0 else 0.0
-    hi = float(cdf[y])
-    return max(lo - u_emit, u_emit - hi, 0.0) * min(total, 1.0)
-
-
-def assert_agree(op, rule, params, cpu_out, gpu_out, target, draft, drafts, num, u, sampling=None, margin=None):
-    """CPU and CUDA results must be identical except on rows where the reference puts the coin
-    of the disagreeing decision within `margin` of its threshold (see the module docstring)."""
-    margin = margin if margin is not None else (PROBS_MARGIN if op == "probs" else LOGITS_MARGIN)
-    ct, cl = (t.cpu() for t in cpu_out)
-    gt, gl = (t.cpu() for t in gpu_out)
-    assert gt.shape == ct.shape and gl.shape == cl.shape and gt.dtype == gl.dtype == torch.int64
-    bad_rows = torch.nonzero((ct != gt).any(1) | (cl != gl)).flatten().tolist()
-    gamma = drafts.shape[1]
-    for b in bad_rows:
-        n = int(num[b])
-        tau_c, tau_g = int(cl[b]), int(gl[b])
-        p, q = _rows_for_reference(op, target, draft, b, n, sampling)
-        x = drafts[b, :n].tolist()
-        row_u = u[b].cpu()
-        if tau_c != tau_g:
-            m = _decision_margin(rule, params, p, q, x, row_u, n, tau_c, tau_g)
-            what = f"accepted {tau_c} (CPU) vs {tau_g} (CUDA)"
-        else:
-            assert torch.equal(ct[b, :tau_c], gt[b, :tau_g]), f"row {b}: accepted prefixes differ"
-            m = _emission_margin(rule, params, p, q, x, float(row_u[gamma]), n, tau_g, int(gt[b, tau_g]))
-            what = f"emitted {int(ct[b, tau_c])} (CPU) vs {int(gt[b, tau_g])} (CUDA) after {tau_c} accepted"
-        assert m <= margin, (
-            f"{op} {rule} {params} {sampling or ''}: row {b} of {len(cl)}: {what}, but the coin is {m:.3g} from "
-            f"the decision boundary (allowed {margin:g}); CPU {ct[b].tolist()} CUDA {gt[b].tolist()}"
-        )
-    # Boundary cases are rare: a systematic difference must not hide behind the margin.
-    assert len(bad_rows) <= max(2, len(cl) // 10), f"{op} {rule}: {len(bad_rows)} of {len(cl)} rows differ"
-
-
 def _run_both_probs(rule, params, target, draft, drafts, num, u, device):
     needs = rule in ("token", "block")
     cpu = OPS.verify_probs(target, draft if needs else None, drafts, num, u, rule, params)
-    gpu = OPS.verify_probs(*_to(device, target, draft if needs else None, drafts, num, u), rule, params)
+    gpu = OPS.verify_probs(*to_device(device, target, draft if needs else None, drafts, num, u), rule, params)
     return cpu, gpu
 
 
 def _run_both_logits(rule, params, sampling, target, draft, drafts, num, u, device):
     needs = rule in ("token", "block")
     cpu = OPS.verify_logits(target, draft if needs else None, drafts, num, u, *sampling, rule, params)
-    gpu = OPS.verify_logits(*_to(device, target, draft if needs else None, drafts, num, u), *sampling, rule, params)
+    gpu = OPS.verify_logits(*to_device(device, target, draft if needs else None, drafts, num, u), *sampling, rule, params)
     return cpu, gpu
 
 
@@ -243,7 +91,7 @@ def test_cpu_cuda_agree_probs(cuda, V, B, dtype):
     """verify_probs: every rule gives the CPU's tokens and accepted lengths with the same
     uniforms (ragged rows included)."""
     gamma = 4
-    target, draft, drafts, num, u = _prob_inputs(B, gamma, V, dtype, seed=V + B)
+    target, draft, drafts, num, u = prob_inputs(B, gamma, V, dtype, seed=V + B)
     for rule, params in RULES:
         cpu, gpu = _run_both_probs(rule, params, target, draft, drafts, num, u, cuda)
         assert gpu[0].is_cuda and gpu[1].is_cuda
@@ -256,7 +104,7 @@ def test_cpu_cuda_agree_probs(cuda, V, B, dtype):
 def test_cpu_cuda_agree_logits(cuda, V, B, dtype):
     """verify_logits: every rule, plain sampling and temperature + top-k + top-p + min-p."""
     gamma = 4
-    target, draft, drafts, num, u = _logit_inputs(B, gamma, V, dtype, seed=2 * V + B)
+    target, draft, drafts, num, u = logit_inputs(B, gamma, V, dtype, seed=2 * V + B)
     for sampling in SAMPLINGS:
         for rule, params in RULES:
             cpu, gpu = _run_both_logits(rule, params, sampling, target, draft, drafts, num, u, cuda)
@@ -274,7 +122,7 @@ def test_cpu_cuda_agree_filters_with_ties(cuda, V, sampling):
     """Top-k / top-p / min-p thresholds with many exactly tied logits (bf16 and half-step
     quantised float32), top-k >= V, and temperature 0 (greedy)."""
     for dtype, quantize in [(torch.bfloat16, False), (torch.float32, True)]:
-        target, draft, drafts, num, u = _logit_inputs(9, 3, V, dtype, seed=V, quantize=quantize)
+        target, draft, drafts, num, u = logit_inputs(9, 3, V, dtype, seed=V, quantize=quantize)
         for rule, params in RULES:
             cpu, gpu = _run_both_logits(rule, params, sampling, target, draft, drafts, num, u, cuda)
             assert_agree("logits", rule, params, cpu, gpu, target, draft, drafts, num, u, sampling)
@@ -284,7 +132,7 @@ def test_cpu_cuda_agree_float64_and_masked(cuda):
     """float64 inputs, -inf logits masking part of a row, zero-probability rows of p == q
     (zero residual: falls back to p), one-hot rows with coins exactly 0 and just below 1."""
     B, gamma, V = 6, 3, 300
-    target, draft, drafts, num, u = _logit_inputs(B, gamma, V, torch.float64, seed=5)
+    target, draft, drafts, num, u = logit_inputs(B, gamma, V, torch.float64, seed=5)
     target[0, :, : V // 2] = -math.inf
     draft[1, :, V // 3 :] = -math.inf
     for rule, params in RULES:
@@ -303,33 +151,43 @@ def test_cpu_cuda_agree_float64_and_masked(cuda):
 
 
 def test_cpu_cuda_agree_noncontiguous_and_large_gamma(cuda):
-    """Non-contiguous inputs are made contiguous; gamma = 1000 with logits needs more than
-    48 KiB of shared memory per row (the kernel opts in) and still matches the CPU; a gamma
-    beyond the GPU's shared memory raises ValueError naming gamma."""
-    target, draft, drafts, num, u = _logit_inputs(5, 3, 1000, torch.float32, seed=9)
+    """Non-contiguous inputs are made contiguous; gamma = 1000 and gamma = 8000 (the scratch
+    lives in global memory: no per-row shared-memory limit) match the CPU."""
+    target, draft, drafts, num, u = logit_inputs(5, 3, 1000, torch.float32, seed=9)
     t_nc = target.transpose(0, 1).contiguous().transpose(0, 1)
     d_nc = draft.transpose(0, 1).contiguous().transpose(0, 1)
     assert not t_nc.is_contiguous()
     for rule, params in RULES:
         cpu, gpu = _run_both_logits(rule, params, (1.0, 0, 1.0, 0.0), t_nc, d_nc, drafts, num, u, cuda)
         assert_agree("logits", rule, params, cpu, gpu, target, draft, drafts, num, u, (1.0, 0, 1.0, 0.0))
-    gamma = 1000
-    g = torch.Generator().manual_seed(10)
-    t = torch.randn(2, gamma + 1, 64, generator=g) * 0.1
-    d = t[:, :gamma] + 0.05 * torch.randn(2, gamma, 64, generator=g)
-    x = torch.multinomial(torch.softmax(d, -1).reshape(-1, 64), 1, generator=g).view(2, gamma)
-    n = torch.tensor([gamma, gamma // 2])
-    uu = torch.rand(2, gamma + 1, dtype=torch.float64, generator=g) * 0.2  # accept most drafts
-    for rule, params in RULES:
-        cpu, gpu = _run_both_logits(rule, params, (1.0, 0, 1.0, 0.0), t, d, x, n, uu, cuda)
-        assert_agree("logits", rule, params, cpu, gpu, t, d, x, n, uu, (1.0, 0, 1.0, 0.0))
-        cpu, gpu = _run_both_probs(rule, params, torch.softmax(t, -1), torch.softmax(d, -1), x, n, uu, cuda)
-        assert_agree("probs", rule, params, cpu, gpu, torch.softmax(t, -1), torch.softmax(d, -1), x, n, uu)
-    big = 8000
-    with pytest.raises(ValueError, match="gamma"):
-        OPS.verify_logits(*_to(cuda, torch.zeros(1, big + 1, 8), torch.zeros(1, big, 8),
-                               torch.zeros(1, big, dtype=torch.int64), torch.tensor([big]),
-                               torch.zeros(1, big + 1, dtype=torch.float64)), 1.0, 0, 1.0, 0.0, "block", [])
+    for gamma, V in [(1000, 64), (8000, 8)]:
+        g = torch.Generator().manual_seed(gamma)
+        t = torch.randn(2, gamma + 1, V, generator=g) * 0.1
+        d = t[:, :gamma] + 0.05 * torch.randn(2, gamma, V, generator=g)
+        x = torch.multinomial(torch.softmax(d, -1).reshape(-1, V), 1, generator=g).view(2, gamma)
+        n = torch.tensor([gamma, gamma // 2])
+        uu = torch.rand(2, gamma + 1, dtype=torch.float64, generator=g) * 0.2  # accept most drafts
+        for rule, params in RULES:
+            cpu, gpu = _run_both_logits(rule, params, (1.0, 0, 1.0, 0.0), t, d, x, n, uu, cuda)
+            assert_agree("logits", rule, params, cpu, gpu, t, d, x, n, uu, (1.0, 0, 1.0, 0.0))
+            p, q = torch.softmax(t, -1), torch.softmax(d, -1)
+            cpu, gpu = _run_both_probs(rule, params, p, q, x, n, uu, cuda)
+            assert_agree("probs", rule, params, cpu, gpu, p, q, x, n, uu)
+
+
+def test_cuda_results_are_deterministic(cuda):
+    """Reductions have a fixed order (no float atomics): repeated calls, with filters on a
+    large batch, return identical tensors."""
+    target, draft, drafts, num, u = to_device(cuda, *logit_inputs(64, 8, 128256, torch.bfloat16, seed=13))
+    for sampling in [(1.0, 0, 1.0, 0.0), (0.8, 50, 0.9, 0.05), (1.0, 0, 0.9, 0.0)]:
+        for rule in ("token", "block"):
+            first = OPS.verify_logits(target, draft, drafts, num, u, *sampling, rule, [])
+            for _ in range(2):
+                again = OPS.verify_logits(target, draft, drafts, num, u, *sampling, rule, [])
+                assert torch.equal(first[0], again[0]) and torch.equal(first[1], again[1]), (rule, sampling)
+    logits = target[:, 0].contiguous()
+    first = OPS.sample_logits(logits, u[:, 0].contiguous(), 0.8, 50, 0.9, 0.05)
+    assert torch.equal(first, OPS.sample_logits(logits, u[:, 0].contiguous(), 0.8, 50, 0.9, 0.05))
 
 
 def test_empty_batch(cuda):
@@ -345,9 +203,11 @@ def test_token_does_not_read_after_first_rejection(cuda):
     """Token (and greedy / typical / top-beta) verification never reads a position after the
     first rejection: NaN logits there raise neither on the CPU nor on the GPU."""
     B, gamma, V = 4, 4, 500
-    target, draft, drafts, num, u = _logit_inputs(B, gamma, V, torch.float32, seed=3, ragged=False)
-    p = torch.softmax(target.double(), -1)
-    drafts[:, 0] = p[:, 0].argmin(-1)  # the least likely token: rejected (and not the argmax)
+    target, draft, drafts, num, u = logit_inputs(B, gamma, V, torch.float32, seed=3, ragged=False)
+    # position 0 is rejected: its draft token is the target's least likely token and the
+    # draft's almost certain one (p / q ~ 0; greedy: not the argmax), and the coin is 0.999
+    drafts[:, 0] = torch.softmax(target.double(), -1)[:, 0].argmin(-1)
+    draft[torch.arange(B), 0, drafts[:, 0]] = 40.0
     u[:, 0] = 0.999
     target[:, 2:] = math.nan
     draft[:, 2:] = math.nan
@@ -389,7 +249,7 @@ def _broken_skip_residual(target_probs, draft_probs, draft_tokens, *, num_draft_
 @pytest.mark.parametrize("rule", ["token", "block"])
 @pytest.mark.parametrize("cfg", LOSSLESS_CONFIGS, ids=lambda c: "V{}-g{}-s{}".format(*c))
 def test_lossless_joint_on_gpu(cuda, rule, cfg):
-    """Spec §8 on the GPU: the completed gamma+1 tokens follow the target's exact joint, for
+    """The exact distribution test on the GPU: the completed gamma+1 tokens follow the target's exact joint, for
     full and ragged rows, and the mean accepted length matches its exact value."""
     V, gamma, seed = cfg
     tables = su.make_tables(V, gamma, seed)
@@ -443,79 +303,113 @@ RULE_PARAMS = {"token": [], "block": [], "greedy": [], "typical": [0.09, 0.3, 0.
 def test_opcheck_cuda(cuda, config):
     """torch.library.opcheck with CUDA tensors (schema, fake kernel, AOT dispatch)."""
     rule, dtype, with_draft, sampling = config
-    target, draft, drafts, num, u = _logit_inputs(3, 2, 40, dtype, seed=1)
+    target, draft, drafts, num, u = logit_inputs(3, 2, 40, dtype, seed=1)
     if sampling is None:
         target, draft = torch.softmax(target.float(), -1).to(dtype), torch.softmax(draft.float(), -1).to(dtype)
-        args = (*_to(cuda, target, draft if with_draft else None, drafts, num, u), rule, RULE_PARAMS[rule])
+        args = (*to_device(cuda, target, draft if with_draft else None, drafts, num, u), rule, RULE_PARAMS[rule])
         torch.library.opcheck(OPS.verify_probs.default, args)
     else:
-        args = (*_to(cuda, target, draft if with_draft else None, drafts, num, u), *sampling, rule, RULE_PARAMS[rule])
+        args = (*to_device(cuda, target, draft if with_draft else None, drafts, num, u), *sampling, rule, RULE_PARAMS[rule])
         torch.library.opcheck(OPS.verify_logits.default, args)
 
 
-def _bad_cases():
-    def set_(t, idx, value):
-        t = t.clone()
-        t[idx] = value
-        return t
-
-    target, draft, drafts, num, u = _logit_inputs(3, 3, 30, torch.float32, seed=4, ragged=False)
-    yield "nan_target", (set_(target, (1, 0, 3), math.nan), draft, drafts, num, u)
-    yield "inf_draft", (target, set_(draft, (2, 0, 5), math.inf), drafts, num, u)
-    yield "all_masked", (set_(target, (0, 0), -math.inf), draft, drafts, num, u)
-    yield "token_out_of_range", (target, draft, set_(drafts, (1, 1), 30), num, u)
-    yield "num_out_of_range", (target, draft, drafts, set_(num, 2, 4), u)
-    yield "num_negative", (target, draft, drafts, set_(num, 0, -1), u)
+@pytest.mark.parametrize("philox", [False, True])
+def test_opcheck_cuda_sample(cuda, philox):
+    logits = torch.randn(3, 17, device=cuda)
+    if philox:
+        seed, offset = torch.tensor([1], device=cuda), torch.tensor([2], device=cuda)
+        torch.library.opcheck(OPS.sample_logits_philox.default, (logits, seed, offset, 0.8, 4, 0.9, 0.0))
+    else:
+        u = torch.rand(3, dtype=torch.float64, device=cuda)
+        torch.library.opcheck(OPS.sample_logits.default, (logits, u, 0.8, 4, 0.9, 0.0))
 
 
-@pytest.mark.parametrize("rule", ["token", "block", "greedy", "typical"])
-def test_bad_input_raises_like_cpu(cuda, rule):
-    """Bad values raise ValueError on the GPU with exactly the CPU's message (same row, same
-    argument named); where the CPU does not raise (the rule never reads the bad value), the
-    GPU does not either and returns the CPU's result."""
-    for name, (target, draft, drafts, num, u) in _bad_cases():
-        needs = rule in ("token", "block")
-        args = (target, draft if needs else None, drafts, num, u)
-        try:
-            cpu = OPS.verify_logits(*args, 1.0, 0, 1.0, 0.0, rule, RULE_PARAMS[rule])
-            cpu_error = None
-        except ValueError as exc:
-            cpu_error = str(exc).splitlines()[0]
-        if cpu_error is None:
-            gpu = OPS.verify_logits(*_to(cuda, *args), 1.0, 0, 1.0, 0.0, rule, RULE_PARAMS[rule])
-            assert_agree("logits", rule, RULE_PARAMS[rule], cpu, gpu, target, draft, drafts, num, u,
-                         (1.0, 0, 1.0, 0.0))
-            continue
-        with pytest.raises(ValueError) as gpu_err:
-            OPS.verify_logits(*_to(cuda, *args), 1.0, 0, 1.0, 0.0, rule, RULE_PARAMS[rule])
-        assert str(gpu_err.value).splitlines()[0] == cpu_error, name
+def _run_error_cases_in_subprocess(which: str) -> dict:
+    """op_error_cases.run_cases('cuda', which) in a fresh interpreter: a crash (the failure this
+    guards against: formatting a message inside an nvcc translation unit killed the process)
+    fails the test with the child's output instead of killing pytest."""
+    script = Path(__file__).resolve().parent / "op_error_cases.py"
+    child = subprocess.run([sys.executable, str(script), "cuda", which], capture_output=True, text=True, timeout=600)
+    assert child.returncode == 0, (
+        f"the CUDA error cases crashed the process (exit status {child.returncode}):\n"
+        f"{child.stdout[-3000:]}\n{child.stderr[-3000:]}")
+    return json.loads(child.stdout.strip().splitlines()[-1])
 
 
-def test_bad_shapes_and_devices_raise(cuda):
-    """Shape, dtype and device mistakes raise (ValueError / TypeError naming the argument)."""
-    target, draft, drafts, num, u = _to(cuda, *_prob_inputs(2, 3, 20, torch.float32, seed=0))
+def test_every_error_of_every_op_matches_cpu(cuda):
+    """Every bad call of every op (shapes, dtypes, rule parameters, sampling settings, Philox
+    tensors, bad rows: NaN / +inf / all -inf logits, empty distributions, out-of-range tokens
+    and counts) raises on the GPU exactly what the CPU op raises: same type, same message
+    (row and argument named); the calls that must not raise do not."""
+    cpu = op_error_cases.run_cases("cpu")
+    gpu = _run_error_cases_in_subprocess("cases")
+    assert gpu == cpu, {k: {"cpu": cpu[k], "cuda": gpu.get(k)} for k in cpu if gpu.get(k) != cpu[k]}
+
+
+def test_mixed_device_errors(cuda):
+    """An input on the CPU next to CUDA tensors raises a ValueError naming the device."""
+    results = _run_error_cases_in_subprocess("device")
+    for name, (kind, message) in results.items():
+        assert kind == "ValueError" and "device" in message, (name, kind, message)
+
+
+def test_public_api_value_checks_on_cuda(cuda):
+    """The public API's value checks (NaN probabilities) apply to CUDA tensors too."""
+    target, draft, drafts, num, u = to_device(cuda, *prob_inputs(2, 3, 20, torch.float32, seed=0))
     with pytest.raises(ValueError, match="draft_probs"):
-        OPS.verify_probs(target, draft[:, :2], drafts, num, u, "token", [])
-    with pytest.raises(ValueError, match="uniforms"):
-        OPS.verify_probs(target, draft, drafts, num, u[:, :2], "token", [])
-    with pytest.raises(TypeError, match="uniforms"):
-        OPS.verify_probs(target, draft, drafts, num, u.float(), "token", [])
-    with pytest.raises(TypeError, match="target_probs"):
-        OPS.verify_probs(target.int(), draft, drafts, num, u, "greedy", [])
-    with pytest.raises(ValueError):
-        OPS.verify_probs(target, draft, drafts.cpu(), num, u, "token", [])
-    with pytest.raises(ValueError, match="rule"):
-        OPS.verify_probs(target, draft, drafts, num, u, "nope", [])
-    with pytest.raises(ValueError, match="draft"):
-        OPS.verify_probs(target, None, drafts, num, u, "block", [])
-    with pytest.raises(ValueError, match="draft_probs"):  # the public API's value checks on CUDA tensors
         specdecode.verify(target, torch.full_like(draft, math.nan), drafts)
+
+
+# ------------------------------------------------------------------------------ sampling
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("B", [1, 17])
+@pytest.mark.parametrize("V", [111, 32000, 128256])
+def test_cpu_cuda_agree_sample_logits(cuda, V, B, dtype):
+    """sample_logits draws the CPU's token with the same coin (every filter, greedy)."""
+    g = torch.Generator().manual_seed(V + B)
+    logits = (torch.randn(B, V, generator=g) * 3).to(dtype)
+    u = torch.rand(B, dtype=torch.float64, generator=g)
+    for sampling in [(1.0, 0, 1.0, 0.0), (0.8, 50, 0.9, 0.05), (0.7, 0, 0.9, 0.0), (1.0, 0, 1.0, 0.2),
+                     (0.0, 0, 1.0, 0.0)]:
+        cpu = OPS.sample_logits(logits, u, *sampling)
+        gpu = OPS.sample_logits(logits.to(cuda), u.to(cuda), *sampling)
+        assert gpu.is_cuda
+        assert_samples_agree(cpu, gpu, logits, u, sampling)
+
+
+def test_sample_logits_philox_and_graph(cuda):
+    """sample_logits_philox draws the Python Philox coin (b, 0); captured in a CUDA graph with
+    offset.add_(1), every replay equals the CPU op at the next offset."""
+    B, V = 16, 5000
+    logits = torch.randn(B, V, generator=torch.Generator().manual_seed(3)) * 2
+    x = logits.to(cuda)
+    seed = torch.tensor([77], dtype=torch.int64, device=cuda)
+    offset = torch.tensor([0], dtype=torch.int64, device=cuda)
+    sampling = (0.9, 40, 0.95, 0.01)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        OPS.sample_logits_philox(x, seed, offset, *sampling)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        tokens = OPS.sample_logits_philox(x, seed, offset, *sampling)
+        offset.add_(1)
+    offset.fill_(10)
+    for k in range(3):
+        graph.replay()
+        torch.cuda.synchronize()
+        coins = philox_uniforms(77, 10 + k, B, 0)[:, 0]
+        cpu = OPS.sample_logits(logits, coins, *sampling)
+        assert_samples_agree(cpu, tokens.clone(), logits, coins, sampling)
 
 
 def test_public_api_on_cuda(cuda):
     """specdecode.verify / verify_logits with CUDA tensors and a CUDA generator: outputs on the
     GPU, reproducible for a fixed seed."""
-    target, draft, drafts, num, _ = _to(cuda, *_logit_inputs(8, 4, 500, torch.bfloat16, seed=2))
+    target, draft, drafts, num, _ = to_device(cuda, *logit_inputs(8, 4, 500, torch.bfloat16, seed=2))
     runs = []
     for _ in range(2):
         gen = torch.Generator(device=cuda).manual_seed(7)
@@ -530,7 +424,6 @@ def test_public_api_on_cuda(cuda):
 
 # --------------------------------------------------------------------- Philox (graph-safe)
 
-from stat_utils import _MASK32, philox4x32_10, philox_uniforms  # noqa: E402  (Python reference of philox.h)
 
 
 def test_philox_known_answers():
@@ -552,28 +445,28 @@ def _philox_op(name):
 def test_philox_probs_matches_cpu_with_python_coins(cuda):
     """verify_probs_philox on the GPU equals verify_probs on the CPU fed the Python Philox coins."""
     op = _philox_op("verify_probs_philox")
-    target, draft, drafts, num, _ = _prob_inputs(8, 4, 300, torch.float32, seed=6)
+    target, draft, drafts, num, _ = prob_inputs(8, 4, 300, torch.float32, seed=6)
     seed = torch.tensor([0x1234_5678_9ABC], dtype=torch.int64, device=cuda)
     for offset_value in (0, 1, 2**33 + 5):
         offset = torch.tensor([offset_value], dtype=torch.int64, device=cuda)
         coins = philox_uniforms(0x1234_5678_9ABC, offset_value, 8, 4)
         for rule, params in RULES:
             needs = rule in ("token", "block")
-            gpu = op(*_to(cuda, target, draft if needs else None, drafts, num), seed, offset, rule, params)
+            gpu = op(*to_device(cuda, target, draft if needs else None, drafts, num), seed, offset, rule, params)
             cpu = OPS.verify_probs(target, draft if needs else None, drafts, num, coins, rule, params)
             assert_agree("probs", rule, params, cpu, gpu, target, draft, drafts, num, coins)
 
 
 def test_philox_logits_matches_cpu_with_python_coins(cuda):
     op = _philox_op("verify_logits_philox")
-    target, draft, drafts, num, _ = _logit_inputs(8, 4, 300, torch.bfloat16, seed=8)
+    target, draft, drafts, num, _ = logit_inputs(8, 4, 300, torch.bfloat16, seed=8)
     seed = torch.tensor([-5], dtype=torch.int64, device=cuda)  # seeds are read as uint64
     offset = torch.tensor([3], dtype=torch.int64, device=cuda)
     coins = philox_uniforms(-5, 3, 8, 4)
     sampling = (0.8, 20, 0.9, 0.0)
     for rule, params in RULES:
         needs = rule in ("token", "block")
-        gpu = op(*_to(cuda, target, draft if needs else None, drafts, num), seed, offset, *sampling, rule, params)
+        gpu = op(*to_device(cuda, target, draft if needs else None, drafts, num), seed, offset, *sampling, rule, params)
         cpu = OPS.verify_logits(target, draft if needs else None, drafts, num, coins, *sampling, rule, params)
         assert_agree("logits", rule, params, cpu, gpu, target, draft, drafts, num, coins, sampling)
 
@@ -583,8 +476,8 @@ def test_philox_cuda_graph_replay(cuda):
     next offset (read from device memory) and equals the CPU op fed that offset's coins."""
     op = _philox_op("verify_probs_philox")
     B, gamma, V = 16, 4, 1000
-    target, draft, drafts, num, _ = _prob_inputs(B, gamma, V, torch.float32, seed=11)
-    t, d, x, n = _to(cuda, target, draft, drafts, num)
+    target, draft, drafts, num, _ = prob_inputs(B, gamma, V, torch.float32, seed=11)
+    t, d, x, n = to_device(cuda, target, draft, drafts, num)
     seed = torch.tensor([42], dtype=torch.int64, device=cuda)
     offset = torch.tensor([0], dtype=torch.int64, device=cuda)
     side = torch.cuda.Stream()
@@ -608,3 +501,38 @@ def test_philox_cuda_graph_replay(cuda):
         seen.append(tokens.cpu().clone())
     assert int(offset.item()) == 103
     assert not all(torch.equal(seen[0], s) for s in seen[1:]), "replays with new offsets gave identical draws"
+
+
+@pytest.mark.parametrize("rule", ["token", "block"])
+def test_philox_logits_graph_with_filters_and_bad_row(cuda, rule):
+    """verify_logits_philox with top-k / top-p / min-p captured in a CUDA graph (every filter
+    kernel runs under capture) replays equal to the CPU op; a NaN row in the captured inputs
+    comes back as accepted_len = -1 and tokens -1 (no status copy during capture), the other
+    rows are unaffected."""
+    B, gamma, V = 8, 4, 32000
+    target, draft, drafts, num, _ = logit_inputs(B, gamma, V, torch.bfloat16, seed=21)
+    t, d, x, n = to_device(cuda, target, draft, drafts, num)
+    seed = torch.tensor([9], dtype=torch.int64, device=cuda)
+    offset = torch.tensor([0], dtype=torch.int64, device=cuda)
+    sampling = (0.8, 50, 0.9, 0.05)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        OPS.verify_logits_philox(t, d, x, n, seed, offset, *sampling, rule, [])
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        tokens, accepted = OPS.verify_logits_philox(t, d, x, n, seed, offset, *sampling, rule, [])
+        offset.add_(1)
+    for k in range(2):
+        graph.replay()
+        torch.cuda.synchronize()
+        coins = philox_uniforms(9, k, B, gamma)
+        cpu = OPS.verify_logits(target, draft, drafts, num, coins, *sampling, rule, [])
+        assert_agree("logits", rule, [], cpu, (tokens.clone(), accepted.clone()), target, draft, drafts, num, coins,
+                     sampling)
+    t[3, 0, 7] = math.nan  # the graph reads the same memory
+    graph.replay()
+    torch.cuda.synchronize()
+    assert int(accepted[3]) == -1 and bool((tokens[3] == -1).all())
+    assert bool((accepted[torch.arange(B, device=cuda) != 3] >= 0).all())

@@ -60,7 +60,7 @@ def test_tokenizer_larger_than_the_shared_vocabulary_is_refused(pair):
 
 def test_incompatible_vocabularies_are_refused():
     target = make_model("llama", vocab=128)
-    with pytest.raises(ValueError, match="vocabulary sizes differ"):
+    with pytest.raises(ValueError, match="vocabulary sizes differ"), pytest.warns(UserWarning, match="swapped"):
         check_compatibility(target, make_model("llama", vocab=1000, layers=1))
     other_eos = make_model("llama", vocab=128, layers=1)
     other_eos.config.eos_token_id = 5
@@ -189,3 +189,14 @@ def test_sliding_window_overflow_is_refused():
     with pytest.raises(ValueError, match="sliding window"):
         generate(target, draft, ids, mask, max_new_tokens=12)
     assert generate(target, draft, ids, mask, max_new_tokens=10).sequences.shape == (2, 16)
+
+
+def test_draft_larger_than_target_gets_a_warning(pair):
+    target, draft = pair
+    with pytest.warns(UserWarning, match="more parameters"):
+        check_compatibility(draft, target)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        check_compatibility(target, draft)  # the right order: silent

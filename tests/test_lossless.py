@@ -1,5 +1,5 @@
 """Losslessness of token, block and greedy verification, by the exact joint-distribution test of
-spec §8 (Lemma 2 of the block verification paper).
+docs/verification.md §8 (Lemma 2 of the block verification paper).
 
 Each test builds a synthetic context-dependent target/draft pair (V = 3..5, gamma = 2..4, its
 own random row for every prefix, mixing zeros, one-hots, p == q and near-uniform rows), drafts
@@ -52,7 +52,7 @@ def _assert_lossless(run: su.LosslessRun, what: str) -> None:
 @pytest.mark.parametrize("cfg", CONFIGS, ids=_cfg_id)
 def test_lossless_joint(rule, cfg):
     """Token and block verification preserve the target's joint distribution of gamma+1 tokens
-    on random context-dependent tables (spec §8)."""
+    on random context-dependent tables (docs/verification.md §8)."""
     V, gamma, seed = cfg
     run = su.run_lossless_experiment(su.make_tables(V, gamma, seed), rule, N, seed)
     _assert_lossless(run, f"{rule} {cfg}")

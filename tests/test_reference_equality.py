@@ -17,6 +17,7 @@ import torch
 
 import specdecode
 from specdecode import reference
+import specdecode.sampling
 
 RULES = ["token", "block", "greedy", "typical", "top_beta"]
 NEEDS_DRAFT = {"token", "block"}
@@ -360,3 +361,82 @@ def test_temperature_zero_is_greedy_on_logits(rule, dtype):
             tau = next((i for i in range(nb) if int(x[b, i]) != int(best[b, i])), nb)
             expected = x[b, :tau].tolist() + [int(best[b, tau])]
             assert out.tokens[b, : tau + 1].tolist() == expected and int(out.accepted_len[b]) == tau, f"row {b}"
+
+
+# ------------------------------------------------------------- float32 accuracy of the kernels
+
+
+BOUNDARY_SAMPLING = [(1.0, 0, 1.0, 0.0), (0.6, 0, 1.0, 0.0), (1.6, 0, 1.0, 0.0), (0.9, 200, 0.99, 0.0)]
+
+
+@pytest.mark.parametrize("V,dtype,sampling", [
+    *[(V, dtype, s) for V in (111, 32000) for dtype in DTYPES for s in BOUNDARY_SAMPLING],
+    (128256, torch.float32, BOUNDARY_SAMPLING[0]), (128256, torch.bfloat16, BOUNDARY_SAMPLING[2]),
+], ids=lambda v: str(v) if not isinstance(v, tuple) else "T{}-k{}-p{}-m{}".format(*v))
+def test_acceptance_boundary_within_documented_margin(V, dtype, sampling):
+    """The documented margin, probed directly: token verification accepts x iff u < p(x)/q(x);
+    the kernel's p and q are float32 weights times a normaliser (one online pass for an
+    unfiltered row, a pass after the filters otherwise), so its boundary may sit slightly off
+    the float64 ratio, by about 1e-6 at most. Coins 2e-6 (relative) below the float64 ratio
+    must be accepted and coins 2e-6 above must be rejected, for probes among each row's likely
+    tokens (|log-weight| small, where float32 rounding of the scaled logit stays below 1e-6)."""
+    temperature, top_k, top_p, min_p = sampling
+    gen = torch.Generator().manual_seed(V + int(10 * temperature))
+    num_probes = 12
+    target = (3.0 * torch.randn(num_probes, 2, V, generator=gen)).to(dtype)
+    draft = (target[:, :1].float() + torch.randn(num_probes, 1, V, generator=gen)).to(dtype)
+    p = reference.process_logits(target[:, 0], *sampling)
+    q = reference.process_logits(draft[:, 0], *sampling)
+    ratio = p / q.clamp_min(1e-300)
+    likely = (q >= q.amax(-1, keepdim=True) * 1e-3) & (ratio > 0.05) & (ratio < 0.95)
+    x = torch.stack([torch.nonzero(row).flatten()[0] for row in likely])  # lowest-id likely token
+    r = ratio.gather(1, x[:, None])[:, 0]
+    margin = 2e-6
+    u = torch.stack([torch.cat([r * (1 - margin), r * (1 + margin)]), torch.full((2 * num_probes,), 0.5,
+                                                                                 dtype=torch.float64)], 1)
+    out = specdecode.verify_logits(
+        target.repeat(2, 1, 1), draft.repeat(2, 1, 1), x.repeat(2)[:, None], temperature=temperature, top_k=top_k,
+        top_p=top_p, min_p=min_p, rule="token", uniforms=u)
+    assert out.accepted_len[:num_probes].tolist() == [1] * num_probes, "a coin just below p/q was rejected"
+    assert out.accepted_len[num_probes:].tolist() == [0] * num_probes, "a coin just above p/q was accepted"
+
+
+@pytest.mark.parametrize("isa", ["avx2", "baseline"])
+def test_narrower_instruction_sets_agree_with_reference(isa):
+    """The logit loops are compiled for AVX-512, AVX2 and baseline x86-64 and the widest the
+    CPU runs is picked at run time; SPECDECODE_CPU_ISA narrows the pick. Every variant must
+    pass the reference comparisons: a sample of this module's and test_sampling's logit tests
+    runs in a subprocess with each narrower instruction set (the default one is the rest of
+    the suite)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "SPECDECODE_CPU_ISA": isa}
+    probe = subprocess.run([sys.executable, "-c", "import specdecode._ops as o; print(o.build_info()['cpu_isa'])"],
+                           env=env, capture_output=True, text=True, check=True)
+    if probe.stdout.strip() != isa:
+        pytest.skip(f"this CPU cannot run the {isa} loops (it runs {probe.stdout.strip()})")
+    tests_dir = os.path.dirname(os.path.abspath(__file__))
+    selection = ("large_vocab or (verify_logits_equals_reference and bfloat16 and (token or block or typical)) "
+                 "or (sample_logits_equals and 32000) or (acceptance_boundary and 32000-torch.float32)")
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", selection,
+         os.path.join(tests_dir, "test_reference_equality.py"), os.path.join(tests_dir, "test_sampling.py")],
+        env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, f"{isa} loops:\n{run.stdout[-4000:]}\n{run.stderr[-2000:]}"
+    assert " passed" in run.stdout and "failed" not in run.stdout
+
+
+@pytest.mark.parametrize("rule", RULES)
+def test_tiny_temperature_matches_reference(rule):
+    """A positive temperature so small that 1/T overflows float32 (found by fuzzing: every row
+    lost its mass and the op raised "no positive mass"): the kernels clamp 1/T to the largest
+    float, which keeps only the max logit(s), as the reference's float64 division does."""
+    sampling = (1e-40, 0, 1.0, 0.0)
+    target, draft, x, n, u = _logits_case(17, 3, 111, torch.float32, seed=4, sampling=sampling)
+    _check_logits_against_reference(target, draft if rule in NEEDS_DRAFT else None, x, n, u, rule, sampling)
+    logits = target[:, 0]
+    tokens = specdecode.sampling.sample_logits(logits, specdecode.sampling.SamplingParams(1e-40),
+                                               uniforms=u[:, 0])
+    assert torch.equal(tokens, logits.argmax(-1))

@@ -1,4 +1,4 @@
-"""Every built-in rule equals its definition in the spec, written here independently in plain
+"""Every built-in rule equals its definition in docs/verification.md, written here independently in plain
 Python (not by calling specdecode.reference): greedy (§2, ties to the lowest id), typical
 acceptance (§4), top-beta with tolerance (§5), and token / block verification (§1, §3) with
 explicit uniforms; the numerical rules of §7 (half-open comparisons, zero-probability tokens,
@@ -15,7 +15,7 @@ import torch
 import specdecode
 import stat_utils as su
 
-# ------------------------------------------------------------------ definitions from the spec
+# ------------------------------------------------- definitions from docs/verification.md
 
 
 def _argmax_lowest(row: list[float]) -> int:
@@ -184,7 +184,7 @@ def test_typical_definition(V, epsilon, delta, sample_correction):
 
 
 def test_typical_default_options():
-    """The defaults are epsilon = 0.09, delta = 0.3, argmax correction (spec §4)."""
+    """The defaults are epsilon = 0.09, delta = 0.3, argmax correction (docs/verification.md §4)."""
     p, q, x, n, u = _random_case(200, 3, 6, seed=77)
     out = specdecode.verify(p, None, x, rule="typical", num_draft_tokens=n, uniforms=u)
     _check_against(lambda pb, qb, xb, nb, ub, ue: typical_def(pb, xb, nb, 0.09, 0.3, False, ue), out, p, q, x, n, u)
@@ -217,7 +217,7 @@ def test_top_beta_defaults_and_beta_one_is_greedy():
 @pytest.mark.parametrize("V", [3, 17])
 def test_token_and_block_definitions(rule, definition, V):
     """With explicit uniforms, token and block verification make exactly the decisions of
-    spec §1 / §3 (coin u_i of draft i in column i-1, the emitted token's inverse-CDF coin in
+    docs/verification.md §1 / §3 (coin u_i of draft i in column i-1, the emitted token's inverse-CDF coin in
     the last column)."""
     p, q, x, n, u = _random_case(300, 4, V, seed=3 * V, ties=False)
     x = torch.multinomial(q.double().flatten(0, 1), 1, generator=torch.Generator().manual_seed(V)).view(x.shape)
@@ -226,7 +226,7 @@ def test_token_and_block_definitions(rule, definition, V):
     assert 0 < int(out.accepted_len.sum()) < int(n.sum())
 
 
-# -------------------------------------------------------------------- numerics (spec §7)
+# -------------------------------------------------------------------- numerics (docs/verification.md §7)
 
 
 @pytest.mark.parametrize("rule", ["token", "block"])

@@ -71,7 +71,7 @@ def test_sample_logits_greedy_is_argmax_lowest_tie():
 
 def test_sample_logits_law_matches_verify_q():
     """Chi-square: the tokens drawn by sample_logits follow the processed distribution q of
-    the spec (temperature, top-k, top-p, min-p); no filtered-out token is ever drawn."""
+    docs/verification.md (temperature, top-k, top-p, min-p); no filtered-out token is ever drawn."""
     gen = torch.Generator().manual_seed(5)
     logits = torch.randn(1, 9, generator=gen) * 2
     params = SamplingParams(0.9, 6, 0.95, 0.0)
@@ -95,10 +95,10 @@ def test_sample_logits_bad_input():
         sample_logits(torch.tensor([[0.0, float("nan")]]), SamplingParams())
     with pytest.raises(ValueError, match="logits"):
         sample_logits(torch.full((1, 4), float("-inf")), SamplingParams())
-    # direct op calls never crash
-    with pytest.raises((ValueError, TypeError, RuntimeError)):
+    # direct op calls never crash: ValueError / TypeError
+    with pytest.raises(TypeError, match="uniforms"):
         OPS.sample_logits(torch.randn(2, 3), torch.rand(2), 1.0, 0, 1.0, 0.0)
-    with pytest.raises((ValueError, TypeError, RuntimeError)):
+    with pytest.raises(ValueError, match="logits"):
         OPS.sample_logits(torch.randn(2, 0), torch.rand(2, dtype=torch.float64), 1.0, 0, 1.0, 0.0)
 
 
@@ -118,3 +118,34 @@ def test_opcheck_sample_logits(philox):
     else:
         args = (logits, torch.rand(3, dtype=torch.float64), 0.8, 4, 0.9, 0.0)
         torch.library.opcheck(OPS.sample_logits.default, args)
+
+
+@pytest.mark.parametrize("V", [7, 111, 32000])
+def test_processed_probs_is_the_distribution_sample_logits_draws_from(V):
+    from specdecode.sampling import processed_probs
+
+    gen = torch.Generator().manual_seed(V)
+    logits = 2 * torch.randn(3, V, generator=gen)
+    for params in (SamplingParams(), SamplingParams(0.6, 9, 0.85, 0.01), SamplingParams.greedy()):
+        probs = processed_probs(logits, params)
+        assert probs.dtype == torch.float64 and probs.shape == (3, V)
+        assert torch.allclose(probs.sum(1), torch.ones(3, dtype=torch.float64), atol=1e-12)
+        expected = process_logits(logits.double(), *params.op_args())
+        assert float((probs - expected).abs().max()) < 1e-6
+        assert torch.equal(probs > 0, expected > 0)  # the same support, exactly
+        u = torch.rand(3, dtype=torch.float64, generator=gen)
+        drawn = sample_logits(logits, params, uniforms=u)
+        for b in range(3):
+            assert probs[b, int(drawn[b])] > 0
+
+
+def test_opcheck_processed_probs_and_bad_input():
+    from specdecode.sampling import processed_probs
+
+    torch.library.opcheck(OPS.processed_probs.default, (torch.randn(3, 11), 0.9, 3, 0.8, 0.0))
+    with pytest.raises(ValueError, match="logits"):
+        processed_probs(torch.randn(4), SamplingParams())
+    with pytest.raises(ValueError, match="logits"):
+        processed_probs(torch.tensor([[float("nan"), 0.0]]), SamplingParams())
+    with pytest.raises(TypeError, match="sampling"):
+        processed_probs(torch.randn(2, 3), 0.5)

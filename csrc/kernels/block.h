@@ -62,7 +62,7 @@ inline RowResult block_verify_row(const RowArgs<Dist>& a) {
   if (tau == n) return emit(a.out_tokens, tau, sample_distribution(a.target[n], a.emit_uniform, a.ws->a));
 
   const double mass = a.target[tau].residual(a.draft[tau], w[tau], residual);
-  int64_t y = sample_from_weights(residual, V, a.emit_uniform, mass);
+  int64_t y = Dist::sample_weights(residual, V, a.emit_uniform, mass);
   if (y < 0) y = sample_distribution(a.target[tau], a.emit_uniform, a.ws->a);  // zero-mass residual: p
   return emit(a.out_tokens, tau, y);
 }

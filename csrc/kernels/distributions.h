@@ -4,6 +4,11 @@
 //               processed distribution on demand: temperature, then top-k, then top-p, then
 //               min-p, each renormalising, exactly as the PyTorch reference documents.
 // Rules are templates over these, so one rule file serves both ops. Pure C++: no torch.
+//
+// Interface every distribution offers (the rules, sample.h and the tree kernels use only this):
+//   prob(x), fill(out), argmax(), residual(draft, w, out), status(), vocab_size(), and the
+//   static sample_weights(w, V, u, total): the inverse-CDF draw over weights this kind of row
+//   wrote with fill() / residual().
 #pragma once
 
 #include <algorithm>
@@ -65,6 +70,11 @@ class ProbRow {
   int32_t status() const { return kOk; }
   int64_t vocab_size() const { return V_; }
 
+  // Sequential search: the decision equals the reference's torch.cumsum-based one bit for bit.
+  static int64_t sample_weights(const double* w, int64_t V, double u, double total) {
+    return sample_from_weights(w, V, u, total);
+  }
+
   // out[x] = max(w p(x) - q(x), 0), p = this row, q = `draft`; returns the sequential sum.
   double residual(const ProbRow& draft, double w, double* out) const {
     double total = 0.0;
@@ -87,8 +97,26 @@ struct SamplingParams {
   double top_p = 1.0;        // 1 = off
   double min_p = 0.0;        // 0 = off
   bool filters() const { return top_k > 0 || top_p < 1.0 || min_p > 0.0; }
+  // 1 / temperature as the float32 factor the kernels scale logits with. A temperature so small
+  // that 1/T overflows float32 (T < ~3e-39) is clamped to the largest float: still greedy in
+  // effect (every token below the max gets weight 0, ties at the max share the mass, as in the
+  // reference), where an infinite factor would turn (max - max) * inf into NaN and leave the
+  // row without mass.
+  float inv_temp() const {
+    const double inv = 1.0 / temperature;
+    const double largest = static_cast<double>(std::numeric_limits<float>::max());
+    return static_cast<float>(inv < largest ? inv : largest);
+  }
 };
 
+// Numerics of LogitRow: a kept token's weight is e = fast_exp((l - max) * inv_temp) in float32,
+// bit for bit the same in every loop, on every instruction set and on the GPU; p = e * inv_norm
+// in double. Only the normaliser is a sum whose rounding depends on the evaluation order: an
+// unfiltered row gets it from one online pass (max_sum_exp_body: chunk-relative weights,
+// rescaled in double, evaluated with FMAs on AVX2 / AVX-512), a filtered row from a pass after
+// the filters. Either way it lies within ~4e-7 (relative; measured worst 3.4e-7 on every
+// instruction set) of the exact sum of the weights, inside the documented agreement with the
+// float64 reference (a decision moves only when a coin lies within ~1e-6 of its boundary).
 template <typename T>
 class LogitRow {
  public:
@@ -99,7 +127,7 @@ class LogitRow {
   double prob(int64_t x) const {
     prepare();
     if (status_ != kOk) return 0.0;
-    const float l = static_cast<float>(logits_[x]);
+    const float l = load_float(logits_ + x);
     if (!(l >= keep_logit_)) return 0.0;
     const float e = fast_exp_nonpositive((l - max_logit_) * inv_temp_);
     if (e < min_e_) return 0.0;
@@ -118,25 +146,22 @@ class LogitRow {
 
   // argmax of the processed distribution = argmax of the raw logits (ties: lowest id).
   int64_t argmax() const {
-    const float inf = std::numeric_limits<float>::infinity();
-    int64_t best = 0;
-    float best_value = static_cast<float>(logits_[0]);
-    bool bad = (best_value != best_value) || (best_value == inf);
-    for (int64_t x = 1; x < V_; ++x) {
-      const float value = static_cast<float>(logits_[x]);
-      bad |= (value != value) || (value == inf);
-      if (value > best_value) {
-        best_value = value;
-        best = x;
-      }
-    }
-    if (bad) status_ = kNonFiniteLogit;
-    else if (best_value == -inf) status_ = kEmptyDistribution;
+    int32_t non_finite = 0;
+    float best_value = 0.0f;
+    const int64_t best = logit_loops<T>().argmax(logits_, V_, &non_finite, &best_value);
+    if (non_finite) status_ = kNonFiniteLogit;
+    else if (best_value == -std::numeric_limits<float>::infinity()) status_ = kEmptyDistribution;
     return best;
   }
 
   int32_t status() const { return status_; }
   int64_t vocab_size() const { return V_; }
+
+  // Blocked vectorised search (logit_loops.h): the weights are float32-derived anyway, so the
+  // ~1e-15 rounding difference from a sequential cumulative sum is far inside their error.
+  static int64_t sample_weights(const double* w, int64_t V, double u, double total) {
+    return logit_loops<T>().search_weights(w, V, u, total);
+  }
 
   // out[x] = max(w p(x) - q(x), 0), p = this row, q = `draft`, in one fused pass; returns its mass.
   double residual(const LogitRow& draft, double w, double* out) const {
@@ -156,9 +181,25 @@ class LogitRow {
   void prepare() const {
     if (prepared_) return;
     prepared_ = true;
-    inv_temp_ = static_cast<float>(1.0 / params_->temperature);
+    inv_temp_ = params_->inv_temp();
     const LogitLoops<T>& loops = logit_loops<T>();
-    // Pass 1: max, and catch NaN / +inf.
+    keep_logit_ = -std::numeric_limits<float>::infinity();
+    min_e_ = 0.0f;
+    if (!params_->filters()) {
+      // One pass: max and normaliser together, NaN / +inf caught on the way.
+      const RowStats stats = loops.max_sum_exp(logits_, V_, inv_temp_);
+      if (stats.non_finite) {
+        status_ = kNonFiniteLogit;
+      } else if (stats.max_logit == -std::numeric_limits<float>::infinity()) {
+        status_ = kEmptyDistribution;
+      } else {
+        max_logit_ = stats.max_logit;
+        inv_norm_ = 1.0 / stats.sum_exp;  // sum >= 1: the max's chunk contributes e = 1
+      }
+      return;
+    }
+    // Filtered: pass 1 finds the max (and catches NaN / +inf), the filters set their
+    // thresholds, pass 2 sums the kept weights.
     int32_t non_finite = 0;
     const float m = loops.max_logit(logits_, V_, &non_finite);
     if (non_finite) {
@@ -170,10 +211,8 @@ class LogitRow {
       return;
     }
     max_logit_ = m;
-    keep_logit_ = -std::numeric_limits<float>::infinity();
-    min_e_ = 0.0f;
-    if (params_->filters()) apply_filters();
-    // Pass 2: the normaliser of the kept tokens (>= 1: the max logit is kept and has e = 1).
+    apply_filters();
+    // The normaliser of the kept tokens (>= 1: the max logit is kept and has e = 1).
     inv_norm_ = 1.0 / loops.sum_exp(logits_, V_, transform());
   }
 
@@ -185,7 +224,7 @@ class LogitRow {
     const int64_t k = params_->top_k;
     float* buf = ws_->select;
     if (k > 0 && k < V_) {
-      for (int64_t x = 0; x < V_; ++x) buf[x] = static_cast<float>(logits_[x]);
+      for (int64_t x = 0; x < V_; ++x) buf[x] = load_float(logits_ + x);
       std::nth_element(buf, buf + (k - 1), buf + V_, std::greater<float>());
       keep_logit_ = buf[k - 1];  // keep every token whose logit ties the k-th largest
     }
@@ -195,7 +234,7 @@ class LogitRow {
       int64_t n_kept = 0;
       double total = 0.0;
       for (int64_t x = 0; x < V_; ++x) {
-        const float l = static_cast<float>(logits_[x]);
+        const float l = load_float(logits_ + x);
         if (l >= keep_logit_) {
           buf[n_kept++] = l;
           total += static_cast<double>(exp_at(l));
@@ -249,7 +288,7 @@ class LogitRow {
 template <class Dist>
 inline int64_t sample_distribution(const Dist& dist, double u, double* scratch) {
   const double total = dist.fill(scratch);
-  return sample_from_weights(scratch, dist.vocab_size(), u, total);
+  return Dist::sample_weights(scratch, dist.vocab_size(), u, total);
 }
 
 }  // namespace kernels

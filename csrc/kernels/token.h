@@ -30,7 +30,7 @@ inline RowResult token_verify_row(const RowArgs<Dist>& a) {
 
   double* residual = a.ws->b;
   const double mass = a.target[tau].residual(a.draft[tau], 1.0, residual);
-  int64_t y = sample_from_weights(residual, a.vocab_size, a.emit_uniform, mass);
+  int64_t y = Dist::sample_weights(residual, a.vocab_size, a.emit_uniform, mass);
   if (y < 0) y = sample_distribution(a.target[tau], a.emit_uniform, a.ws->a);  // zero-mass residual: p
   return emit(a.out_tokens, tau, y);
 }

@@ -47,8 +47,10 @@ inline kernels::RuleParams parse_rule_params(kernels::Rule rule, at::ArrayRef<do
   } else if (rule == kernels::Rule::kTopBeta) {
     TORCH_CHECK_VALUE(values.size() == 2, "rule_params: top_beta expects [beta, tolerance], got ", values.size(),
                       " values");
-    TORCH_CHECK_VALUE(values[0] >= 1.0 && values[0] == static_cast<double>(static_cast<int64_t>(values[0])),
-                      "rule_params: top_beta needs an integer beta >= 1, got ", values[0]);
+    // range first: converting a double outside int64 to int64 is undefined behaviour
+    TORCH_CHECK_VALUE(values[0] >= 1.0 && values[0] < 9.2233720368547758e18 &&
+                          values[0] == static_cast<double>(static_cast<int64_t>(values[0])),
+                      "rule_params: top_beta needs an integer beta in [1, 2^63), got ", values[0]);
     TORCH_CHECK_VALUE(values[1] >= 0.0, "rule_params: top_beta needs tolerance >= 0, got ", values[1]);
     params.beta = static_cast<int64_t>(values[0]);
     params.tolerance = values[1];
@@ -56,6 +58,11 @@ inline kernels::RuleParams parse_rule_params(kernels::Rule rule, at::ArrayRef<do
     TORCH_CHECK_VALUE(values.empty(), "rule_params: this rule takes no parameters, got ", values.size());
   }
   return params;
+}
+
+// A required Tensor argument passed as None reaches the kernel as an undefined tensor.
+inline void check_given(const char* name, const at::Tensor& t) {
+  TORCH_CHECK_TYPE(t.defined(), name, ": expected a Tensor, got None");
 }
 
 inline bool is_supported_float(at::ScalarType t) {
@@ -68,6 +75,11 @@ inline VerifyDims check_verify_inputs(const char* target_name, const at::Tensor&
                                       const char* draft_name, const std::optional<at::Tensor>& draft,
                                       bool draft_required, const at::Tensor& draft_tokens,
                                       const at::Tensor& num_draft_tokens, const at::Tensor& uniforms) {
+  check_given(target_name, target);
+  if (draft.has_value()) check_given(draft_name, *draft);
+  check_given("draft_tokens", draft_tokens);
+  check_given("num_draft_tokens", num_draft_tokens);
+  check_given("uniforms", uniforms);
   TORCH_CHECK_VALUE(target.dim() == 3, target_name, ": expected shape [B, gamma+1, V], got a ", target.dim(),
                     "-d tensor of shape ", target.sizes());
   TORCH_CHECK_TYPE(is_supported_float(target.scalar_type()), target_name,
@@ -111,7 +123,10 @@ inline VerifyDims check_verify_inputs(const char* target_name, const at::Tensor&
 
 // philox_seed / philox_offset: one-element int64 tensors on the inputs' device.
 inline void check_philox_args(const at::Tensor& target, const at::Tensor& philox_seed,
-                              const at::Tensor& philox_offset) {
+                              const at::Tensor& philox_offset, const char* target_name) {
+  check_given(target_name, target);
+  check_given("philox_seed", philox_seed);
+  check_given("philox_offset", philox_offset);
   for (const auto& [name, t] : {std::pair<const char*, const at::Tensor*>{"philox_seed", &philox_seed},
                                 std::pair<const char*, const at::Tensor*>{"philox_offset", &philox_offset}}) {
     TORCH_CHECK_TYPE(t->scalar_type() == at::kLong, name, ": expected int64, got ", t->scalar_type());
@@ -131,6 +146,8 @@ inline void check_sampling_params(double temperature, int64_t top_k, double top_
 
 // logits [B, V] floating; uniforms [B] float64; same device (sample_logits).
 inline void check_sample_inputs(const at::Tensor& logits, const at::Tensor& uniforms) {
+  check_given("logits", logits);
+  check_given("uniforms", uniforms);
   TORCH_CHECK_VALUE(logits.dim() == 2, "logits: expected shape [B, V], got ", logits.sizes());
   TORCH_CHECK_TYPE(is_supported_float(logits.scalar_type()),
                    "logits: expected float32, float16, bfloat16 or float64, got ", logits.scalar_type());

@@ -1,6 +1,6 @@
 // The one place where every specdecode op schema is declared. Implementations register per
-// backend with TORCH_LIBRARY_IMPL (verify_cpu.cpp, verify_cuda.cu); fake (meta) kernels for
-// torch.compile live in python/specdecode/_meta.py.
+// backend with TORCH_LIBRARY_IMPL (verify_cpu.cpp, verify_cuda.cu, tree_cpu.cpp, ...); fake
+// (meta) kernels for torch.compile live in python/specdecode/_meta.py.
 #include <torch/library.h>
 
 TORCH_LIBRARY(specdecode, m) {
@@ -42,4 +42,39 @@ TORCH_LIBRARY(specdecode, m) {
   m.def(
       "sample_logits_philox(Tensor logits, Tensor philox_seed, Tensor philox_offset, float temperature, "
       "int top_k, float top_p, float min_p) -> Tensor");
+  // The processed distribution itself: probs [B, V] float64, each row the normalised weights
+  // that sample_logits draws from and the verify ops read (temperature 0: one-hot on the
+  // argmax). For draws a kernel does not cover (e.g. children without replacement).
+  m.def("processed_probs(Tensor logits, float temperature, int top_k, float top_p, float min_p) -> Tensor");
+  // ---- token trees (python/specdecode/trees/) --------------------------------------------
+  // Attention inputs of a batch of token trees. parents [B, N] int64 (parents[b, 0] = -1,
+  // 0 <= parents[b, i] < i for i < num_nodes[b]; N <= 4096), num_nodes [B] int64 in [1, N],
+  // prefix_mask [B, W] bool/uint8/int32/int64 0/1 (the row's real committed cache columns; W may
+  // be 0), root_positions [B] int64 >= 0 (position id of the root). Returns positions [B, N]
+  // int64 (root_position + depth), the mask [B, 1, N, W+N] bool (True = may attend: real prefix
+  // columns + ancestor-or-self tree columns; a padding node attends to its own column only), the
+  // tree-only mask [B, N, N] bool, the bit-packed tree-only mask [B, N, ceil(N/32)] int32 (bit
+  // j % 32 of word j / 32 of row i set iff j is an ancestor-or-self of i), first_child [B, N]
+  // and next_sibling [B, N] int64 (-1 = none, children in index order), depth [B, N] int64.
+  m.def(
+      "tree_attention_mask(Tensor parents, Tensor num_nodes, Tensor prefix_mask, Tensor root_positions) "
+      "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
+  // Verification of a batch of token trees from raw logits, with the chain ops' standardized
+  // sampling (temperature 0 = greedy). target_logits [B, N, V]: p at each node (of the token
+  // after it); draft_logits [B, N, V] or None: q at each node (what its children were drafted
+  // from); tree_tokens, parents [B, N] int64; num_nodes [B] int64; uniforms [B, N] float64
+  // (column c > 0: acceptance coin of node c; column 0: the emitted token's inverse-CDF coin).
+  // rule: greedy, specinfer, rrs, deterministic, typical (rule_params [epsilon, delta,
+  // sample_correction]). Returns tokens [B, N] int64 (accepted path tokens, then the emitted
+  // token, -1 padded), accepted_len [B] int64, accepted_nodes [B, N] int64 (the root 0, then the
+  // accepted nodes, -1 padded).
+  m.def(
+      "verify_tree(Tensor target_logits, Tensor? draft_logits, Tensor tree_tokens, Tensor parents, "
+      "Tensor num_nodes, Tensor uniforms, float temperature, int top_k, float top_p, float min_p, str rule, "
+      "float[] rule_params) -> (Tensor, Tensor, Tensor)");
+  // The same with coin (b, c) = philox_uniform(seed, offset, b, c) drawn in the op (tree layout).
+  m.def(
+      "verify_tree_philox(Tensor target_logits, Tensor? draft_logits, Tensor tree_tokens, Tensor parents, "
+      "Tensor num_nodes, Tensor philox_seed, Tensor philox_offset, float temperature, int top_k, float top_p, "
+      "float min_p, str rule, float[] rule_params) -> (Tensor, Tensor, Tensor)");
 }

@@ -5,6 +5,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <atomic>
 #include <memory>
 #include <vector>
 
@@ -23,11 +24,12 @@ using kernels::RuleParams;
 using kernels::SamplingParams;
 using kernels::Workspace;
 
-// Rows per task: aim at ~64k vocabulary entries of work per task so tiny problems stay on one
-// thread and large ones spread over every core.
-int64_t grain_for(int64_t gamma, int64_t V) {
-  const int64_t work_per_row = (gamma + 1) * V;
-  return std::max<int64_t>(1, 65536 / std::max<int64_t>(1, work_per_row));
+// How many workers to use: about 64k vocabulary entries of work each, so tiny problems stay on
+// one thread and large ones spread over every core.
+int64_t max_workers(int64_t rows, int64_t gamma, int64_t V) {
+  const int64_t work_per_row = std::max<int64_t>(1, (gamma + 1) * V);
+  const int64_t rows_per_worker = std::max<int64_t>(1, 65536 / work_per_row);
+  return (rows + rows_per_worker - 1) / rows_per_worker;
 }
 
 // Runs `rule` over every row. make_dist(row, position, is_target, workspace) builds a row's
@@ -50,13 +52,18 @@ std::tuple<at::Tensor, at::Tensor> run_rows(const char* op, const char* target_n
   int64_t* out_len = accepted_len.data_ptr<int64_t>();
   std::vector<int32_t> status(B, kernels::kOk);
 
-  at::parallel_for(0, B, grain_for(gamma, V), [&](int64_t begin, int64_t end) {
+  // Rows differ in cost (a rule stops reading at the first rejection), so workers take rows
+  // one at a time from a shared counter instead of fixed contiguous ranges. Each worker
+  // allocates its scratch rows once; results do not depend on which worker takes a row.
+  std::atomic<int64_t> next_row{0};
+  at::parallel_for(0, max_workers(B, gamma, V), 1, [&](int64_t, int64_t) {
+    if (next_row.load() >= B) return;
     // Scratch rows, left uninitialised: every use writes before it reads.
     std::unique_ptr<double[]> buf_a(new double[V]), buf_b(new double[V]);
     std::unique_ptr<float[]> buf_select(needs_select_buffer ? new float[V] : nullptr);
     Workspace ws{buf_a.get(), buf_b.get(), buf_select.get()};
     std::vector<Dist> target(gamma + 1), draft(has_draft ? gamma : 0);
-    for (int64_t b = begin; b < end; ++b) {
+    for (int64_t b = next_row.fetch_add(1); b < B; b = next_row.fetch_add(1)) {
       const int64_t n = n_ptr[b];
       if (n < 0 || n > gamma) {
         status[b] = kernels::kNumDraftTokensOutOfRange;
@@ -155,9 +162,10 @@ std::tuple<at::Tensor, at::Tensor> verify_logits_cpu(const at::Tensor& target_lo
 
 // The [B, gamma+1] coins of one Philox call, computed on the host exactly as the CUDA kernels
 // compute them on the device.
-at::Tensor philox_uniforms(const at::Tensor& target, const at::Tensor& draft_tokens, const at::Tensor& philox_seed,
-                           const at::Tensor& philox_offset) {
-  check_philox_args(target, philox_seed, philox_offset);
+at::Tensor philox_uniforms(const char* target_name, const at::Tensor& target, const at::Tensor& draft_tokens,
+                           const at::Tensor& philox_seed, const at::Tensor& philox_offset) {
+  check_philox_args(target, philox_seed, philox_offset, target_name);
+  check_given("draft_tokens", draft_tokens);
   TORCH_CHECK_VALUE(draft_tokens.dim() == 2, "draft_tokens: expected shape [B, gamma], got ", draft_tokens.sizes());
   const int64_t B = draft_tokens.size(0), columns = draft_tokens.size(1) + 1;
   const uint64_t seed = static_cast<uint64_t>(philox_seed.item<int64_t>());
@@ -175,7 +183,7 @@ std::tuple<at::Tensor, at::Tensor> verify_probs_philox_cpu(
     const at::Tensor& num_draft_tokens, const at::Tensor& philox_seed, const at::Tensor& philox_offset,
     c10::string_view rule_name, at::ArrayRef<double> rule_params) {
   return verify_probs_cpu(target_probs, draft_probs, draft_tokens, num_draft_tokens,
-                          philox_uniforms(target_probs, draft_tokens, philox_seed, philox_offset), rule_name,
+                          philox_uniforms("target_probs", target_probs, draft_tokens, philox_seed, philox_offset), rule_name,
                           rule_params);
 }
 
@@ -185,7 +193,7 @@ std::tuple<at::Tensor, at::Tensor> verify_logits_philox_cpu(
     double temperature, int64_t top_k, double top_p, double min_p, c10::string_view rule_name,
     at::ArrayRef<double> rule_params) {
   return verify_logits_cpu(target_logits, draft_logits, draft_tokens, num_draft_tokens,
-                           philox_uniforms(target_logits, draft_tokens, philox_seed, philox_offset), temperature,
+                           philox_uniforms("target_logits", target_logits, draft_tokens, philox_seed, philox_offset), temperature,
                            top_k, top_p, min_p, rule_name, rule_params);
 }
 

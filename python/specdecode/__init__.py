@@ -17,12 +17,20 @@ from specdecode.analysis import (
     expected_tokens_per_call,
     optimal_num_draft_tokens,
 )
-from specdecode.drafters import Drafter, ModelDrafter, NgramDrafter, Proposal, TokenizerBridgeDrafter
+from specdecode.drafters import (
+    Drafter,
+    LayerSkipDrafter,
+    ModelDrafter,
+    NgramDrafter,
+    Proposal,
+    TokenizerBridgeDrafter,
+)
 from specdecode.engine import DraftSchedule, SpeculativeStats
 from specdecode.integrations.hf import SpeculativeOutput, check_compatibility, custom_generate, generate
 from specdecode.reference import VerifyOutput
 from specdecode.rules import RuleInfo, list_rules, register_rule, unregister_rule
 from specdecode.sampling import SamplingParams
+from specdecode.trees import TokenTree, tree_attention_mask, verify_tree
 from specdecode.verify import verify, verify_logits
 
 __version__ = "0.1.0"
@@ -39,6 +47,7 @@ def load_demo_pair(*args, **kwargs):  # noqa: ANN002, ANN003 - same signature as
 __all__ = [
     "DraftSchedule",
     "Drafter",
+    "LayerSkipDrafter",
     "ModelDrafter",
     "NgramDrafter",
     "Proposal",
@@ -48,6 +57,7 @@ __all__ = [
     "RuleInfo",
     "SpeculativeOutput",
     "SpeculativeStats",
+    "TokenTree",
     "check_compatibility",
     "custom_generate",
     "generate",
@@ -59,7 +69,9 @@ __all__ = [
     "list_rules",
     "optimal_num_draft_tokens",
     "register_rule",
+    "tree_attention_mask",
     "unregister_rule",
     "verify",
     "verify_logits",
+    "verify_tree",
 ]

@@ -11,9 +11,18 @@ from specdecode import _ops  # noqa: F401  (the schemas must exist first)
 from torch import Tensor
 
 
-def _verify_outputs(target: Tensor, others: dict[str, Tensor | None], draft_tokens: Tensor) -> tuple[Tensor, Tensor]:
+def _check_given(tensors: dict[str, object], optional: tuple[str, ...] = ()) -> None:
+    """A required Tensor argument passed as None (the compiled ops raise TypeError too)."""
+    for name, tensor in tensors.items():
+        if name not in optional:
+            torch._check_type(isinstance(tensor, Tensor), lambda name=name: f"{name}: expected a Tensor, got None")
+
+
+def _verify_outputs(target_name: str, target: Tensor, others: dict[str, Tensor | None],
+                    draft_tokens: Tensor) -> tuple[Tensor, Tensor]:
     # The same checks as the compiled ops, so a mixed-device call that lands here (a meta
     # tensor among CPU ones) raises instead of returning uninitialised tensors.
+    _check_given({target_name: target, **others}, optional=("draft_probs", "draft_logits"))
     for name, tensor in others.items():
         if tensor is not None:
             torch._check_value(
@@ -24,7 +33,7 @@ def _verify_outputs(target: Tensor, others: dict[str, Tensor | None], draft_toke
     B, gamma = draft_tokens.shape
     torch._check_value(
         target.dim() == 3 and target.shape[0] == B and target.shape[1] == gamma + 1,
-        lambda: f"target: expected shape [B, gamma+1, V] = [{B}, {gamma + 1}, V], got {tuple(target.shape)}",
+        lambda: f"{target_name}: expected shape [B, gamma+1, V] = [{B}, {gamma + 1}, V], got {tuple(target.shape)}",
     )
     return draft_tokens.new_empty((B, gamma + 1)), draft_tokens.new_empty((B,))
 
@@ -41,7 +50,7 @@ def _verify_probs_fake(
 ) -> tuple[Tensor, Tensor]:
     others = {"draft_probs": draft_probs, "draft_tokens": draft_tokens, "num_draft_tokens": num_draft_tokens,
               "uniforms": uniforms}
-    return _verify_outputs(target_probs, others, draft_tokens)
+    return _verify_outputs("target_probs", target_probs, others, draft_tokens)
 
 
 @torch.library.register_fake("specdecode::verify_logits")
@@ -60,7 +69,7 @@ def _verify_logits_fake(
 ) -> tuple[Tensor, Tensor]:
     others = {"draft_logits": draft_logits, "draft_tokens": draft_tokens, "num_draft_tokens": num_draft_tokens,
               "uniforms": uniforms}
-    return _verify_outputs(target_logits, others, draft_tokens)
+    return _verify_outputs("target_logits", target_logits, others, draft_tokens)
 
 
 @torch.library.register_fake("specdecode::verify_probs_philox")
@@ -76,7 +85,7 @@ def _verify_probs_philox_fake(
 ) -> tuple[Tensor, Tensor]:
     others = {"draft_probs": draft_probs, "draft_tokens": draft_tokens, "num_draft_tokens": num_draft_tokens,
               "philox_seed": philox_seed, "philox_offset": philox_offset}
-    return _verify_outputs(target_probs, others, draft_tokens)
+    return _verify_outputs("target_probs", target_probs, others, draft_tokens)
 
 
 @torch.library.register_fake("specdecode::verify_logits_philox")
@@ -96,10 +105,11 @@ def _verify_logits_philox_fake(
 ) -> tuple[Tensor, Tensor]:
     others = {"draft_logits": draft_logits, "draft_tokens": draft_tokens, "num_draft_tokens": num_draft_tokens,
               "philox_seed": philox_seed, "philox_offset": philox_offset}
-    return _verify_outputs(target_logits, others, draft_tokens)
+    return _verify_outputs("target_logits", target_logits, others, draft_tokens)
 
 
 def _sample_outputs(logits: Tensor, others: dict[str, Tensor]) -> Tensor:
+    _check_given({"logits": logits, **others})
     for name, tensor in others.items():
         torch._check_value(
             tensor.device == logits.device,
@@ -119,3 +129,94 @@ def _sample_logits_fake(logits: Tensor, uniforms: Tensor, temperature: float, to
 def _sample_logits_philox_fake(logits: Tensor, philox_seed: Tensor, philox_offset: Tensor, temperature: float,
                                top_k: int, top_p: float, min_p: float) -> Tensor:
     return _sample_outputs(logits, {"philox_seed": philox_seed, "philox_offset": philox_offset})
+
+
+@torch.library.register_fake("specdecode::processed_probs")
+def _processed_probs_fake(logits: Tensor, temperature: float, top_k: int, top_p: float, min_p: float) -> Tensor:
+    torch._check_value(logits.dim() == 2, lambda: f"logits: expected shape [B, V], got {tuple(logits.shape)}")
+    return logits.new_empty(logits.shape, dtype=torch.float64)
+# ---------------------------------------------------------------------------- token trees
+
+
+def _check_same_device(reference_name: str, reference: Tensor, others: dict[str, Tensor | None]) -> None:
+    for name, tensor in others.items():
+        if tensor is not None:
+            torch._check_value(
+                tensor.device == reference.device,
+                lambda name=name, tensor=tensor: f"{name}: expected device {reference.device} (that of "
+                f"{reference_name}), got {tensor.device}",
+            )
+
+
+@torch.library.register_fake("specdecode::tree_attention_mask")
+def _tree_attention_mask_fake(parents: Tensor, num_nodes: Tensor, prefix_mask: Tensor,
+                              root_positions: Tensor) -> tuple[Tensor, ...]:
+    _check_same_device("parents", parents, {"num_nodes": num_nodes, "prefix_mask": prefix_mask,
+                                            "root_positions": root_positions})
+    torch._check_value(parents.dim() == 2, lambda: f"parents: expected shape [B, N], got {tuple(parents.shape)}")
+    torch._check_value(prefix_mask.dim() == 2, lambda: f"prefix_mask: expected shape [B, W], got {tuple(prefix_mask.shape)}")
+    B, N = parents.shape
+    W = prefix_mask.shape[1]
+    words = (N + 31) // 32
+    return (
+        parents.new_empty((B, N)),
+        parents.new_empty((B, 1, N, W + N), dtype=torch.bool),
+        parents.new_empty((B, N, N), dtype=torch.bool),
+        parents.new_empty((B, N, words), dtype=torch.int32),
+        parents.new_empty((B, N)),
+        parents.new_empty((B, N)),
+        parents.new_empty((B, N)),
+    )
+
+
+def _verify_tree_outputs(target_logits: Tensor, parents: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    torch._check_value(parents.dim() == 2, lambda: f"parents: expected shape [B, N], got {tuple(parents.shape)}")
+    B, N = parents.shape
+    torch._check_value(
+        target_logits.dim() == 3 and target_logits.shape[0] == B and target_logits.shape[1] == N,
+        lambda: f"target_logits: expected shape [B, N, V] = [{B}, {N}, V], got {tuple(target_logits.shape)}",
+    )
+    return parents.new_empty((B, N)), parents.new_empty((B,)), parents.new_empty((B, N))
+
+
+@torch.library.register_fake("specdecode::verify_tree")
+def _verify_tree_fake(
+    target_logits: Tensor,
+    draft_logits: Tensor | None,
+    tree_tokens: Tensor,
+    parents: Tensor,
+    num_nodes: Tensor,
+    uniforms: Tensor,
+    temperature: float,
+    top_k: int,
+    top_p: float,
+    min_p: float,
+    rule: str,
+    rule_params: Sequence[float],
+) -> tuple[Tensor, Tensor, Tensor]:
+    _check_same_device("target_logits", target_logits, {"draft_logits": draft_logits, "tree_tokens": tree_tokens,
+                                                        "parents": parents, "num_nodes": num_nodes,
+                                                        "uniforms": uniforms})
+    return _verify_tree_outputs(target_logits, parents)
+
+
+@torch.library.register_fake("specdecode::verify_tree_philox")
+def _verify_tree_philox_fake(
+    target_logits: Tensor,
+    draft_logits: Tensor | None,
+    tree_tokens: Tensor,
+    parents: Tensor,
+    num_nodes: Tensor,
+    philox_seed: Tensor,
+    philox_offset: Tensor,
+    temperature: float,
+    top_k: int,
+    top_p: float,
+    min_p: float,
+    rule: str,
+    rule_params: Sequence[float],
+) -> tuple[Tensor, Tensor, Tensor]:
+    _check_same_device("target_logits", target_logits, {"draft_logits": draft_logits, "tree_tokens": tree_tokens,
+                                                        "parents": parents, "num_nodes": num_nodes,
+                                                        "philox_seed": philox_seed, "philox_offset": philox_offset})
+    return _verify_tree_outputs(target_logits, parents)

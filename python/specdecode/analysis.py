@@ -1,4 +1,4 @@
-"""Analysis formulas of speculative decoding (Leviathan et al. 2022, §3; spec §9).
+"""Analysis formulas of speculative decoding (Leviathan et al. 2022, §3; docs/verification.md §9).
 
 >>> round(expected_speedup(alpha=0.8, num_draft_tokens=5, cost_ratio=0.0), 2)
 3.69

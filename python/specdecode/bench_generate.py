@@ -11,7 +11,7 @@ same pair, prompts, seed and ``max_new_tokens``.
 Drafters (``--drafters``, see :func:`drafter_factories`): ``model`` (the draft model,
 :class:`~specdecode.drafters.ModelDrafter`), ``ngram`` (prompt lookup,
 :class:`~specdecode.drafters.NgramDrafter`), and ``layerskip-1/2/3`` (the target's first k
-layers, when this build has ``LayerSkipDrafter``). Each runs with every rule of ``--rules``.
+layers, :class:`~specdecode.drafters.LayerSkipDrafter`). Each runs with every rule of ``--rules``.
 
 Every configuration runs in one process, one after the other, ``--repeats`` times; tokens/s is
 the median over repeats. EOS is disabled for every method, so each generates exactly
@@ -52,9 +52,8 @@ def drafter_factories(target: Any, draft: Any) -> dict[str, Callable[[], Any]]:
         "model": lambda: drafters.ModelDrafter(draft),
         "ngram": lambda: drafters.NgramDrafter(),
     }
-    if hasattr(drafters, "LayerSkipDrafter"):  # written on another branch
-        for k in (1, 2, 3):
-            factories[f"layerskip-{k}"] = lambda k=k: drafters.LayerSkipDrafter(target, num_layers=k)
+    for k in (1, 2, 3):
+        factories[f"layerskip-{k}"] = lambda k=k: drafters.LayerSkipDrafter(target, num_layers=k)
     return factories
 
 
@@ -353,10 +352,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
         args.batch_sizes = [b if b == 1 else 2 for b in args.batch_sizes]
     args.repeats = args.repeats or (1 if args.quick else 3)
     if args.drafters is None:
-        import specdecode.drafters as drafters
-
-        args.drafters = ["model", "ngram"] + ([f"layerskip-{k}" for k in (1, 2, 3)]
-                                              if hasattr(drafters, "LayerSkipDrafter") and not args.quick else [])
+        args.drafters = ["model", "ngram"] + ([] if args.quick else [f"layerskip-{k}" for k in (1, 2, 3)])
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.clock == "cpu" and torch.get_num_threads() != 1:

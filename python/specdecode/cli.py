@@ -4,6 +4,8 @@
     python -m specdecode demo --rule block --gamma 6 --temperature 1 --prompt "def parse("
     python -m specdecode demo --target PATH --draft PATH   # any local Hugging Face pair
     python -m specdecode bench [--quick] [--plot]   # see specdecode.bench_generate
+    python -m specdecode bench --trees [--quick]    # token trees vs chains, see specdecode.bench_trees
+    python -m specdecode bench --device cuda        # decode paths (eager / graphed), see specdecode.bench_gpu
     python -m specdecode info                       # what was built
 """
 
@@ -98,6 +100,16 @@ def main(argv: list[str] | None = None) -> None:
     sub.add_parser("info", help="what was built")
     args, rest = parser.parse_known_args(argv)
     if args.command == "bench":
+        if any(a == "--device" or a.startswith("--device=") for a in rest):
+            from specdecode.bench_gpu import main as gpu_main
+
+            gpu_main(rest, prog="python -m specdecode bench --device")
+            return
+        if "--trees" in rest:
+            from specdecode.bench_trees import main as trees_main
+
+            trees_main([a for a in rest if a != "--trees"], prog="python -m specdecode bench --trees")
+            return
         from specdecode.bench_generate import main as bench_main
 
         bench_main(rest, prog="python -m specdecode bench")

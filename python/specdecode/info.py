@@ -22,9 +22,11 @@ def build_report() -> str:
     lines += [
         f"built with torch {info['torch_build_version']}, {info['compiler']}, cxx11 ABI {info['cxx11_abi']}",
         f"CUDA kernels compiled: {'yes' if info['cuda'] else 'no'}",
+        f"CPU logit loops: {info.get('cpu_isa', '?')} (narrow with SPECDECODE_CPU_ISA=avx2|baseline)",
         "ops (torch.ops.specdecode):",
     ]
-    for op in ("verify_probs", "verify_logits", "verify_probs_philox", "verify_logits_philox"):
+    for op in ("verify_probs", "verify_logits", "verify_probs_philox", "verify_logits_philox", "sample_logits",
+               "sample_logits_philox"):
         backends = [key for key in ("CPU", "CUDA") if torch._C._dispatch_has_kernel_for_dispatch_key(f"specdecode::{op}", key)]
         lines.append(f"  {op:21s} {', '.join(backends)}")
     from specdecode.rules import list_rules

@@ -1,9 +1,9 @@
 """Pure-PyTorch reference of every built-in verification rule, written straight from
-``shared/specs/verification-rules.md``. It is the documentation of the math and the oracle the
+``docs/verification.md``. It is the documentation of the math and the oracle the
 tests compare the compiled ops against.
 
 Every function works on one row at a time, in float64, with plain tensor operations, so each
-line can be read against the spec. Given the same uniforms, :func:`verify_reference` returns
+line can be read against that page. Given the same uniforms, :func:`verify_reference` returns
 exactly the tokens and accepted lengths of the compiled ``verify`` op: both sample with the
 same inverse CDF (a sequential float64 cumulative sum), compare ``u < ratio`` on half-open
 intervals, and clip the block weights in the same order.
@@ -45,7 +45,7 @@ class VerifyOutput(NamedTuple):
 
 
 def sample_inverse_cdf(weights: Tensor, u: float) -> int:
-    """Index ``x`` of the first cumulative weight above ``u * total`` (spec §7).
+    """Index ``x`` of the first cumulative weight above ``u * total`` (docs/verification.md §7).
 
     Shape:
         weights: ``[V]`` non-negative float64 (need not be normalised).
@@ -65,7 +65,7 @@ def sample_inverse_cdf(weights: Tensor, u: float) -> int:
 
 
 def sample_residual(residual: Tensor, fallback: Tensor, u: float) -> int:
-    """``y ~ norm(residual)``; a residual with zero mass falls back to ``fallback`` (spec §7)."""
+    """``y ~ norm(residual)``; a residual with zero mass falls back to ``fallback`` (docs/verification.md §7)."""
     y = sample_inverse_cdf(residual, u)
     return y if y >= 0 else sample_inverse_cdf(fallback, u)
 

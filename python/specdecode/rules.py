@@ -111,6 +111,11 @@ def list_rules() -> list[RuleInfo]:
     return list(_BUILTIN_RULES.values()) + list(_USER_RULES.values())
 
 
+def is_chain_rule(name: str) -> bool:
+    """Whether ``name`` is a registered chain rule (built-in or user)."""
+    return name in _BUILTIN_RULES or name in _USER_RULES
+
+
 def get_rule(name: str) -> RuleInfo:
     """The registry entry for ``name``; ``ValueError`` listing the known rules otherwise."""
     if not isinstance(name, str):

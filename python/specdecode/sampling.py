@@ -52,8 +52,8 @@ class SamplingParams:
             raise ValueError(f"temperature: expected a finite value >= 0 (0 = greedy), got {t}")
         if isinstance(self.top_k, bool) or not isinstance(self.top_k, int):
             raise TypeError(f"top_k: expected an int (0 = off), got {type(self.top_k).__name__}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k: expected >= 0 (0 = off), got {self.top_k}")
+        if not 0 <= self.top_k < 2**63:
+            raise ValueError(f"top_k: expected an int in [0, 2^63) (0 = off), got {self.top_k}")
         for name in ("top_p", "min_p"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -135,16 +135,41 @@ def sample_logits(logits: Tensor, sampling: SamplingParams, *, generator: torch.
     if not isinstance(sampling, SamplingParams):
         raise TypeError(f"sampling: expected a SamplingParams, got {type(sampling).__name__}")
     B = logits.shape[0]
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator: expected a torch.Generator or None, got {type(generator).__name__}")
     if uniforms is None:
         device = generator.device if generator is not None else logits.device
         uniforms = torch.rand(B, dtype=torch.float64, device=device, generator=generator).to(logits.device)
     else:
         if generator is not None:
             raise ValueError("uniforms: pass either generator or uniforms, not both")
-        if not isinstance(uniforms, Tensor) or uniforms.dim() != 1 or uniforms.shape[0] != B:
-            raise ValueError(f"uniforms: expected shape [B] = [{B}], got "
-                             f"{tuple(uniforms.shape) if isinstance(uniforms, Tensor) else type(uniforms).__name__}")
+        if not isinstance(uniforms, Tensor):
+            raise TypeError(f"uniforms: expected a torch.Tensor of shape [B] = [{B}], got {type(uniforms).__name__}")
+        if uniforms.dim() != 1 or uniforms.shape[0] != B:
+            raise ValueError(f"uniforms: expected shape [B] = [{B}], got {tuple(uniforms.shape)}")
+        if uniforms.dtype not in (torch.float32, torch.float64):
+            raise TypeError(f"uniforms: expected float64 (or float32), got {uniforms.dtype}")
         if uniforms.device != logits.device:
             raise ValueError(f"uniforms: expected device {logits.device}, got {uniforms.device}")
         uniforms = uniforms.to(torch.float64)
+        if uniforms.device.type != "meta" and bool(((uniforms < 0) | (uniforms >= 1) | uniforms.isnan()).any()):
+            raise ValueError("uniforms: every value must lie in [0, 1)")
     return ops.sample_logits(logits, uniforms, *sampling.op_args())
+
+
+def processed_probs(logits: Tensor, sampling: SamplingParams) -> Tensor:
+    """The processed distribution of every logit row, as the compiled ops compute it.
+
+    Shape:
+        logits: ``[B, V]`` float32 / float16 / bfloat16 / float64.
+        returns: ``[B, V]`` float64, rows summing to 1 (one-hot on the argmax when greedy).
+
+    These are exactly the weights :func:`sample_logits` draws from and the verification ops
+    read as ``p`` / ``q``; use them for draws no kernel covers (children drawn without
+    replacement for a token tree) so that the drafted law stays the verified one.
+    """
+    if not isinstance(logits, Tensor):
+        raise TypeError(f"logits: expected a torch.Tensor of shape [B, V], got {type(logits).__name__}")
+    if not isinstance(sampling, SamplingParams):
+        raise TypeError(f"sampling: expected a SamplingParams, got {type(sampling).__name__}")
+    return ops.processed_probs(logits, *sampling.op_args())

@@ -48,7 +48,8 @@ def _prepare_common(
     philox: tuple[Tensor, Tensor] | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """Shape, dtype and device checks shared by verify and verify_logits. Returns the filled-in
-    ``num_draft_tokens`` [B] int64 and ``uniforms`` [B, gamma+1] float64."""
+    ``num_draft_tokens`` [B] int64 and ``uniforms`` [B, gamma+1] float64. Value checks need
+    values: on the meta device (shapes only) they are skipped."""
     _check_dist_tensor(target_name, target, "[B, gamma+1, V]")
     _check_tensor("draft_tokens", draft_tokens, 2, "[B, gamma]")
     if draft_tokens.dtype != torch.int64:
@@ -67,6 +68,7 @@ def _prepare_common(
         )
     if draft_tokens.device != device:
         raise ValueError(f"draft_tokens: expected device {device} (that of {target_name}), got {draft_tokens.device}")
+    check_values = check_values and _has_values(target)
     if draft is None:
         if info.needs_draft_probs:
             raise ValueError(f"{draft_name}: rule {info.name!r} needs the draft's distributions, shape [B, gamma, V]")
@@ -108,6 +110,12 @@ def _prepare_common(
         if not info.builtin:
             raise ValueError(f"philox_seed: rule {info.name!r} is a Python rule; pass uniforms or a generator")
         return num_draft_tokens, None  # the op draws its own coins
+    if generator is not None:
+        if not isinstance(generator, torch.Generator):
+            raise TypeError(f"generator: expected a torch.Generator or None, got {type(generator).__name__}")
+        if generator.device.type != device.type and device.type != "meta":
+            raise ValueError(f"generator: expected a generator on {device.type} (the inputs' device), "
+                             f"got one on {generator.device}")
     if uniforms is None:
         uniforms = torch.rand((B, gamma + 1), dtype=torch.float64, device=device, generator=generator)
     else:
@@ -121,7 +129,7 @@ def _prepare_common(
         if uniforms.device != device:
             raise ValueError(f"uniforms: expected device {device}, got {uniforms.device}")
         uniforms = uniforms.to(torch.float64)
-        if bool(((uniforms < 0) | (uniforms >= 1) | uniforms.isnan()).any()):
+        if _has_values(uniforms) and bool(((uniforms < 0) | (uniforms >= 1) | uniforms.isnan()).any()):
             raise ValueError("uniforms: every value must lie in [0, 1)")
     return num_draft_tokens, uniforms
 
@@ -138,8 +146,13 @@ def _philox_pair(philox_seed: Tensor | None, philox_offset: Tensor | None) -> tu
     return philox_seed, philox_offset
 
 
+def _has_values(tensor: Tensor) -> bool:
+    """False for meta tensors, which carry shapes and dtypes but no values to check."""
+    return tensor.device.type != "meta"
+
+
 def _check_probabilities(name: str, probs: Tensor) -> None:
-    if probs.numel() == 0:
+    if probs.numel() == 0 or not _has_values(probs):
         return
     if not bool(torch.isfinite(probs).all()):
         raise ValueError(f"{name}: holds NaN or infinite entries")
@@ -197,7 +210,8 @@ def verify(
     seed and offset from memory: on CUDA such a call can be captured in a CUDA graph (advance
     the offset between calls). The coins equal those documented in ``csrc/kernels/philox.h``.
     With ``validate`` (default) the probabilities are checked (finite, non-negative, rows sum
-    to 1, drafted tokens have ``q > 0``), at the cost of one extra pass over them.
+    to 1, drafted tokens have ``q > 0``), at the cost of one extra pass over them. Meta tensors
+    (shapes without values) skip every value check and give meta outputs of the right shapes.
 
     Example:
         >>> p = torch.softmax(torch.randn(2, 4, 10), -1); q = torch.softmax(torch.randn(2, 3, 10), -1)
@@ -217,7 +231,7 @@ def verify(
         _check_probabilities("target_probs", target_probs)
         if draft_probs is not None:
             _check_probabilities("draft_probs", draft_probs)
-            if info.needs_draft_probs:
+            if info.needs_draft_probs and _has_values(draft_probs):
                 used = torch.arange(gamma, device=draft_tokens.device)[None, :] < num_draft_tokens[:, None]
                 q_x = torch.gather(draft_probs, 2, draft_tokens.clamp(0, draft_probs.shape[2] - 1)[..., None])[..., 0]
                 bad = used & (q_x <= 0)

@@ -1,22 +1,22 @@
-// Device helpers shared by every CUDA verification kernel: element loads for the four
-// dtypes, the CPU's float32 exp reproduced bit for bit, warp/block reductions and scans, and
-// coalesced (16-byte vectorised where aligned) passes over one vocabulary row.
-// One CUDA block works on one batch row; every function here marked "collective" must be
-// called by all threads of the block with the same arguments. Torch-free.
+// Device helpers shared by every CUDA verification kernel: element loads for the four dtypes,
+// the CPU's float32 exp reproduced bit for bit (and a fast approximation of it for sums),
+// warp/block reductions and scans with a fixed combination order (deterministic results), a
+// warp bitonic sort, and loaders that put one chunk of a vocabulary row into registers.
+// Functions marked "collective" must be called by every thread of the block (or warp) with
+// the same arguments. Torch-free.
 #pragma once
-
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-#include <cuda_runtime.h>
 
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
+
+#include "kernels/cuda/compat.cuh"
 
 namespace specdecode {
 namespace kernels {
 namespace cuda {
 
-// The kernel's dynamic shared memory (a macro so that a host-side test harness can supply it).
+// The kernel's dynamic shared memory (a macro so that the emulator can supply it).
 #ifndef SPECDECODE_DYNAMIC_SHARED
 #define SPECDECODE_DYNAMIC_SHARED(name) extern __shared__ __align__(16) unsigned char name[]
 #endif
@@ -27,6 +27,8 @@ constexpr int64_t kNoIndex = INT64_MAX;
 
 __device__ __forceinline__ float float_inf() { return __int_as_float(0x7f800000); }
 __device__ __forceinline__ double double_inf() { return __longlong_as_double(0x7ff0000000000000LL); }
+// Neither NaN nor +-inf.
+__device__ __forceinline__ bool is_finite(double x) { return x - x == 0.0; }
 
 // ------------------------------------------------------------------------------ loads
 // Conversions spelt out with intrinsics so the code also builds with torch's
@@ -49,7 +51,7 @@ __device__ __forceinline__ double to_double<double>(double v) {
 // ------------------------------------------------------------------------------ numerics
 // kernels::fast_exp_nonpositive (common.h) step for step. Every operation is an explicitly
 // rounded intrinsic, so nvcc cannot contract a multiply-add into an FMA and the result equals
-// the CPU's (built with -ffp-contract=off) bit for bit.
+// the CPU's (built with -ffp-contract=off) bit for bit. About 30 instruction slots.
 __device__ __forceinline__ float fast_exp_nonpositive_dev(float z) {
   const float kLog2e = 1.44269504088896341f;
   const float kLn2Hi = 0.693359375f;
@@ -72,10 +74,46 @@ __device__ __forceinline__ float fast_exp_nonpositive_dev(float z) {
   return underflow ? 0.0f : result;
 }
 
-// exp((l - max) / T) as LogitRow::exp_at computes it.
-__device__ __forceinline__ float scaled_exp(float logit, float max_logit, float inv_temp) {
-  return fast_exp_nonpositive_dev(__fmul_rn(__fsub_rn(logit, max_logit), inv_temp));
+// The argument of the exp as LogitRow computes it: z = (l - max) * inv_temp, rounded twice.
+__device__ __forceinline__ float scaled_arg(float logit, float max_logit, float inv_temp) {
+  return __fmul_rn(__fsub_rn(logit, max_logit), inv_temp);
 }
+
+// exp((l - max) / T) as LogitRow::exp_at computes it (bit for bit).
+__device__ __forceinline__ float scaled_exp(float logit, float max_logit, float inv_temp) {
+  return fast_exp_nonpositive_dev(scaled_arg(logit, max_logit, inv_temp));
+}
+
+// 2^t with the hardware approximation (relative error about 2^-22), denormals flushed to 0.
+__device__ __forceinline__ float exp2_approx(float t) {
+#if defined(SPECDECODE_CUDA_EMULATION)
+  return ::specdecode_emu::ex2_approx_ftz(t);
+#else
+  float result;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(result) : "f"(t));
+  return result;
+#endif
+}
+
+// A cheap stand-in for fast_exp_nonpositive_dev((l - max) * inv_temp), used only where no
+// decision depends on its rounding (normalisers, chunk masses, entropies, and as a first guess
+// that exact code confirms): 2^((l - max) * c), c = inv_temp * log2(e), one hardware exp2.
+// Relative error below 2.5e-5 whatever the magnitude of the logits (the argument is rounded
+// twice, relative 2.4e-7, and |argument| <= 125.5 where it is not 0; ex2.approx adds 2^-22).
+// 0 (never NaN) below the CPU's underflow cut z = -87, up to rounding right at the cut, and
+// when max = -inf.
+struct FastWeight {
+  float c;
+  float max_logit;
+  __device__ __forceinline__ FastWeight(float max, float inv_temp) {
+    c = __fmul_rn(inv_temp, 1.44269504088896341f);
+    max_logit = max;
+  }
+  __device__ __forceinline__ float operator()(float logit) const {
+    const float t = __fmul_rn(__fsub_rn(logit, max_logit), c);
+    return t >= -125.5f ? exp2_approx(t) : 0.0f;
+  }
+};
 
 // Order-preserving map float -> uint32 (larger float, larger key); -0 is folded onto +0 so
 // that keys are equal exactly when the floats compare equal. NaN never reaches it.
@@ -113,14 +151,16 @@ __device__ __forceinline__ ArgMax shfl_xor<ArgMax>(ArgMax v, int mask) {
   return ArgMax{__shfl_xor_sync(kFullMask, v.value, mask), __shfl_xor_sync(kFullMask, v.index, mask)};
 }
 
-// (count, max) for top-beta.
-struct CountMax {
-  int64_t count;
-  double max;
+// (max, lowest index holding it, NaN / +inf seen) of a row of logits, in one reduction.
+struct MaxIndexBad {
+  float value;
+  int32_t index;
+  int32_t bad;
 };
 template <>
-__device__ __forceinline__ CountMax shfl_xor<CountMax>(CountMax v, int mask) {
-  return CountMax{__shfl_xor_sync(kFullMask, v.count, mask), __shfl_xor_sync(kFullMask, v.max, mask)};
+__device__ __forceinline__ MaxIndexBad shfl_xor<MaxIndexBad>(MaxIndexBad v, int mask) {
+  return MaxIndexBad{__shfl_xor_sync(kFullMask, v.value, mask), __shfl_xor_sync(kFullMask, v.index, mask),
+                     __shfl_xor_sync(kFullMask, v.bad, mask)};
 }
 
 struct OpSum {
@@ -138,25 +178,32 @@ struct OpMax {  // a NaN is never chosen over a number
 struct OpMin {
   template <typename V>
   __device__ __forceinline__ V operator()(V a, V b) const {
-    return a < b ? a : b;
+    return b < a ? b : a;
   }
 };
 struct OpOr {
   __device__ __forceinline__ int operator()(int a, int b) const { return a | b; }
 };
+// Larger value, ties (and NaN values, which callers never pass) to the lower index.
 struct OpArgMax {
   __device__ __forceinline__ ArgMax operator()(ArgMax a, ArgMax b) const {
     if (a.value > b.value) return a;
     if (b.value > a.value) return b;
-    return a.index < b.index ? a : b;  // equal values (or NaN on one side: see callers)
-  }
-};
-struct OpCountMax {
-  __device__ __forceinline__ CountMax operator()(CountMax a, CountMax b) const {
-    return CountMax{a.count + b.count, b.max > a.max ? b.max : a.max};
+    return a.index < b.index ? a : b;
   }
 };
 
+// Larger value, ties to the lower index; the NaN / +inf flags are OR-ed (values are never NaN).
+struct OpMaxIndexBad {
+  __device__ __forceinline__ MaxIndexBad operator()(MaxIndexBad a, MaxIndexBad b) const {
+    MaxIndexBad r = (b.value > a.value || (b.value == a.value && b.index < a.index)) ? b : a;
+    r.bad = a.bad | b.bad;
+    return r;
+  }
+};
+
+// Collective (warp). Every lane returns the combination of all 32 lanes' values, combined in
+// the same butterfly order on every call.
 template <typename V, typename Op>
 __device__ __forceinline__ V warp_reduce(V v, Op op) {
 #pragma unroll
@@ -164,22 +211,32 @@ __device__ __forceinline__ V warp_reduce(V v, Op op) {
   return v;
 }
 
-// Inclusive prefix sum over the lanes of a warp (lane 0 first).
-__device__ __forceinline__ double warp_inclusive_scan(double v) {
+// Collective (warp). Inclusive prefix sum over the lanes (lane 0 first).
+template <typename V>
+__device__ __forceinline__ V warp_inclusive_scan(V v) {
   const int lane = threadIdx.x & (kWarpSize - 1);
 #pragma unroll
   for (int delta = 1; delta < kWarpSize; delta <<= 1) {
-    const double other = shfl_up(v, delta);
+    const V other = shfl_up(v, delta);
     if (lane >= delta) v += other;
   }
   return v;
 }
-__device__ __forceinline__ int64_t warp_inclusive_scan(int64_t v) {
+
+// Collective (warp). Bitonic sort of one float per lane into descending order: afterwards
+// lane L holds the L-th largest value. NaN must not be passed.
+__device__ __forceinline__ float warp_sort_descending(float v) {
   const int lane = threadIdx.x & (kWarpSize - 1);
 #pragma unroll
-  for (int delta = 1; delta < kWarpSize; delta <<= 1) {
-    const int64_t other = shfl_up(v, delta);
-    if (lane >= delta) v += other;
+  for (int size = 2; size <= kWarpSize; size <<= 1) {
+#pragma unroll
+    for (int stride = size >> 1; stride > 0; stride >>= 1) {
+      const float other = shfl_xor(v, stride);
+      const bool lower = (lane & stride) == 0;      // this lane holds the lower index of its pair
+      const bool descending = (lane & size) == 0;   // direction of this lane's subsequence
+      const bool keep_larger = lower == descending;
+      v = keep_larger ? (other > v ? other : v) : (other < v ? other : v);
+    }
   }
   return v;
 }
@@ -190,98 +247,151 @@ struct alignas(16) ReduceScratch {
   unsigned char bytes[kWarpSize * 16];
 };
 
-// Collective. Every thread returns the same value; the combination order is fixed, so the
-// result is deterministic for a given block size.
+// Collective. Every thread returns the same value; the combination order is fixed (butterfly
+// within warps, then warp 0, 1, 2, ... in order), so the result is deterministic for a given
+// block size. Starts with a barrier, so the scratch may be reused by consecutive calls.
 template <int BLOCK, typename V, typename Op>
 __device__ __forceinline__ V block_reduce(V v, Op op, ReduceScratch& scratch) {
   static_assert(sizeof(V) <= 16, "block_reduce: value too large for the scratch slots");
+  static_assert(BLOCK % kWarpSize == 0, "block_reduce: BLOCK must be a multiple of 32");
   constexpr int kWarps = BLOCK / kWarpSize;
   v = warp_reduce(v, op);
   V* slots = reinterpret_cast<V*>(scratch.bytes);
-  __syncthreads();  // the previous user of the scratch is done
+  __syncthreads();  // the previous user of the scratch has read its result
   if ((threadIdx.x & (kWarpSize - 1)) == 0) slots[threadIdx.x / kWarpSize] = v;
-  __syncthreads();
+  __syncthreads();  // every warp's slot is written
   V result = slots[0];
 #pragma unroll
   for (int w = 1; w < kWarps; ++w) result = op(result, slots[w]);
   return result;
 }
 
-// Collective exclusive prefix sum of one double per thread (thread 0 first).
-template <int BLOCK>
-__device__ __forceinline__ double block_exclusive_scan(double v, ReduceScratch& scratch) {
+// Collective. Exclusive prefix sum of one value per thread (thread 0 first); *total receives
+// the sum over the block. Deterministic for a given block size.
+template <int BLOCK, typename V>
+__device__ __forceinline__ V block_exclusive_scan(V v, ReduceScratch& scratch, V* total = nullptr) {
+  static_assert(sizeof(V) <= 16, "block_exclusive_scan: value too large for the scratch slots");
   constexpr int kWarps = BLOCK / kWarpSize;
   const int lane = threadIdx.x & (kWarpSize - 1);
   const int warp = threadIdx.x / kWarpSize;
-  const double inclusive = warp_inclusive_scan(v);
-  double* slots = reinterpret_cast<double*>(scratch.bytes);
-  __syncthreads();
+  const V inclusive = warp_inclusive_scan(v);
+  V* slots = reinterpret_cast<V*>(scratch.bytes);
+  __syncthreads();  // the previous user of the scratch has read its result
   if (lane == kWarpSize - 1) slots[warp] = inclusive;
-  __syncthreads();
-  double before = 0.0;
-  for (int w = 0; w < warp; ++w) before += slots[w];
-  (void)kWarps;
+  __syncthreads();  // every warp's total is written
+  V before = V(0);
+  V all = V(0);
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) {
+    if (w < warp) before += slots[w];
+    all += slots[w];
+  }
+  if (total != nullptr) *total = all;
   return before + (inclusive - v);
 }
 
-// ------------------------------------------------------------------------------ row passes
-// f(index, element) for every element of row[0..V), each visited by exactly one thread.
-// 16-byte loads when the row is 16-byte aligned (a warp reads 512 consecutive bytes), issued
-// kUnroll at a time before any is used so that enough bytes are in flight, then a scalar tail.
-// Not for code that needs warp-synchronous intrinsics inside f.
-constexpr int kUnroll = 4;
-template <int BLOCK, typename T, typename F>
-__device__ __forceinline__ void row_for_each(const T* row, int64_t V, F&& f) {
-  constexpr int kVec = 16 / sizeof(T);
-  int64_t done = 0;
-  if ((reinterpret_cast<uintptr_t>(row) & 15u) == 0) {
-    const int64_t num_vec = V / kVec;
-    const uint4* vrow = reinterpret_cast<const uint4*>(row);
-    for (int64_t j0 = threadIdx.x; j0 < num_vec; j0 += int64_t{BLOCK} * kUnroll) {
-      uint4 raw[kUnroll];
-#pragma unroll
-      for (int r = 0; r < kUnroll; ++r) {
-        const int64_t j = j0 + int64_t{r} * BLOCK;
-        if (j < num_vec) raw[r] = __ldg(vrow + j);
-      }
-#pragma unroll
-      for (int r = 0; r < kUnroll; ++r) {
-        const int64_t j = j0 + int64_t{r} * BLOCK;
-        if (j < num_vec) {
-          T vals[kVec];
-          memcpy(vals, &raw[r], sizeof(uint4));
-#pragma unroll
-          for (int k = 0; k < kVec; ++k) f(j * kVec + k, vals[k]);
-        }
-      }
-    }
-    done = num_vec * kVec;
-  }
-  for (int64_t x = done + threadIdx.x; x < V; x += BLOCK) f(x, row[x]);
-}
+// ------------------------------------------------------------------------------ chunk loads
+// A chunk is a run of `len` consecutive elements of one vocabulary row. Its elements stay in
+// registers as raw bits (two 16-bit values per 32-bit register) and are converted when used.
+// Two layouts:
+//  * StridedChunk (coalesced; sums, maxima, lists): thread t holds N elements; slot s =
+//    r * kVec + k is chunk index (r * BLOCK + t) * kVec + k, kVec = 16 / sizeof(T), so every
+//    warp-wide load reads 512 consecutive bytes;
+//  * ContiguousChunk (prefix sums in index order): thread t holds chunk indices
+//    [t * N, (t + 1) * N).
+// 16-byte vector loads when the chunk start is 16-byte aligned and the vector lies inside the
+// chunk, scalar loads otherwise; slots past `len` hold 0 and must be masked with index(s).
+template <typename T>
+struct VecWidth {
+  static constexpr int value = 16 / static_cast<int>(sizeof(T));
+};
 
-// f(index, a[index], b[index]) over two rows of the same length.
-template <int BLOCK, typename T, typename F>
-__device__ __forceinline__ void row_pair_for_each(const T* a, const T* b, int64_t V, F&& f) {
-  constexpr int kVec = 16 / sizeof(T);
-  int64_t done = 0;
-  if (((reinterpret_cast<uintptr_t>(a) | reinterpret_cast<uintptr_t>(b)) & 15u) == 0) {
-    const int64_t num_vec = V / kVec;
-    const uint4* va = reinterpret_cast<const uint4*>(a);
-    const uint4* vb = reinterpret_cast<const uint4*>(b);
-    for (int64_t j = threadIdx.x; j < num_vec; j += BLOCK) {
-      const uint4 raw_a = __ldg(va + j);
-      const uint4 raw_b = __ldg(vb + j);
-      T vals_a[kVec], vals_b[kVec];
-      memcpy(vals_a, &raw_a, sizeof(raw_a));
-      memcpy(vals_b, &raw_b, sizeof(raw_b));
-#pragma unroll
-      for (int k = 0; k < kVec; ++k) f(j * kVec + k, vals_a[k], vals_b[k]);
+template <typename T, int N>
+struct RawElems {
+  static constexpr int kWords = N * static_cast<int>(sizeof(T)) / 4;
+  static_assert(N * sizeof(T) % 16 == 0, "RawElems: whole 16-byte vectors only");
+  uint32_t w[kWords];
+
+  // Element s (a compile-time constant after unrolling) as LogitRow reads it (float).
+  __device__ __forceinline__ float as_float(int s) const {
+    if constexpr (sizeof(T) == 2) {
+      const uint32_t word = w[s >> 1];
+      const uint32_t bits = (s & 1) ? (word >> 16) : (word & 0xffffu);
+      if constexpr (std::is_same<T, __nv_bfloat16>::value) return __uint_as_float(bits << 16);  // exact
+      else return __half2float(__ushort_as_half(static_cast<unsigned short>(bits)));
+    } else if constexpr (sizeof(T) == 4) {
+      return __uint_as_float(w[s]);
+    } else {
+      return __double2float_rn(__hiloint2double(static_cast<int>(w[2 * s + 1]), static_cast<int>(w[2 * s])));
     }
-    done = num_vec * kVec;
   }
-  for (int64_t x = done + threadIdx.x; x < V; x += BLOCK) f(x, a[x], b[x]);
-}
+  // Element s as ProbRow reads it: through float, except float64 stays exact.
+  __device__ __forceinline__ double as_double(int s) const {
+    if constexpr (sizeof(T) == 8) return __hiloint2double(static_cast<int>(w[2 * s + 1]), static_cast<int>(w[2 * s]));
+    else return static_cast<double>(as_float(s));
+  }
+
+  // The 16-byte vector holding slots [v * kVec, (v + 1) * kVec) from chunk index `first`.
+  __device__ __forceinline__ void load_vector(const T* chunk, int len, int first, bool aligned, int v) {
+    constexpr int kVec = VecWidth<T>::value;
+    uint32_t* out = w + 4 * v;
+    if (aligned && first + kVec <= len) {
+      const uint4 raw = __ldg(reinterpret_cast<const uint4*>(chunk + first));
+      out[0] = raw.x;
+      out[1] = raw.y;
+      out[2] = raw.z;
+      out[3] = raw.w;
+      return;
+    }
+    out[0] = out[1] = out[2] = out[3] = 0u;
+    const unsigned char* bytes = reinterpret_cast<const unsigned char*>(chunk);
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) {
+      if (first + k >= len) break;
+      if constexpr (sizeof(T) == 2) {
+        unsigned short bits;
+        memcpy(&bits, bytes + (first + k) * 2, 2);
+        out[k >> 1] |= static_cast<uint32_t>(bits) << (16 * (k & 1));
+      } else if constexpr (sizeof(T) == 4) {
+        memcpy(&out[k], bytes + (first + k) * 4, 4);
+      } else {
+        memcpy(&out[2 * k], bytes + (first + k) * 8, 8);
+      }
+    }
+  }
+};
+
+template <int BLOCK, int N, typename T>
+struct StridedChunk {
+  static constexpr int kVec = VecWidth<T>::value;
+  static_assert(N % kVec == 0, "StridedChunk: N must be a multiple of the vector width");
+  RawElems<T, N> raw;
+
+  __device__ __forceinline__ static int index(int s) { return ((s / kVec) * BLOCK + threadIdx.x) * kVec + s % kVec; }
+  __device__ __forceinline__ void load(const T* chunk, int len) {
+    const bool aligned = (reinterpret_cast<uintptr_t>(chunk) & 15u) == 0;
+#pragma unroll
+    for (int v = 0; v < N / kVec; ++v) raw.load_vector(chunk, len, (v * BLOCK + threadIdx.x) * kVec, aligned, v);
+  }
+  __device__ __forceinline__ float logit(int s) const { return raw.as_float(s); }
+  __device__ __forceinline__ double prob(int s) const { return raw.as_double(s); }
+};
+
+template <int N, typename T>
+struct ContiguousChunk {
+  static constexpr int kVec = VecWidth<T>::value;
+  static_assert(N % kVec == 0, "ContiguousChunk: N must be a multiple of the vector width");
+  RawElems<T, N> raw;
+
+  __device__ __forceinline__ static int index(int s) { return threadIdx.x * N + s; }
+  __device__ __forceinline__ void load(const T* chunk, int len) {
+    const bool aligned = (reinterpret_cast<uintptr_t>(chunk) & 15u) == 0;
+#pragma unroll
+    for (int v = 0; v < N / kVec; ++v) raw.load_vector(chunk, len, threadIdx.x * N + v * kVec, aligned, v);
+  }
+  __device__ __forceinline__ float logit(int s) const { return raw.as_float(s); }
+  __device__ __forceinline__ double prob(int s) const { return raw.as_double(s); }
+};
 
 }  // namespace cuda
 }  // namespace kernels

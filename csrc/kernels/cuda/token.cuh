@@ -3,7 +3,10 @@
 //   accept x_i while u_i < min(1, p_i(x_i) / q_i(x_i)); stop at the first rejection;
 //   y ~ norm((p_{tau+1} - q_{tau+1})_+) after a rejection (zero mass: y ~ p_{tau+1}),
 //   y ~ p_{n+1} when all n drafts are accepted.
-// Positions after the first rejection are never read.
+// Every decision uses only p_i(x_i) and q_i(x_i), so they are all made here, in parallel over
+// positions (the first rejection is a block-wide minimum); the emitted token is drawn by the
+// sampler kernels. As on the CPU, the row's status only looks at the positions the rule reads:
+// targets 0..tau and drafts 0..min(tau, n-1); a NaN after the first rejection is never seen.
 #pragma once
 
 #include "kernels/cuda/row.cuh"
@@ -12,20 +15,19 @@ namespace specdecode {
 namespace kernels {
 namespace cuda {
 
-template <int BLOCK, class Src>
-__device__ RowOutcome token_verify_row_cuda(RowCtx<BLOCK, Src>& c) {
-  using State = typename Src::State;
-  const Src& src = c.src;
-  for (int64_t i = 0; i < c.n; ++i) {
-    const int64_t x = c.tokens[i];
-    const State sp = c.prepare_target(i);
-    const State sq = c.prepare_draft(i);
-    const double p = src.prob(sp, c.target_row(i), x);
-    const double q = src.prob(sq, c.draft_row(i), x);
-    if (!accept_token_dev(c.u[i], p, q)) return emit_token(i, c.sample_residual(sp, sq, i, 1.0));
+// Collective (decide-1 kernel).
+template <int BLOCK, typename T>
+__device__ RowPlan token_decide(const RowCtx<BLOCK, T>& c) {
+  int64_t reject = kNoIndex;
+  for (int64_t i = threadIdx.x; i < c.n; i += BLOCK) {
+    const int64_t tok = c.x[i];
+    if (!accept_token_dev(c.coin(i), c.target_prob(i, tok), c.draft_prob(i, tok)) && i < reject) reject = i;
   }
-  const State sp = c.prepare_target(c.n);
-  return emit_token(c.n, c.sample_target(sp, c.n));
+  reject = block_reduce<BLOCK>(reject, OpMin(), c.scratch);
+  const int64_t tau = reject == kNoIndex ? c.n : reject;
+  const int32_t status = c.read_status(tau, tau < c.n ? tau : c.n - 1);
+  if (tau < c.n) return make_plan(status, tau, -1, kEmitResidual, tau, 1.0);
+  return make_plan(status, tau, -1, kEmitTarget, tau, 0.0);
 }
 
 }  // namespace cuda

@@ -1,42 +1,35 @@
 // Typical acceptance on the GPU (Medusa, Cai et al. 2024). Lossy. As kernels/typical.h:
 //   accept x_i while p_i(x_i) > min(epsilon, delta * exp(-H(p_i))), H(p) = -sum p log p;
 //   y = argmax p_{tau+1}, or y ~ p_{tau+1} when sample_correction is set.
-// H is a block reduction in float64 (CUDA's log/exp: within an ulp of glibc's).
+// The position pass computes sum p log p of every position i < n chunk by chunk (float64 logs;
+// for logits the p there use the fast exp, documented in pipeline.cuh); decide-2 sums the
+// chunks in order and makes the decisions. Status: target positions 0..tau.
 #pragma once
 
-#include "kernels/cuda/row.cuh"
+#include "kernels/cuda/greedy.cuh"
 
 namespace specdecode {
 namespace kernels {
 namespace cuda {
 
-template <int BLOCK, class Src>
-__device__ RowOutcome typical_verify_row_cuda(RowCtx<BLOCK, Src>& c) {
-  using T = typename Src::Elem;
-  using State = typename Src::State;
-  const Src& src = c.src;
-  int64_t tau = c.n;
-  State s{};
-  for (int64_t i = 0; i < c.n; ++i) {
-    s = c.prepare_target(i);
+// Collective (decide-2 kernel).
+template <int BLOCK, typename T>
+__device__ RowPlan typical_decide(const RowCtx<BLOCK, T>& c) {
+  const Args<T>& a = c.a;
+  int64_t reject = kNoIndex;
+  for (int64_t i = threadIdx.x; i < c.n; i += BLOCK) {
+    const PosAgg* aggs = a.aggs + (c.b * (a.G + 1) + i) * a.chunks;
     double plogp = 0.0;
-    row_for_each<BLOCK>(c.target_row(i), c.V, [&](int64_t, T raw) {
-      const double p = src.value_prob(s, raw);
-      if (p > 0.0) plogp += p * log(p);
-    });
-    const double entropy = -block_reduce<BLOCK>(plogp, OpSum(), c.sh.reduce);
-    const double scaled = c.params.delta * exp(-entropy);
-    const double threshold = scaled < c.params.epsilon ? scaled : c.params.epsilon;  // std::min
-    if (!(src.prob(s, c.target_row(i), c.tokens[i]) > threshold)) {
-      tau = i;
-      break;
-    }
+    for (int64_t k = 0; k < a.chunks; ++k) plogp += aggs[k].sum;
+    const double scaled = a.params.delta * exp(plogp);  // exp(-H), H = -sum p log p
+    const double threshold = scaled < a.params.epsilon ? scaled : a.params.epsilon;  // std::min
+    if (!(c.target_prob(i, c.x[i]) > threshold) && i < reject) reject = i;
   }
-  if (c.params.sample_correction) {
-    if (tau == c.n) s = c.prepare_target(tau);
-    return emit_token(tau, c.sample_target(s, tau));
-  }
-  return emit_token(tau, c.target_argmax(tau));
+  reject = block_reduce<BLOCK>(reject, OpMin(), c.scratch);
+  const int64_t tau = reject == kNoIndex ? c.n : reject;
+  const int32_t status = c.read_status(tau, -1);
+  if (a.params.sample_correction) return make_plan(status, tau, -1, kEmitTarget, tau, 0.0);
+  return make_plan(status, tau, target_argmax(c, tau), kEmitNone, tau, 0.0);
 }
 
 }  // namespace cuda

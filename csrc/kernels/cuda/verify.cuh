@@ -1,81 +1,89 @@
-// Host entry points of the CUDA verification kernels: raw device pointers and a stream, no
-// torch. One CUDA block per batch row. Explicitly instantiated (verify_probs.cu,
-// verify_logits.cu) for T = float, __half, __nv_bfloat16 and double.
+// Host entry points of the CUDA verification and sampling kernels: raw device pointers, a
+// scratch buffer and a stream; no torch, no messages. Plain declarations, so host code
+// compiled by g++ (csrc/ops/verify_cuda.cpp, csrc/ops/sample_cuda.cpp) includes this header
+// and calls the launchers defined in verify_*.cu.
+//
+// One call runs one fixed sequence of kernel launches chosen from the task, the rule and the
+// sampling settings only (never from the data), so it can be captured in a CUDA graph. It
+// never synchronises, never allocates and never copies to the host: the caller allocates the
+// outputs and `verify_scratch_bytes(problem)` bytes of device scratch, and turns the per-row
+// statuses into errors itself (on the host, after the call).
 //
 // Layouts (contiguous, row-major, all on the current device):
-//   target [B, gamma+1, V]; draft [B, gamma, V] (may be null for greedy, typical, top_beta);
-//   draft_tokens [B, gamma] int64; num_draft_tokens [B] int64;
-//   uniforms [B, gamma+1] float64: column i < num_draft_tokens[b] is draft i's acceptance coin,
-//   column gamma the emitted token's inverse-CDF coin (the layout of the CPU ops);
+//   target [B, gamma+1, V] (probabilities or logits); draft [B, gamma, V] or null (only token
+//   and block verification read it); draft_tokens [B, gamma] int64; num_draft_tokens [B] int64;
+//   coins: uniforms [B, gamma+1] float64 (column i < num_draft_tokens[b] is draft i's coin,
+//   column gamma the emitted token's inverse-CDF coin), or Philox: coin (b, i) =
+//   philox_uniform(*seed, *offset, b, i) (kernels/philox.h), seed and offset read from DEVICE
+//   memory when the kernels run, so a captured graph picks up new values on replay;
 //   out_tokens [B, gamma+1] int64: accepted drafts, the emitted token, then -1;
-//   out_accepted_len [B] int64; out_status [B] int32: kernels::RowStatus (kOk = 0), with
+//   out_accepted_len [B] int64 (may be null); out_status [B] int32: kernels::RowStatus, with
 //   kStatusInDraft OR-ed in when the bad distribution is the draft's (as the CPU ops).
-// Every output element is written, so the outputs may be uninitialised memory. A row whose
-// status is not kOk gets out_tokens all -1 and out_accepted_len -1.
+// The sampling task (sample_logits) is the same call with gamma = 0: target = logits [B, 1, V],
+// no drafts, coins [B, 1], out_tokens [B, 1].
+// Every output element is written, so outputs may be uninitialised memory. A row whose status
+// is not kOk gets out_tokens all -1 and out_accepted_len -1.
 //
-// The *_philox variants draw the coins in the kernel instead: coin (b, i) is
-// philox_uniform(*seed, *offset, b, i) (philox.cuh), with seed and offset read from DEVICE
-// memory when the kernel runs, so a CUDA graph that captured the launch picks up new values
-// (advance *offset by one per call, e.g. with a captured offset.add_(1)).
-//
-// Every launcher returns cudaSuccess, the launch error, or cudaErrorInvalidValue when gamma
-// needs more shared memory than the device allows (about 88 bytes per draft position for
-// logits, 24 for probabilities: gamma up to ~2000 on A100/H100).
+// Semantics are the CPU ops' (kernels/rules.h, kernels/sample.h): the same decisions, the same
+// positions read and validated (token verification never validates a position after its
+// first rejection), the same statuses in the same order. Rounding differs only where
+// documented in pipeline.cuh (normalisers and chunk-level sums).
 #pragma once
 
-#include <cuda_runtime.h>
-
+#include <cstddef>
 #include <cstdint>
 
 #include "kernels/common.h"
+#include "kernels/cuda/compat.cuh"
 #include "kernels/distributions.h"
 
 namespace specdecode {
 namespace kernels {
 namespace cuda {
 
-// Integer inputs and outputs shared by every launcher.
-struct VerifyRowsIO {
-  const int64_t* draft_tokens;      // [B, gamma]
-  const int64_t* num_draft_tokens;  // [B]
-  int64_t* out_tokens;              // [B, gamma+1]
-  int64_t* out_accepted_len;        // [B]
-  int32_t* out_status;              // [B]
-  int64_t batch;                    // B
-  int64_t gamma;
-  int64_t vocab_size;               // V
+enum class ElemType : int32_t { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2, kFloat64 = 3 };
+
+enum class Task : int32_t {
+  kVerifyProbs = 0,   // verify_probs: target / draft hold probabilities
+  kVerifyLogits = 1,  // verify_logits: raw logits, processed with `sampling` inside
+  kSampleLogits = 2,  // sample_logits: one token per row from the processed logits
 };
 
-// Device pointers to one int64 each (graph-safe randomness).
-struct PhiloxSeedOffset {
-  const int64_t* seed;
-  const int64_t* offset;
+// Where the coins come from: `uniforms` (device float64) when not null, else Philox4x32-10
+// keyed by one int64 seed and one int64 offset in device memory.
+struct Coins {
+  const double* uniforms = nullptr;
+  const int64_t* philox_seed = nullptr;
+  const int64_t* philox_offset = nullptr;
 };
 
-template <typename T>
-cudaError_t launch_verify_probs(const T* target_probs, const T* draft_probs, const double* uniforms,
-                                const VerifyRowsIO& io, Rule rule, const RuleParams& params, cudaStream_t stream);
+struct VerifyProblem {
+  Task task = Task::kVerifyProbs;
+  ElemType elem = ElemType::kFloat32;
+  const void* target = nullptr;
+  const void* draft = nullptr;
+  const int64_t* draft_tokens = nullptr;      // null for kSampleLogits
+  const int64_t* num_draft_tokens = nullptr;  // null for kSampleLogits
+  Coins coins;
+  int64_t batch = 0;   // B >= 0
+  int64_t gamma = 0;   // >= 1 for verification, 0 for sampling
+  int64_t vocab = 0;   // V >= 1
+  Rule rule = Rule::kToken;  // verification rule (kVerifyLogits at temperature 0: kGreedy)
+  RuleParams params;
+  SamplingParams sampling;   // logits tasks; temperature > 0 unless `greedy`
+  bool greedy = false;       // kSampleLogits at temperature 0: argmax (ties to the lowest id)
+  int64_t* out_tokens = nullptr;
+  int64_t* out_accepted_len = nullptr;
+  int32_t* out_status = nullptr;
+};
 
-// sampling.temperature must be > 0 (temperature 0 is greedy: the op layer switches the rule).
-template <typename T>
-cudaError_t launch_verify_logits(const T* target_logits, const T* draft_logits, const double* uniforms,
-                                 const VerifyRowsIO& io, const SamplingParams& sampling, Rule rule,
-                                 const RuleParams& params, cudaStream_t stream);
+// Device scratch the call needs, in bytes (0 when B = 0). Pure host arithmetic on the sizes,
+// task, rule and sampling settings (the pointers need not be set yet).
+size_t verify_scratch_bytes(const VerifyProblem& problem);
 
-template <typename T>
-cudaError_t launch_verify_probs_philox(const T* target_probs, const T* draft_probs, PhiloxSeedOffset rng,
-                                       const VerifyRowsIO& io, Rule rule, const RuleParams& params,
-                                       cudaStream_t stream);
-
-template <typename T>
-cudaError_t launch_verify_logits_philox(const T* target_logits, const T* draft_logits, PhiloxSeedOffset rng,
-                                        const VerifyRowsIO& io, const SamplingParams& sampling, Rule rule,
-                                        const RuleParams& params, cudaStream_t stream);
-
-// Writes the coins the *_philox launchers use, [B, gamma+1] float64, for tests and for a CPU
-// path that must reproduce a GPU call.
-cudaError_t launch_philox_uniforms(PhiloxSeedOffset rng, int64_t batch, int64_t gamma, double* out,
-                                   cudaStream_t stream);
+// Launches the kernels on `stream`. Returns cudaSuccess, the first launch error, or
+// cudaErrorInvalidValue for an inconsistent problem (sizes, null pointers, scratch too small).
+cudaError_t launch_verify(const VerifyProblem& problem, void* scratch, size_t scratch_bytes, cudaStream_t stream);
 
 }  // namespace cuda
 }  // namespace kernels

@@ -11,7 +11,9 @@ losses and measured acceptance rates live in ``weights/target/README.md`` and
 * :func:`demo_prompts` -- held-out prompts (from stdlib files never trained on).
 * :func:`enlarge_model` / :func:`load_benchmark_pair` -- a *function-preserving*
   enlargement of the trained target whose per-token cost is realistic relative to
-  the draft (see :func:`enlarge_model`).
+  the draft (see :func:`enlarge_model`); ``load_benchmark_pair(size="1b")`` widens it
+  into a 1.03B-parameter model with a real 1B model's shapes, for GPUs
+  (:mod:`specdecode.demo.widen`).
 * :func:`decode_step_seconds` -- time one KV-cached single-token decode step.
 
 Nothing here imports the compiled ``specdecode._C`` extension.
@@ -43,6 +45,7 @@ __all__ = [
     "enlarge_model",
     "load_benchmark_pair",
     "decode_step_seconds",
+    "BENCHMARK_SIZES",
 ]
 
 DEMO_DIR: Path = Path(__file__).resolve().parent
@@ -53,6 +56,9 @@ PROMPTS_FILE: Path = DEMO_DIR / "prompts.json"
 #: step of the enlarged target costs >= 20x one decode step of the draft on a 2-core CPU).
 BENCHMARK_EXTRA_LAYERS: int = 10
 BENCHMARK_INTERMEDIATE_SIZE: int = 4096
+#: ``load_benchmark_pair(size=...)``: "small" (the CPU pair, :func:`enlarge_model`) or "1b"
+#: (:data:`specdecode.demo.widen.BENCHMARK_1B`, :func:`specdecode.demo.widen.widen_model`).
+BENCHMARK_SIZES: tuple[str, ...] = ("small", "1b")
 
 
 def load_demo_pair(
@@ -261,14 +267,23 @@ def load_benchmark_pair(
     extra_layers: int = BENCHMARK_EXTRA_LAYERS,
     intermediate_size: int | None = BENCHMARK_INTERMEDIATE_SIZE,
     seed: int = 0,
+    size: str = "small",
 ) -> tuple["PreTrainedModel", "PreTrainedModel", "PreTrainedTokenizerBase"]:
     """Load a cost-realistic ``(target, draft, tokenizer)`` for benchmarks.
 
-    The target is :func:`enlarge_model` applied to the trained demo target: its outputs
-    (and therefore the acceptance rate of the pair) are those of the trained target, but
-    a single-token KV-cached decode step costs >= 20x the draft's on a 2-core CPU with the
-    defaults (see ``decode_step_seconds``).  Built offline in a few seconds; nothing is
-    downloaded.
+    ``size="small"`` (default): the target is :func:`enlarge_model` applied to the trained
+    demo target: its outputs (and therefore the acceptance rate of the pair) are those of the
+    trained target, but a single-token KV-cached decode step costs >= 20x the draft's on a
+    2-core CPU with the defaults (see ``decode_step_seconds``).  Built offline in a few
+    seconds; nothing is downloaded.
+
+    ``size="1b"``: the trained target widened (function-preserving,
+    :func:`specdecode.demo.widen.widen_model`) to the shapes of Llama-3.2-1B with the demo
+    vocabulary, 1.03B parameters (:data:`specdecode.demo.widen.BENCHMARK_1B`), built directly
+    on ``device`` in ``dtype`` (``extra_layers`` / ``intermediate_size`` do not apply): one
+    decode step reads ~2 GB of bf16 weights, memory-bound like a real 1B model. Meant for a GPU
+    (``load_benchmark_pair("cuda", torch.bfloat16, size="1b")``); on a CPU it needs ~4 GB in
+    float32. The draft is the trained demo draft in both cases.
 
     Example:
         >>> from specdecode.demo import load_benchmark_pair
@@ -276,6 +291,14 @@ def load_benchmark_pair(
         >>> big_target.config.num_hidden_layers
         16
     """
+    if size not in BENCHMARK_SIZES:
+        raise ValueError(f"size: expected one of {', '.join(repr(s) for s in BENCHMARK_SIZES)}, got {size!r}")
+    if size == "1b":
+        from specdecode.demo.widen import BENCHMARK_1B, widen_model
+
+        target, draft, tokenizer = load_demo_pair(device="cpu", dtype=torch.float32)
+        big = widen_model(target, **BENCHMARK_1B, seed=seed, device=device, dtype=dtype)
+        return big, draft.to(device=device, dtype=dtype), tokenizer
     target, draft, tokenizer = load_demo_pair(device=device, dtype=dtype)
     big = enlarge_model(target, extra_layers=extra_layers, intermediate_size=intermediate_size, seed=seed)
     del target

@@ -1,12 +1,15 @@
 """Drafters: who proposes the tokens the target verifies.
 
 - :class:`Drafter` (protocol), :class:`Proposal`, :class:`CommitUpdate`, :class:`DraftState`:
-  the contract between a drafter and the engine (:mod:`specdecode.drafters.base`).
+  the contract between a drafter and the engine (:mod:`specdecode.drafters.base`);
+  :class:`StaticDrafter` / :class:`StaticDraftState` the same for the static, graph-capturable
+  decode path.
 - :class:`ModelDrafter`: a second Hugging Face causal LM with its own KV cache.
 - :class:`NgramDrafter`: prompt lookup, no model (copies what followed an earlier occurrence
   of each row's last tokens).
 - :class:`TokenizerBridgeDrafter`: a draft model with its own tokenizer (text is re-encoded
   both ways).
+- :class:`LayerSkipDrafter`: self-speculation with some of the target's own decoder layers.
 """
 
 from specdecode.drafters.base import (
@@ -15,8 +18,11 @@ from specdecode.drafters.base import (
     DrafterBase,
     DraftState,
     Proposal,
+    StaticDrafter,
+    StaticDraftState,
     point_mass_logits,
 )
+from specdecode.drafters.layer_skip import LayerSkipDrafter
 from specdecode.drafters.model import ModelDrafter
 from specdecode.drafters.ngram import NgramDrafter
 from specdecode.drafters.tokenizer_bridge import TokenizerBridgeDrafter
@@ -26,9 +32,12 @@ __all__ = [
     "DraftState",
     "Drafter",
     "DrafterBase",
+    "LayerSkipDrafter",
     "ModelDrafter",
     "NgramDrafter",
     "Proposal",
+    "StaticDraftState",
+    "StaticDrafter",
     "TokenizerBridgeDrafter",
     "point_mass_logits",
 ]

@@ -127,6 +127,9 @@ class Proposal:
             ``draft_logits`` ``[b, N, V]`` give, per node, the distribution its children were
             drawn from.
 
+    ``children`` (trees only) says how each node's children were drafted:
+    ``"deterministic"`` (a function of the context), ``"iid"`` (i.i.d. draws from ``q``) or
+    ``"without_replacement"``; it decides which tree rule verifies the tree losslessly.
     ``forward_calls`` counts the drafter's model forward passes for this proposal and
     ``prefill_seconds`` the part of its time spent on prefilling (both feed the statistics).
     """
@@ -135,6 +138,7 @@ class Proposal:
     draft_logits: Tensor | None = None
     num_draft_tokens: Tensor | None = None
     tree: TokenTree | None = None
+    children: str | None = None
     forward_calls: int = 0
     prefill_seconds: float = 0.0
 
@@ -194,6 +198,91 @@ class Drafter(Protocol):
     def propose(self, state: DraftState, num_tokens: int) -> Proposal: ...
 
     def commit(self, update: CommitUpdate) -> None: ...
+
+
+@runtime_checkable
+class StaticDraftState(Protocol):
+    """What a drafter reads on the static decode path (:mod:`specdecode.engine.static_loop`).
+
+    Every tensor is a persistent buffer: its contents change from step to step, its address
+    never does, so work recorded once into a CUDA graph reads the current values at each replay.
+    The layout is :mod:`specdecode.models.static_cache`'s: row ``b``'s real tokens occupy columns
+    ``start[b] .. lengths[b]``; columns ``[start[b], lengths[b])`` are committed (in the target's
+    cache) and column ``lengths[b]`` holds the row's *pending* token (the last one emitted).
+    Between two steps the engine moves each row's length past the columns it committed (the
+    pending token and the accepted drafts) and writes the new pending token; it never calls
+    ``commit``. Whatever a drafter cached for columns below ``lengths[b] - 1`` was computed
+    from tokens that are still committed, so it stays valid; anything at or beyond is stale.
+
+    Shape:
+        tokens: ``[B, capacity]`` int64 — the token of every column (drafts of the current step
+            after the pending column; stale values beyond).
+        lengths, start: ``[B]`` int64.
+    """
+
+    @property
+    def tokens(self) -> Tensor: ...
+
+    @property
+    def lengths(self) -> Tensor: ...
+
+    @property
+    def start(self) -> Tensor: ...
+
+    @property
+    def capacity(self) -> int: ...
+
+    @property
+    def prompt_columns(self) -> int:
+        """Committed columns of every row when decoding starts (all rows equal): the prompt
+        block; the first pending token sits at this column."""
+        ...
+
+    @property
+    def batch_size(self) -> int: ...
+
+    @property
+    def vocab_size(self) -> int: ...
+
+    @property
+    def device(self) -> torch.device: ...
+
+    @property
+    def sampling(self) -> SamplingParams: ...
+
+    def sample(self, logits: Tensor) -> Tensor:
+        """One token per row from ``logits [B, V]`` (float32) with the generation's sampling
+        settings, graph-safe: argmax at temperature 0, else the compiled sampler with coins
+        from the generation's Philox counter (advanced on the device). Returns ``[B]`` int64.
+        Verification later reads the same logits as ``q``."""
+        ...
+
+    def buffer(self, name: str, factory: Any) -> Any:
+        """A persistent object for this drafter (``factory()`` on first use): the same one for
+        every generation that reuses this static layout, so that captured graphs stay valid."""
+        ...
+
+
+@runtime_checkable
+class StaticDrafter(Protocol):
+    """A drafter that can run on the static decode path: fixed shapes, no host synchronisation
+    while proposing (every step may be recorded once into a CUDA graph and replayed).
+
+    - ``static_key()``: what the drafter computes with (e.g. ``("model", id(model))``); graphs
+      captured for one key are replayed for another drafter with the same key.
+    - ``static_prefill(state, num_tokens)``: before the first step, outside any graph (may
+      synchronise): prepare its buffers for ``state`` and absorb the committed prompt columns.
+    - ``static_propose(state, num_tokens)``: exactly ``num_tokens`` drafts per row (finished
+      rows too: their results are ignored), returned as ``(draft_tokens [B, k] int64,
+      draft_logits [B, k, V] float32)``, each token drawn with ``state.sample`` from the logits
+      returned for it. Must not read tensor values on the host.
+    """
+
+    def static_key(self) -> Any: ...
+
+    def static_prefill(self, state: StaticDraftState, num_tokens: int) -> None: ...
+
+    def static_propose(self, state: StaticDraftState, num_tokens: int) -> tuple[Tensor, Tensor]: ...
 
 
 class DrafterBase:

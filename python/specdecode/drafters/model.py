@@ -6,9 +6,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from specdecode.drafters.base import CommitUpdate, DrafterBase, DraftState, Proposal
+from specdecode.drafters.base import CommitUpdate, DrafterBase, DraftState, Proposal, StaticDraftState
 from specdecode.models import facts, kv_cache
 from specdecode.sampling import sample_logits
+from specdecode.trees.builders import TreeBuilder
 
 
 class ModelDrafter(DrafterBase):
@@ -24,6 +25,17 @@ class ModelDrafter(DrafterBase):
     feeds the columns it has not seen (the pending token, and the last accepted draft when a
     whole block was accepted) in one forward, then drafts ``k - 1`` more one token at a time.
 
+    On the static decode path (:class:`~specdecode.drafters.StaticDrafter`) the draft keeps a
+    :class:`~specdecode.models.static_cache.ColumnCache` on the engine's columns: each step feeds
+    the last committed column and the pending token in one forward (the last committed column is
+    re-fed: it is the one draft token the previous step never fed when it was accepted), then
+    ``k - 1`` one-token forwards; rolling back is the engine moving the row lengths.
+
+    With ``tree`` (a :class:`~specdecode.trees.builders.TreeBuilder`) it drafts a token tree
+    instead: one draft forward per depth scores all the new nodes of that depth at once with a
+    tree attention mask; afterwards the draft's cache keeps only the committed columns (the
+    accepted path is fed with the next step's first forward).
+
     Example:
         >>> drafter = ModelDrafter(draft_model)
         >>> out = specdecode.generate(target, drafter, input_ids, max_new_tokens=32)
@@ -31,9 +43,12 @@ class ModelDrafter(DrafterBase):
 
     name = "model"
 
-    def __init__(self, model: torch.nn.Module) -> None:
+    def __init__(self, model: torch.nn.Module, tree: TreeBuilder | None = None) -> None:
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"model: expected a Hugging Face causal LM (torch.nn.Module), got {type(model).__name__}")
+        if tree is not None and not isinstance(tree, TreeBuilder):
+            raise TypeError(f"tree: expected a TreeBuilder or None, got {type(tree).__name__}")
+        self.tree = tree
         self.model = model
         self.device = facts.input_device(model)
         self._logits_to_keep_ok = facts.accepts_logits_to_keep(model)
@@ -49,37 +64,45 @@ class ModelDrafter(DrafterBase):
         n = sum(p.numel() for p in self.model.parameters())
         return {"drafter": self.name, "draft_model": type(self.model).__name__, "draft_params": n}
 
-    @torch.no_grad()
-    def propose(self, state: DraftState, num_tokens: int) -> Proposal:
+    def _feed(self, state: DraftState, ids: Tensor, positions: Tensor, mask: Tensor | None, last_only: bool) -> Tensor:
+        """One draft forward appending ``ids`` to the draft cache; float32 logits on the state's
+        device, over the shared vocabulary."""
+        logits = facts.forward(self.model, ids.to(self.device), mask, positions.to(self.device), self.cache,
+                               last_only=last_only, logits_to_keep_ok=self._logits_to_keep_ok)
+        return logits[..., : state.vocab_size].to(device=state.device, dtype=torch.float32)
+
+    def _catch_up(self, state: DraftState) -> tuple[Tensor, float]:
+        """Feed every committed column the cache has not seen, the pending token last; returns
+        the draft logits at the pending token and the prefill seconds (0 after the first step)."""
         if self.cache is None:
             self.cache = kv_cache.new_cache()
             self.cached_columns = 0
-        prefill_seconds = 0.0
         prefilling = self.cached_columns == 0
         start = state.clock() if prefilling else 0.0
         pending = state.num_columns - 1
-        b, V, dev = state.batch_size, state.vocab_size, self.device
-        committed_mask = state.attention_mask[:, : pending + 1].to(dev) if state.has_holes else None
+        lo = self.cached_columns
+        mask = state.attention_mask[:, : pending + 1].to(self.device) if state.has_holes else None
+        logits = self._feed(state, state.tokens[:, lo: pending + 1], state.positions[:, lo: pending + 1], mask, True)
+        self.cached_columns = pending + 1
+        return logits, (state.clock() - start if prefilling else 0.0)
+
+    @torch.no_grad()
+    def propose(self, state: DraftState, num_tokens: int) -> Proposal:
+        if self.tree is not None:
+            return self._propose_tree(state)
+        logits, prefill_seconds = self._catch_up(state)
+        pending = state.num_columns - 1
+        b = state.batch_size
+        committed_mask = state.attention_mask[:, : pending + 1].to(self.device) if state.has_holes else None
         pending_position = state.positions[:, pending]
         tokens: list[Tensor] = []
         logits_out: list[Tensor] = []
         for i in range(num_tokens):
-            if i == 0:
-                lo = self.cached_columns
-                ids = state.tokens[:, lo: pending + 1]
-                positions = state.positions[:, lo: pending + 1]
-            else:
-                ids = tokens[-1][:, None]
-                positions = (pending_position + i)[:, None]
-            mask = None
-            if committed_mask is not None:
-                mask = committed_mask if i == 0 else torch.cat(
-                    [committed_mask, torch.ones((b, i), dtype=committed_mask.dtype, device=dev)], 1)
-            logits = facts.forward(self.model, ids.to(dev), mask, positions.to(dev), self.cache, last_only=True,
-                                   logits_to_keep_ok=self._logits_to_keep_ok)
-            if i == 0 and prefilling:
-                prefill_seconds = state.clock() - start
-            logits = logits[:, :V].to(device=state.device, dtype=torch.float32)
+            if i > 0:
+                mask = None
+                if committed_mask is not None:
+                    mask = torch.cat([committed_mask, committed_mask.new_ones((b, i))], 1)
+                logits = self._feed(state, tokens[-1][:, None], (pending_position + i)[:, None], mask, True)
             drafted = torch.stack(tokens, 1) if tokens else state.tokens[:, :0]
             logits = state.process_draft_logits(logits, drafted)
             coins = None if state.sampling.is_greedy else state.uniforms(b)
@@ -88,6 +111,31 @@ class ModelDrafter(DrafterBase):
         self.cached_columns = pending + num_tokens  # the pending token and x_1 .. x_{k-1}
         return Proposal(torch.stack(tokens, 1), torch.stack(logits_out, 1), forward_calls=num_tokens,
                         prefill_seconds=prefill_seconds)
+
+    def _propose_tree(self, state: DraftState) -> Proposal:
+        """Draft a token tree with the builder: one forward per depth over that depth's new nodes."""
+        root_logits, prefill_seconds = self._catch_up(state)
+        pending = state.num_columns - 1
+        b = state.batch_size
+        prefix = state.attention_mask[:, : pending + 1].to(device=self.device, dtype=torch.bool)
+        root_position = state.positions[:, pending].to(self.device)
+        dtype = self.model.dtype if hasattr(self.model, "dtype") else torch.float32
+        slots = _TreeSlots(b, self.device)
+
+        def expand(node_ids: Tensor, tokens: Tensor, parents: Tensor, depth: int) -> Tensor:
+            visible = slots.add(node_ids.to(self.device), parents.to(self.device))  # [b, n, S]
+            n = tokens.shape[1]
+            allowed = torch.cat([prefix[:, None, :].expand(-1, n, -1), visible], 2)[:, None]
+            mask = torch.zeros(allowed.shape, dtype=dtype, device=self.device).masked_fill(
+                ~allowed, torch.finfo(dtype).min)
+            positions = (root_position + depth)[:, None].expand(-1, n)
+            return self._feed(state, tokens, positions, mask, False)
+
+        built = self.tree.build(state.tokens[:, pending], root_logits, expand, state.sampling, state.uniforms)
+        kv_cache.crop(self.cache, pending + 1)  # keep the committed columns only
+        self.cached_columns = pending + 1
+        return Proposal(built.tree.tokens, built.draft_logits, tree=built.tree, children=built.children,
+                        forward_calls=1 + built.forward_calls, prefill_seconds=prefill_seconds)
 
     def commit(self, update: CommitUpdate) -> None:
         if self.cache is None:
@@ -110,3 +158,84 @@ class ModelDrafter(DrafterBase):
             kv_cache.gather_columns(self.cache, order.clamp_max(self.cached_columns - 1))
             kv_cache.crop(self.cache, keep)
             self.cached_columns = keep
+
+
+    # ------------------------------------------------------------------ static decode path
+    def static_key(self) -> tuple:
+        return ("model", id(self.model))
+
+    def _static_inputs(self, state: StaticDraftState, first: Tensor, num_columns: int) -> tuple[Tensor, Tensor, Tensor]:
+        from specdecode.models.static_cache import column_inputs
+
+        dtype = self.model.dtype if hasattr(self.model, "dtype") else torch.float32
+        return column_inputs(first, state.start, num_columns, state.capacity, dtype)
+
+    def _static_forward(self, state: StaticDraftState, inputs: tuple[Tensor, Tensor, Tensor], ids: Tensor | None
+                        ) -> Tensor:
+        columns, positions, mask = inputs
+        if ids is None:
+            ids = state.tokens.gather(1, columns)
+        self._static_cache.columns = columns
+        logits = facts.forward(self.model, ids, mask, positions, self._static_cache, last_only=True,
+                               logits_to_keep_ok=self._logits_to_keep_ok)
+        return logits[:, : state.vocab_size].float()
+
+    @torch.no_grad()
+    def static_prefill(self, state: StaticDraftState, num_tokens: int) -> None:
+        if self.tree is not None:
+            raise ValueError("tree: token trees are not supported on the static decode path yet; draft a chain "
+                             "(tree=None) or use decode_path='eager'")
+        from specdecode.models.static_cache import ColumnCache
+
+        self._static_cache = state.buffer("draft_cache", lambda: ColumnCache(state.capacity))
+        width = state.prompt_columns - 1  # the first step feeds the last prompt column with the pending token
+        if width > 0:
+            first = torch.zeros(state.batch_size, dtype=torch.long, device=state.device)
+            self._static_forward(state, self._static_inputs(state, first, width), None)
+
+    def static_propose(self, state: StaticDraftState, num_tokens: int) -> tuple[Tensor, Tensor]:
+        logits = self._static_forward(state, self._static_inputs(state, state.lengths - 1, 2), None)
+        tokens = [state.sample(logits)]
+        all_logits = [logits]
+        if num_tokens > 1:
+            # The one-token forwards i = 1 .. k-1 feed columns lengths + i: their masks and positions
+            # are the rows of one (k-1)-column layout, built once.
+            columns, positions, mask = self._static_inputs(state, state.lengths + 1, num_tokens - 1)
+            for i in range(1, num_tokens):
+                j = slice(i - 1, i)
+                logits = self._static_forward(state, (columns[:, j], positions[:, j], mask[:, :, j]),
+                                              tokens[-1][:, None])
+                tokens.append(state.sample(logits))
+                all_logits.append(logits)
+        return torch.stack(tokens, 1), torch.stack(all_logits, 1)
+
+
+class _TreeSlots:
+    """Which tree nodes a draft forward has already fed (its *slots*, in feeding order), and
+    for each slot the slots of its ancestors-or-self, per row."""
+
+    def __init__(self, batch: int, device: torch.device) -> None:
+        self.slot_of = torch.full((batch, 1), -1, dtype=torch.long, device=device)  # node id -> slot (root: -1)
+        self.ancestors = torch.zeros((batch, 0, 0), dtype=torch.bool, device=device)
+
+    def add(self, node_ids: Tensor, parents: Tensor) -> Tensor:
+        """Register new nodes (``[b, n]`` ids and their parents' ids) as the next slots;
+        returns which slots each new node may attend to, ``[b, n, S_after]``."""
+        b, n = node_ids.shape
+        S = self.ancestors.shape[1]
+        needed = int(node_ids.max()) + 1
+        if needed > self.slot_of.shape[1]:
+            grow = self.slot_of.new_full((b, needed - self.slot_of.shape[1]), -1)
+            self.slot_of = torch.cat([self.slot_of, grow], 1)
+        parent_slot = self.slot_of.gather(1, parents.clamp_min(0))
+        parent_slot = torch.where(parents >= 0, parent_slot, torch.full_like(parent_slot, -1))
+        inherited = self.ancestors.gather(1, parent_slot.clamp_min(0)[:, :, None].expand(-1, -1, S)) if S else \
+            self.ancestors.new_zeros((b, n, 0))
+        inherited = inherited & (parent_slot >= 0)[:, :, None]
+        rows = torch.cat([inherited, torch.eye(n, dtype=torch.bool, device=node_ids.device).expand(b, -1, -1)], 2)
+        grown = torch.zeros((b, S + n, S + n), dtype=torch.bool, device=node_ids.device)
+        grown[:, :S, :S] = self.ancestors
+        grown[:, S:, :] = rows
+        self.ancestors = grown
+        self.slot_of.scatter_(1, node_ids, torch.arange(S, S + n, device=node_ids.device).expand(b, -1).contiguous())
+        return rows

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from specdecode.engine.syncs import HostSyncs
 from specdecode.models import kv_cache
 
 # Re-pack rows when at least this many cache columns (and this fraction of them) are holes.
@@ -40,9 +41,10 @@ class BatchState:
     """
 
     def __init__(self, input_ids: Tensor, attention_mask: Tensor | None, *, device: torch.device,
-                 max_new_tokens: int, pad_id: int, max_step_columns: int) -> None:
+                 max_new_tokens: int, pad_id: int, max_step_columns: int, syncs: HostSyncs | None = None) -> None:
         B, L = input_ids.shape
         self.device = device
+        self.syncs = syncs if syncs is not None else HostSyncs()
         self.batch = B
         self.prompt_len = L
         ids = input_ids.to(device)
@@ -64,7 +66,7 @@ class BatchState:
         self.mask[:, :L] = mask
         self.positions[:, :L] = (mask.cumsum(1) - 1).clamp_min(0)
         self.pending = L - 1  # column of each row's pending token; the target cache holds [0, pending)
-        self.holes = not bool(mask.all())
+        self.holes = not self.syncs.flag(mask.all())
         self.repacks = 0
 
     # ------------------------------------------------------------------ views
@@ -79,7 +81,8 @@ class BatchState:
     def contexts(self) -> list[Tensor]:
         """Real tokens of every active row: prompt without padding, then the emitted tokens."""
         out = []
-        for row, n in zip(self.rows.tolist(), self.generated[self.rows].tolist()):
+        rows, counts = self.syncs.fetch(torch.stack([self.rows, self.generated[self.rows]])).tolist()
+        for row, n in zip(rows, counts):
             prompt = self.sequences[row, : self.prompt_len][self.prompt_mask[row]]
             out.append(torch.cat([prompt, self.sequences[row, self.prompt_len: self.prompt_len + n]]))
         return out
@@ -106,7 +109,7 @@ class BatchState:
         used = torch.ones_like(draft_tokens)
         if num_draft_tokens is not None:
             used = (torch.arange(k, device=self.device)[None, :] < num_draft_tokens[:, None]).long()
-            if not bool(used.all()):
+            if not self.syncs.flag(used.all()):
                 self.holes = True
         self.mask[:, p + 1: p + 1 + k] = used
         self.positions[:, p + 1: p + 1 + k] = self.positions[:, p: p + 1] + torch.arange(1, k + 1, device=self.device)
@@ -125,7 +128,7 @@ class BatchState:
             kept = (torch.arange(num_draft, device=self.device)[None, :] < accepted_len[:, None]).long()
             self.mask[:, p + 1: p + 1 + num_draft] *= kept
             if max_accepted > 0 and not self.holes:
-                self.holes = bool((self.mask[:, p + 1: p + 1 + max_accepted] == 0).any())
+                self.holes = self.syncs.flag((self.mask[:, p + 1: p + 1 + max_accepted] == 0).any())
         new = p + max_accepted + 1
         self.tokens[:, new] = next_tokens
         self.mask[:, new] = 1
@@ -139,7 +142,7 @@ class BatchState:
         self.tokens, self.mask, self.positions = self.tokens[index], self.mask[index], self.positions[index]
         for cache in caches:
             kv_cache.select_rows(cache, index)
-        self.holes = not bool(self.mask[:, : self.pending + 1].all())
+        self.holes = not self.syncs.flag(self.mask[:, : self.pending + 1].all())
 
     def repack_order(self, force: bool = False) -> Tensor | None:
         """The per-row column order that right-aligns real columns, when holes waste enough of
@@ -148,7 +151,7 @@ class BatchState:
             return None
         W = self.pending
         real = self.mask[:, :W]
-        new_width = int(real.sum(1).max())
+        new_width = self.syncs.integer(real.sum(1).max())
         waste = W - new_width
         if waste <= 0 or (not force and waste < max(REPACK_MIN_WASTE, REPACK_MIN_FRACTION * W)):
             return None
@@ -165,5 +168,5 @@ class BatchState:
             t[:, :new_width] = gathered
             t[:, new_width] = pending
         self.pending = new_width
-        self.holes = not bool(self.mask[:, : new_width + 1].all())
+        self.holes = not self.syncs.flag(self.mask[:, : new_width + 1].all())
         self.repacks += 1

@@ -26,9 +26,13 @@ from specdecode.engine.batch import BatchState
 from specdecode.engine.processors import ProcessorRunner
 from specdecode.engine.settings import EngineSettings
 from specdecode.engine.stats import Clock, SpeculativeStats
+from specdecode.engine.syncs import HostSyncs
 from specdecode.models import facts, kv_cache
-from specdecode.rules import get_rule
+from specdecode.rules import get_rule, is_chain_rule
 from specdecode.sampling import SamplingParams, sample_logits
+from specdecode.trees import TokenTree, list_tree_rules, tree_attention_mask, verify_tree
+from specdecode.trees.builders import LOSSLESS_RULE
+from specdecode.trees.rules import LOSSLESS_CHILDREN, is_tree_rule
 from specdecode.verify import verify_logits
 
 
@@ -112,39 +116,64 @@ class SpeculativeEngine:
         self.settings = settings
         self.stats = stats if stats is not None else SpeculativeStats()
         self.device = facts.input_device(target)
-        self.rule = get_rule(settings.rule)
+        # The chain rule (None when the rule named is a tree rule only); tree rules are checked per proposal.
+        self.rule = get_rule(settings.rule or "token") if is_chain_rule(settings.rule or "token") else None
         self._logits_to_keep_ok = facts.accepts_logits_to_keep(target)
+        self._tree_checked = False
         windows = [w for w in (facts.sliding_window(target), getattr(drafter, "max_columns", None)) if w is not None]
         self.window = min(windows) if windows else None
 
     # ------------------------------------------------------------------ public
     @torch.no_grad()
     def generate(self, input_ids: Tensor, attention_mask: Tensor | None) -> Tensor:
-        """Generate for a checked, left-padded batch; returns ``[B, L + new]`` sequences."""
+        """Generate for a checked, left-padded batch; returns ``[B, L + new]`` sequences.
+
+        Shape:
+            input_ids: ``[B, L]`` int64; attention_mask: ``[B, L]`` 0/1 or None.
+        """
         s, stats = self.settings, self.stats
+        if s.streamer is not None and input_ids.shape[0] != 1:
+            raise ValueError(
+                f"streamer: streaming needs batch size 1 (as Hugging Face's streamers), got {input_ids.shape[0]}"
+            )
+        if self.window is not None and input_ids.shape[1] + s.max_new_tokens > self.window:
+            raise ValueError(
+                f"max_new_tokens: prompt_len + max_new_tokens = {input_ids.shape[1] + s.max_new_tokens} exceeds the "
+                f"sliding window ({self.window}); sliding-window attention is only supported within the window"
+            )
         devices = [self.device] + [d for d in (getattr(self.drafter, "device", None),) if isinstance(d, torch.device)]
-        self.clock = Clock(*devices)
+        self.syncs = HostSyncs()
+        self.clock = Clock(*devices, syncs=self.syncs)
         self.batch = BatchState(input_ids, attention_mask, device=self.device, max_new_tokens=s.max_new_tokens,
-                                pad_id=s.pad_id, max_step_columns=s.schedule.maximum)
-        self.processors = ProcessorRunner(self.batch, s.processors, s.stopping, s.pad_id)
+                                pad_id=s.pad_id, max_step_columns=s.schedule.maximum, syncs=self.syncs)
+        self.processors = ProcessorRunner(self.batch, s.processors, s.stopping, s.pad_id, self.syncs)
         self.view = DraftView(self.batch, s, self.processors, self.clock)
         self.cache = kv_cache.new_cache()
         self.eos = torch.tensor(s.eos_ids, dtype=torch.long, device=self.device) if s.eos_ids else None
         self.drafter.reset()
-        stats.rule = s.rule
+        stats.rule = self.rule.name if self.rule is not None else (s.rule or "token")
         stats.drafter = getattr(self.drafter, "name", type(self.drafter).__name__)
         stats.batch_size = self.batch.batch
         stats.draft_schedule = getattr(s.schedule, "name", type(s.schedule).__name__)
+        stats.decode_path = "eager"
         if s.streamer is not None:
-            s.streamer.put(self.batch.sequences[:, : self.batch.prompt_len].cpu())
-        self._prefill()
-        while self.batch.num_active > 0:
-            if not self._step():
-                break
-        if s.streamer is not None:
-            s.streamer.end()
-        self.drafter.reset()
-        new = int(self.batch.generated.max()) if self.batch.batch else 0
+            s.streamer.put(self.syncs.fetch(self.batch.sequences[:, : self.batch.prompt_len]))
+        try:
+            self._prefill()
+            while self.batch.num_active > 0:
+                self.syncs.stepping = True
+                more = self._step()
+                self.syncs.stepping = False
+                if not more:
+                    break
+            self.syncs.stepping = False
+            if s.streamer is not None:
+                s.streamer.end()
+            self.drafter.reset()
+            new = self.syncs.integer(self.batch.generated.max()) if self.batch.batch else 0
+        finally:
+            stats.host_syncs += self.syncs.total
+            stats.step_host_syncs += self.syncs.in_steps
         return self.batch.sequences[:, : self.batch.prompt_len + new]
 
     # ------------------------------------------------------------------ phases
@@ -165,7 +194,7 @@ class SpeculativeEngine:
         """Draft tokens for this step and each row's remaining budget ``[b]``."""
         b, s = self.batch, self.settings
         remaining = s.max_new_tokens - b.generated[b.rows]
-        remaining_max = int(remaining.max())
+        remaining_max = self.syncs.integer(remaining.max())
         gamma = max(min(s.schedule.num_draft_tokens(), remaining_max - 1), 0)
         return self._fit_window(gamma), remaining
 
@@ -228,14 +257,19 @@ class SpeculativeEngine:
         if proposal.num_draft_tokens is not None:
             verified = torch.minimum(verified, proposal.num_draft_tokens)
         draft_logits = None
+        if self.rule is None:
+            raise ValueError(f"rule: {s.rule!r} is a tree rule, but the drafter proposed a chain; use a chain rule "
+                             "(specdecode.list_rules()) or draft a tree")
         if self.rule.needs_draft_probs or not self.rule.builtin:
             draft_logits = proposal.draft_logits
             if draft_logits is None:
                 draft_logits = point_mass_logits(proposal.draft_tokens, s.vocab_size)
         result = verify_logits(
-            target_logits.contiguous(), draft_logits, proposal.draft_tokens, sampling=s.sampling, rule=s.rule,
+            target_logits.contiguous(), draft_logits, proposal.draft_tokens, sampling=s.sampling, rule=self.rule.name,
             num_draft_tokens=verified, uniforms=self.view.uniforms(n, k + 1), **s.rule_options,
         )
+        if self.device.type == "cuda" and self.rule.builtin:
+            self.syncs.count()  # the CUDA op copies its per-row statuses to the host to raise bad input
         self.stats.verify_time += self.clock() - t0
         return result.tokens.to(self.device), result.accepted_len.to(self.device), verified
 
@@ -298,25 +332,130 @@ class SpeculativeEngine:
             accepted = torch.zeros(self.batch.num_active, dtype=torch.long, device=self.device)
             self.drafter.commit(CommitUpdate(accepted_len=accepted, num_columns=pending + 1, column_order=order))
 
+    # ------------------------------------------------------------------ trees
+    def _tree_rule(self, proposal: Proposal) -> str:
+        """The tree rule for a proposal: the one asked for, if it is lossless for (or does not
+        care about) the proposal's children scheme; else the scheme's own lossless rule."""
+        s = self.settings
+        children = proposal.children or "deterministic"
+        if s.rule is None:
+            return LOSSLESS_RULE[children]
+        if not is_tree_rule(s.rule):
+            raise ValueError(f"rule: {s.rule!r} is a chain rule, but the drafter proposed a token tree; tree rules: "
+                             f"{', '.join(r.name for r in list_tree_rules())} (or rule=None for the lossless one)")
+        allowed = LOSSLESS_CHILDREN.get(s.rule)
+        if allowed is not None and children not in allowed:
+            raise ValueError(
+                f"rule: {s.rule!r} is lossless only for children drafted {' or '.join(allowed)}, but this tree's "
+                f"children are {children}; use rule={LOSSLESS_RULE[children]!r} (or rule=None)"
+            )
+        return s.rule
+
+    def _score_tree(self, tree: TokenTree) -> Tensor:
+        """Target logits ``[b, N, V]`` at every node of ``tree`` (root = pending token), one
+        forward with the tree attention mask and positions."""
+        b, s = self.batch, self.settings
+        if self.processors.processors is not None:
+            raise ValueError("logits_processor: Hugging Face logits processors are not supported with token trees "
+                             "(each node has its own context); draft a chain (tree=None) to use them")
+        if not self._tree_checked:
+            facts.check_tree_attention(self.target, "target")
+            self._tree_checked = True
+        t0 = self.clock()
+        p = b.pending
+        b.ensure_capacity(p + tree.max_nodes + 2)
+        masks = tree_attention_mask(tree, b.mask[:, :p], b.positions[:, p])
+        dtype = getattr(self.target, "dtype", torch.float32)
+        logits = facts.forward(self.target, tree.tokens, masks.additive_mask(dtype), masks.positions, self.cache,
+                               last_only=False, logits_to_keep_ok=self._logits_to_keep_ok)
+        logits = logits[:, :, : s.vocab_size].to(device=self.device, dtype=torch.float32)
+        self.stats.target_calls += 1
+        self.stats.target_time += self.clock() - t0
+        return logits
+
+    def _verify_tree(self, target_logits: Tensor, proposal: Proposal) -> tuple[Tensor, Tensor, Tensor]:
+        """``(tokens [b, D+1], accepted_len [b], accepted_nodes [b, D+1])``."""
+        s = self.settings
+        t0 = self.clock()
+        tree = proposal.tree
+        rule = self._tree_rule(proposal)
+        options = s.rule_options if rule == s.rule else {}
+        result = verify_tree(target_logits.contiguous(), proposal.draft_logits, tree, rule=rule, sampling=s.sampling,
+                             uniforms=self.view.uniforms(tree.batch_size, tree.max_nodes), **options)
+        self.stats.tree_rule = rule
+        self.stats.verify_time += self.clock() - t0
+        return result.tokens, result.accepted_len, result.accepted_nodes
+
+    def _count_tree(self, tree: TokenTree, accepted_h: Tensor, nodes_h: Tensor) -> None:
+        """Acceptance by depth and by child rank (what Sequoia's shape is planned from)."""
+        stats = self.stats
+        parents, num, depth = (self.syncs.fetch(t) for t in (tree.parents, tree.num_nodes, tree.depth))
+        N = parents.shape[1]
+        index = torch.arange(N)
+        real = index[None, :] < num[:, None]
+        same = (parents[:, :, None] == parents[:, None, :]) & real[:, None, :] & (index[None, None, :] < index[None, :, None])
+        rank = same.sum(2)  # rank of each node among its siblings
+        children = ((parents[:, None, :] == index[None, :, None]) & real[:, None, :]).sum(2)  # [b, N]
+        for row in range(parents.shape[0]):
+            tau = int(accepted_h[row])
+            path = nodes_h[row, : tau + 1].tolist()
+            max_depth = int((depth[row] * real[row]).max())
+            for d in range(max_depth):
+                _bump(stats.position_drafted, d)
+                if d < tau:
+                    _bump(stats.position_accepted, d)
+                else:
+                    _grow(stats.position_accepted, d)
+            for j in range(tau):
+                r = int(rank[row, path[j + 1]])
+                for q in range(r + 1):
+                    _bump(stats.rank_tried, q)
+                _bump(stats.rank_accepted, r)
+            stop = path[-1]
+            for q in range(int(children[row, stop])):
+                _bump(stats.rank_tried, q)
+            if int(children[row, stop]) > 0:
+                stats.rejections += 1
+            stats.drafted_tokens += int(num[row]) - 1
+            stats.accepted_tokens += tau
+        for lst in (stats.rank_tried, stats.rank_accepted):
+            _grow(lst, max(len(stats.rank_tried), len(stats.rank_accepted)) - 1)
+        observe = getattr(getattr(self.drafter, "tree", None), "observe", None)
+        if observe is not None:
+            observe(stats.rank_tried, stats.rank_accepted)
+
+    # ------------------------------------------------------------------ one step
     def _step(self) -> bool:
         """One speculative step; False when every row has finished."""
         s, b, stats = self.settings, self.batch, self.stats
         gamma, remaining = self._plan()
         self.processors.start_step()
         proposal = self._propose(gamma) if gamma > 0 else None
-        k = 0 if proposal is None else proposal.num_tokens
-        if k:
-            b.write_draft(proposal.draft_tokens, proposal.num_draft_tokens)
-        target_logits = self._score(proposal.draft_tokens if k else None)
-        tokens, accepted_len, verified = self._verify(target_logits, proposal, remaining)
+        tree = proposal.tree if proposal is not None else None
+        nodes = None
+        if tree is not None:
+            target_logits = self._score_tree(tree)
+            tokens, accepted_len, nodes = self._verify_tree(target_logits, proposal)
+            k = int(tokens.shape[1]) - 1
+            verified = torch.zeros_like(accepted_len)
+        else:
+            k = 0 if proposal is None else proposal.num_tokens
+            if k:
+                b.write_draft(proposal.draft_tokens, proposal.num_draft_tokens)
+            target_logits = self._score(proposal.draft_tokens if k else None)
+            tokens, accepted_len, verified = self._verify(target_logits, proposal, remaining)
 
         t0 = self.clock()
         keep, finished = self._emit(tokens, accepted_len, remaining)
-        host = torch.stack([accepted_len, keep, finished.long(), verified]).cpu()
+        host = self.syncs.fetch(torch.stack([accepted_len, keep, finished.long(), verified]))
         accepted_h, keep_h, finished_h, verified_h = host[0], host[1], host[2].bool(), host[3]
-        self._count(k, accepted_h, keep_h, verified_h)
+        if tree is not None:
+            self._count(0, accepted_h, keep_h, verified_h)
+            self._count_tree(tree, accepted_h, self.syncs.fetch(nodes))
+        else:
+            self._count(k, accepted_h, keep_h, verified_h)
         if s.streamer is not None:
-            s.streamer.put(tokens[0, : int(keep_h[0])].cpu())
+            s.streamer.put(self.syncs.fetch(tokens[0, : int(keep_h[0])]))
         continuing = ~finished_h
         if not bool(continuing.any()):
             stats.bookkeeping_time += self.clock() - t0
@@ -326,20 +465,41 @@ class SpeculativeEngine:
         ta = self.clock()
         max_accepted = int(accepted_h[continuing].max())
         next_tokens = tokens.gather(1, accepted_len[:, None])[:, 0]
-        pending = b.advance(accepted_len, next_tokens, k, max_accepted)
-        kv_cache.crop(self.cache, pending)
+        p = b.pending
+        if tree is not None:  # the accepted path moves next to the prefix: a per-row column gather
+            path = tokens[:, :max_accepted].clamp_min(0)
+            b.write_draft(path, None)
+            if max_accepted:
+                order = p + nodes[:, 1: max_accepted + 1].clamp_min(0)
+                kv_cache.gather_columns(self.cache, order, start=p + 1)
+            else:
+                kv_cache.crop(self.cache, p + 1)
+            pending = b.advance(accepted_len, next_tokens, max_accepted, max_accepted)
+        else:
+            pending = b.advance(accepted_len, next_tokens, k, max_accepted)
+            kv_cache.crop(self.cache, pending)
         kept_rows = None
         if bool(finished_h.any()):
             kept_rows = torch.nonzero(continuing).flatten().to(self.device)
             b.keep_rows(kept_rows, [self.cache])
         order = self._repack()
         self.drafter.commit(CommitUpdate(accepted_len=accepted_len, num_columns=pending + 1, kept_rows=kept_rows,
-                                         column_order=order))
+                                         column_order=order, accepted_nodes=nodes))
         stats.alignment_time += self.clock() - ta
-        if k:
+        if k and tree is None:
             s.schedule.update(num_draft_tokens=k, drafted=verified_h, accepted=accepted_h, stats=stats)
         stats.bookkeeping_time += self.clock() - t0
         return True
+
+
+def _grow(values: list[int], index: int) -> None:
+    while len(values) <= index:
+        values.append(0)
+
+
+def _bump(values: list[int], index: int) -> None:
+    _grow(values, index)
+    values[index] += 1
 
 
 def run_engine(target: torch.nn.Module, drafter: Drafter, input_ids: Tensor, attention_mask: Tensor | None,
@@ -348,6 +508,8 @@ def run_engine(target: torch.nn.Module, drafter: Drafter, input_ids: Tensor, att
     """Generate with a fresh :class:`SpeculativeEngine`; returns ``(sequences, stats)``.
     ``stats.total_time`` counts from ``start_time`` (a ``time.perf_counter()`` value taken
     when the caller started checking its arguments), or from now."""
+    if stats is not None and not isinstance(stats, SpeculativeStats):
+        raise TypeError(f"stats: expected a SpeculativeStats or None, got {type(stats).__name__}")
     engine = SpeculativeEngine(target, drafter, settings, stats)
     start = time.perf_counter() if start_time is None else start_time
     sequences = engine.generate(input_ids, attention_mask)

@@ -15,14 +15,17 @@ import torch
 from torch import Tensor
 
 from specdecode.engine.batch import BatchState
+from specdecode.engine.syncs import HostSyncs
 
 
 class ProcessorRunner:
     """Applies ``processors`` (a ``LogitsProcessorList`` or None) and ``stopping`` (a
     ``StoppingCriteriaList`` without the EOS / max-length criteria, or None) for one batch."""
 
-    def __init__(self, batch: BatchState, processors: Any, stopping: Any, pad_id: int) -> None:
+    def __init__(self, batch: BatchState, processors: Any, stopping: Any, pad_id: int,
+                 syncs: HostSyncs | None = None) -> None:
         self.batch = batch
+        self.syncs = syncs if syncs is not None else HostSyncs()
         self.processors = processors
         self.stopping = stopping
         self.pad_id = pad_id
@@ -36,7 +39,7 @@ class ProcessorRunner:
         """Group the active rows by generated length (call once per step, before any use)."""
         if not self.active:
             return
-        values = self.batch.generated[self.batch.rows].tolist()
+        values = self.syncs.fetch(self.batch.generated[self.batch.rows]).tolist()
         distinct = sorted(set(values))
         if len(distinct) == 1:
             self.groups = [(distinct[0], None)]
@@ -85,8 +88,7 @@ class ProcessorRunner:
         the outputs, ``generated`` not yet advanced). Returns the new kept counts ``[b]`` and
         which rows stopped ``[b]`` (bool); tokens after a stop are overwritten with padding."""
         b = self.batch
-        keep_l = keep.tolist()
-        g_l = b.generated[b.rows].tolist()
+        keep_l, g_l = self.syncs.fetch(torch.stack([keep, b.generated[b.rows]])).tolist()
         stopped = [False] * len(keep_l)
         new_keep = list(keep_l)
         for j in range(max(keep_l) if keep_l else 0):
@@ -98,16 +100,19 @@ class ProcessorRunner:
                 ctx, active = self._context(length, torch.tensor(members, device=b.device), None)
                 done = self.stopping(ctx, None)
                 if isinstance(done, Tensor) and done.numel() > 1:
-                    done_l = done.reshape(-1)[active].tolist()
+                    done_l = self.syncs.fetch(done.reshape(-1)[active]).tolist()
                 else:
-                    done_l = [bool(done)] * len(members)
+                    done_l = [self.syncs.flag(done) if isinstance(done, Tensor) else bool(done)] * len(members)
                 for r, d in zip(members, done_l):
                     if d:
                         stopped[r] = True
                         new_keep[r] = j + 1
+        rows_l = None
         for r, (k_old, k_new) in enumerate(zip(keep_l, new_keep)):
             if k_new < k_old:
-                row = int(b.rows[r])
+                if rows_l is None:
+                    rows_l = self.syncs.fetch(b.rows).tolist()
+                row = rows_l[r]
                 b.sequences[row, b.prompt_len + g_l[r] + k_new: b.prompt_len + g_l[r] + k_old] = self.pad_id
         return (torch.tensor(new_keep, dtype=torch.long, device=b.device),
                 torch.tensor(stopped, dtype=torch.bool, device=b.device))

@@ -87,7 +87,7 @@ class HeuristicSchedule(DraftSchedule):
 
 
 class OptimalSchedule(DraftSchedule):
-    """Leviathan-optimal gamma from running estimates of alpha and c (spec §9)."""
+    """Leviathan-optimal gamma from running estimates of alpha and c (docs/verification.md §9)."""
 
     name = "optimal"
 

@@ -9,6 +9,8 @@ from typing import Any
 import torch
 
 from specdecode.engine.schedules import DraftSchedule
+from specdecode.rules import get_rule, is_chain_rule
+from specdecode.trees.rules import is_tree_rule
 from specdecode.sampling import SamplingParams
 
 
@@ -17,7 +19,10 @@ class EngineSettings:
     """Settings of one speculative generation.
 
     - ``sampling``: applied identically to target and draft (``is_greedy`` at temperature 0).
-    - ``rule`` / ``rule_options``: the verification rule and its checked options.
+    - ``rule`` / ``rule_options``: the verification rule and its checked options: a chain rule
+      (:func:`specdecode.list_rules`) or a tree rule (:func:`specdecode.trees.list_tree_rules`);
+      None picks ``token`` for chains and, for trees, the lossless rule of the drafter's
+      children scheme.
     - ``max_new_tokens``: per row; ``eos_ids`` end a row (empty: never); ``pad_id`` fills a
       finished row.
     - ``processors`` / ``stopping``: Hugging Face logits processors and stopping criteria (the
@@ -29,7 +34,7 @@ class EngineSettings:
     """
 
     sampling: SamplingParams
-    rule: str
+    rule: str | None
     max_new_tokens: int
     pad_id: int
     schedule: DraftSchedule
@@ -40,3 +45,21 @@ class EngineSettings:
     stopping: Any = None
     streamer: Any = None
     generator: torch.Generator | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.sampling, SamplingParams):
+            raise TypeError(f"sampling: expected a SamplingParams, got {type(self.sampling).__name__}")
+        if self.rule is not None and not (is_tree_rule(self.rule) or is_chain_rule(self.rule)):
+            get_rule(self.rule)  # ValueError listing the known rules
+        for name in ("max_new_tokens", "vocab_size"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"{name}: expected an int >= 1, got {value!r}")
+            if value < 1:
+                raise ValueError(f"{name}: expected an int >= 1, got {value}")
+        if not isinstance(self.schedule, DraftSchedule):
+            raise TypeError(f"draft_schedule: expected a DraftSchedule, got {type(self.schedule).__name__}")
+        if self.generator is not None and not isinstance(self.generator, torch.Generator):
+            raise TypeError(f"generator: expected a torch.Generator or None, got {type(self.generator).__name__}")
+        self.eos_ids = tuple(int(i) for i in self.eos_ids)
+        self.pad_id = int(self.pad_id)

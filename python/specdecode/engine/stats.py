@@ -15,12 +15,17 @@ class Clock:
     """``perf_counter`` after synchronising the CUDA devices in use, so that phases are timed,
     not merely launched."""
 
-    def __init__(self, *devices: torch.device) -> None:
+    def __init__(self, *devices: torch.device, syncs: Any = None) -> None:
         self.cuda = sorted({d for d in devices if d.type == "cuda"}, key=str)
+        self.syncs = syncs  # a specdecode.engine.syncs.HostSyncs that counts the waits, or None
 
     def __call__(self) -> float:
-        for d in self.cuda:
-            torch.cuda.synchronize(d)
+        if self.cuda:
+            if self.syncs is not None:
+                self.syncs.synchronize(self.cuda)
+            else:
+                for d in self.cuda:
+                    torch.cuda.synchronize(d)
         return time.perf_counter()
 
 
@@ -45,6 +50,16 @@ class SpeculativeStats:
       a block short.
     - ``position_drafted[i]`` / ``position_accepted[i]``: how often draft position ``i`` (0-based)
       was verified / accepted.
+    - ``decode_path``: ``"eager"`` (the dynamic loop), ``"static"`` (static caches, device-side
+      steps run eagerly) or ``"graphed"`` (the same steps replayed as CUDA graphs).
+    - ``host_syncs``: times the host waited for the device during the call
+      (:mod:`specdecode.engine.syncs`: value reads, timing synchronisations, the CUDA verify op's
+      status copy), of which ``step_host_syncs`` inside decoding steps (prefill, setup and the
+      final read of the results excluded); see :attr:`host_syncs_per_step`. Static path only:
+      ``decode_steps_run`` counts the steps launched (``steps`` those with an active row; the
+      difference is masked work after the last row finished, before the host noticed) and
+      ``graph_captures`` the CUDA graph recordings this call made (0 when it replayed graphs
+      kept from an earlier call).
     - Times in seconds: ``draft_time`` (draft forwards + proposal sampling + HF processors on
       draft logits), ``target_time`` (target forwards + processors on target logits),
       ``verify_time`` (``verify_logits`` and the uniforms it uses), ``bookkeeping_time``
@@ -57,6 +72,7 @@ class SpeculativeStats:
     drafter: str = "model"
     batch_size: int = 0
     draft_schedule: str = "constant"
+    decode_path: str = "eager"
     steps: int = 0
     row_steps: int = 0
     target_calls: int = 0
@@ -67,6 +83,13 @@ class SpeculativeStats:
     rejections: int = 0
     new_tokens: int = 0
     repacks: int = 0
+    host_syncs: int = 0
+    step_host_syncs: int = 0
+    decode_steps_run: int = 0
+    graph_captures: int = 0
+    tree_rule: str = ""
+    rank_tried: list[int] = field(default_factory=list)
+    rank_accepted: list[int] = field(default_factory=list)
     position_drafted: list[int] = field(default_factory=list)
     position_accepted: list[int] = field(default_factory=list)
     num_draft_tokens_history: list[int] = field(default_factory=list)
@@ -89,6 +112,13 @@ class SpeculativeStats:
     def acceptance_rate_per_position(self) -> list[float]:
         """P(draft position i accepted | it was verified), i = 0..max gamma - 1."""
         return [_ratio(a, d) for a, d in zip(self.position_accepted, self.position_drafted)]
+
+    @property
+    def acceptance_by_rank(self) -> list[float]:
+        """Token trees: P(the rank-r child of a node is accepted | the walk tried it), r = 0, 1, ...
+        (rank = drafting order among siblings). Feed it to :func:`specdecode.trees.sequoia_shape`
+        through :func:`specdecode.trees.acceptance_from_conditional`."""
+        return [_ratio(a, t) for a, t in zip(self.rank_accepted, self.rank_tried)]
 
     @property
     def alpha(self) -> float:
@@ -129,6 +159,11 @@ class SpeculativeStats:
         return _ratio(self.draft_time_per_call, self.target_time_per_call)
 
     @property
+    def host_syncs_per_step(self) -> float:
+        """Host synchronisations per decoding step (``step_host_syncs / steps``)."""
+        return _ratio(self.step_host_syncs, self.steps)
+
+    @property
     def tokens_per_second(self) -> float:
         """New tokens (all rows) per second of wall time."""
         return _ratio(self.new_tokens, self.total_time)
@@ -160,9 +195,10 @@ class SpeculativeStats:
         """Every counter and every derived value, as plain Python types."""
         data = asdict(self)
         for name in (
-            "acceptance_rate", "acceptance_rate_per_position", "alpha", "mean_accepted_length",
+            "acceptance_rate", "acceptance_rate_per_position", "acceptance_by_rank", "alpha", "mean_accepted_length",
             "block_efficiency", "mean_num_draft_tokens", "draft_time_per_call", "target_time_per_call",
             "cost_ratio", "tokens_per_second", "predicted_speedup", "predicted_tokens_per_call", "other_time",
+            "host_syncs_per_step",
         ):
             data[name] = getattr(self, name)
         return data
@@ -175,7 +211,8 @@ class SpeculativeStats:
 
         per_pos = " ".join(f"{r:.2f}" for r in self.acceptance_rate_per_position) or "-"
         lines = [
-            f"SpeculativeStats  rule={self.rule}  drafter={self.drafter}  batch={self.batch_size}  schedule={self.draft_schedule}",
+            f"SpeculativeStats  rule={self.rule}  drafter={self.drafter}  batch={self.batch_size}  "
+            f"schedule={self.draft_schedule}  path={self.decode_path}",
             f"  new tokens            {self.new_tokens}   ({self.tokens_per_second:.1f} tok/s)",
             f"  steps / row-steps     {self.steps} / {self.row_steps}",
             f"  target calls          {self.target_calls}  (prefill {self.target_prefill_calls})",
@@ -188,6 +225,7 @@ class SpeculativeStats:
             f"  block efficiency      {self.block_efficiency:.3f} new tokens / target call / row",
             f"  cost ratio c          {self.cost_ratio:.3f}",
             f"  predicted speedup     {self.predicted_speedup:.2f}x (Leviathan, measured alpha and c)",
+            f"  host syncs            {self.host_syncs}  ({self.host_syncs_per_step:.2f} per step)",
             "  time",
             f"    draft               {share(self.draft_time)}",
             f"    target              {share(self.target_time)}",

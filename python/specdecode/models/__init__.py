@@ -1,28 +1,39 @@
 """The Hugging Face model layer: facts about a causal LM (where its inputs go, its vocabulary,
-its sliding window), one forward call with an explicit cache, and the KV-cache operations the
-engine and the drafters share (crop, row selection, per-row column gather).
+its sliding window, its decoder layers), one forward call with an explicit cache, the KV-cache
+operations the engine and the drafters share (crop, row selection, per-row column gather), and
+a view of a model that runs a subset of its decoder layers on the same weights.
 
 Nothing here knows about drafting or verification."""
 
 from specdecode.models.facts import (
     accepts_logits_to_keep,
     decoder_layers,
+    decoder_layers_path,
     forward,
+    full_tensor,
     input_device,
+    local_tensor,
     sliding_window,
+    unloaded_parameters,
     vocab_rows,
 )
 from specdecode.models.kv_cache import crop, gather_columns, new_cache, select_rows
+from specdecode.models.layer_view import layer_subset_view
 
 __all__ = [
     "accepts_logits_to_keep",
     "crop",
     "decoder_layers",
+    "decoder_layers_path",
     "forward",
+    "full_tensor",
     "gather_columns",
     "input_device",
+    "layer_subset_view",
+    "local_tensor",
     "new_cache",
     "select_rows",
     "sliding_window",
+    "unloaded_parameters",
     "vocab_rows",
 ]

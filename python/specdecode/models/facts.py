@@ -9,15 +9,55 @@ import torch
 from torch import Tensor
 
 
+def local_tensor(tensor: Tensor) -> Tensor:
+    """This process's part of a tensor: the local shard of a ``DTensor`` (tensor parallelism),
+    the tensor itself otherwise."""
+    local = getattr(tensor, "to_local", None)
+    return local() if callable(local) else tensor
+
+
+def full_tensor(tensor: Tensor) -> Tensor:
+    """A plain tensor with the whole value: a ``DTensor`` is gathered (a collective: every rank
+    of its mesh must call this), a plain tensor is returned as it is."""
+    full = getattr(tensor, "full_tensor", None)
+    return full() if callable(full) else tensor
+
+
 def input_device(model: torch.nn.Module) -> torch.device:
     """Where a model's input ids must go: the device of its input embeddings (for a model
-    sharded with ``device_map`` or tensor parallelism, the first shard's device)."""
+    sharded with ``device_map`` or tensor parallelism, the first shard's device; for embeddings
+    offloaded by an ``accelerate`` hook, the device the hook runs them on)."""
     emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    execution = getattr(getattr(emb, "_hf_hook", None), "execution_device", None)
+    if execution is not None:
+        device = torch.device("cuda", execution) if isinstance(execution, int) else torch.device(execution)
+        if device.type != "meta":
+            return device
     weight = getattr(emb, "weight", None) if emb is not None else None
     if isinstance(weight, Tensor):
-        local = getattr(weight, "to_local", None)  # a DTensor shard (tensor parallelism)
-        return local().device if callable(local) else weight.device
+        return local_tensor(weight).device
     return next(model.parameters()).device
+
+
+def unloaded_parameters(model: torch.nn.Module) -> list[str]:
+    """Names of parameters on the meta device that nothing will load: weights that were never
+    loaded. Parameters an ``accelerate`` offload hook brings in for each forward (``device_map``
+    with ``"cpu"`` / ``"disk"`` offload) are on the meta device too, but are loaded: not listed."""
+    found: list[str] = []
+
+    def visit(module: torch.nn.Module, prefix: str, offloaded: bool) -> None:
+        hook = getattr(module, "_hf_hook", None)
+        hooks = getattr(hook, "hooks", None) or ((hook,) if hook is not None else ())  # SequentialHook
+        offloaded = offloaded or any(getattr(h, "offload", False) for h in hooks)
+        for name, param in module._parameters.items():
+            if param is not None and param.device.type == "meta" and not offloaded:
+                found.append(prefix + name)
+        for name, child in module._modules.items():
+            if child is not None:
+                visit(child, f"{prefix}{name}.", offloaded)
+
+    visit(model, "", False)
+    return found
 
 
 def sliding_window(model: torch.nn.Module) -> int | None:
@@ -30,7 +70,8 @@ def sliding_window(model: torch.nn.Module) -> int | None:
 
 
 def vocab_rows(model: torch.nn.Module) -> int:
-    """Width of the model's logits: rows of its output embedding (config.vocab_size otherwise)."""
+    """Width of the model's logits: rows of its output embedding (config.vocab_size otherwise).
+    A tensor-parallel output embedding is a ``DTensor`` whose shape is the global one."""
     out = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     weight = getattr(out, "weight", None)
     if isinstance(weight, Tensor):
@@ -46,17 +87,34 @@ def accepts_logits_to_keep(model: torch.nn.Module) -> bool:
         return False
 
 
-def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
-    """The model's list of decoder layers (``model.model.layers``, ``transformer.h``, ...)."""
-    for path in ("model.layers", "model.decoder.layers", "transformer.h", "gpt_neox.layers", "transformer.layers"):
+# Where Hugging Face causal LMs keep their decoder layers, relative to the *ForCausalLM module.
+DECODER_LAYER_PATHS = ("model.layers", "model.decoder.layers", "transformer.h", "gpt_neox.layers",
+                       "transformer.layers")
+
+
+def decoder_layers_path(model: torch.nn.Module) -> str:
+    """The dotted attribute path of the model's decoder-layer list (``"model.layers"``,
+    ``"transformer.h"``, ...), or ``ValueError`` when it is none of the known places."""
+    for path in DECODER_LAYER_PATHS:
         module: Any = model
         for name in path.split("."):
             module = getattr(module, name, None)
             if module is None:
                 break
-        if isinstance(module, torch.nn.ModuleList):
-            return module
-    raise ValueError(f"model: cannot find the decoder layers of {type(model).__name__}")
+        if isinstance(module, torch.nn.ModuleList) and len(module) > 0:
+            return path
+    raise ValueError(
+        f"model: cannot find the decoder layers of {type(model).__name__} (looked for a non-empty ModuleList at "
+        f"{', '.join(DECODER_LAYER_PATHS)})"
+    )
+
+
+def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
+    """The model's list of decoder layers (``model.model.layers``, ``transformer.h``, ...)."""
+    module: Any = model
+    for name in decoder_layers_path(model).split("."):
+        module = getattr(module, name)
+    return module
 
 
 def forward(model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor | None, position_ids: Tensor,
@@ -67,7 +125,9 @@ def forward(model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor | 
         input_ids, position_ids: ``[b, n]`` int64.
         attention_mask: ``[b, cache_columns + n]`` 0/1, a 4D ``[b, 1, n, cache_columns + n]``
             mask, or None (no padding anywhere).
-        returns: ``[b, V]`` logits of the last column when ``last_only``, else ``[b, n, V]``.
+        returns: ``[b, V]`` logits of the last column when ``last_only``, else ``[b, n, V]``;
+            always a plain tensor holding every vocabulary entry (tensor-parallel logits that
+            come back as a vocabulary-sharded ``DTensor`` are gathered here, on every rank).
     """
     kwargs: dict[str, Any] = {
         "input_ids": input_ids,
@@ -78,5 +138,51 @@ def forward(model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor | 
     }
     if last_only and logits_to_keep_ok:
         kwargs["logits_to_keep"] = 1
-    logits = model(**kwargs).logits
+    logits = full_tensor(model(**kwargs).logits)
     return logits[:, -1] if last_only else logits
+
+
+_TREE_MASK_SUPPORT: dict[int, bool] = {}
+
+
+def accepts_custom_4d_mask(model: torch.nn.Module) -> bool:
+    """Whether ``model`` honours a custom 4D attention mask together with explicit position ids
+    (token trees and static caches need both). Probed once per model with two tiny forwards: a
+    query that may not see its predecessor must give the same logits as the sequence without
+    that predecessor."""
+    key = id(model)
+    if key not in _TREE_MASK_SUPPORT:
+        _TREE_MASK_SUPPORT[key] = _probe_tree_attention(model)
+    return _TREE_MASK_SUPPORT[key]
+
+
+def check_tree_attention(model: torch.nn.Module, name: str = "target") -> None:
+    """Raise ``ValueError`` unless ``model`` honours a custom 4D attention mask together with
+    explicit position ids, which token trees need (:func:`accepts_custom_4d_mask`)."""
+    if not accepts_custom_4d_mask(model):
+        impl = getattr(getattr(model, "config", None), "_attn_implementation", None)
+        raise ValueError(
+            f"{name}: {type(model).__name__} (attention implementation {impl!r}) does not honour a custom 4D "
+            "attention mask with position ids, which token trees need; load it with attn_implementation='sdpa' "
+            "or 'eager', or draft a chain (tree=None)"
+        )
+
+
+@torch.no_grad()
+def _probe_tree_attention(model: torch.nn.Module) -> bool:
+    device = input_device(model)
+    vocab = int(model.get_input_embeddings().weight.shape[0])
+    ids = torch.tensor([[1 % vocab, 2 % vocab, 3 % vocab]], device=device)
+    dtype = getattr(model, "dtype", torch.float32)
+    allowed = torch.tensor([[[[True, False, False], [True, True, False], [True, False, True]]]], device=device)
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill(~allowed, torch.finfo(dtype).min)
+    try:
+        from specdecode.models.kv_cache import new_cache
+
+        tree = model(input_ids=ids, attention_mask=mask, position_ids=torch.tensor([[0, 1, 1]], device=device),
+                     past_key_values=new_cache(), use_cache=True).logits[0, 2].float()
+        plain = model(input_ids=ids[:, [0, 2]], position_ids=torch.tensor([[0, 1]], device=device),
+                      past_key_values=new_cache(), use_cache=True).logits[0, 1].float()
+    except Exception:  # noqa: BLE001 - any failure means "not supported"
+        return False
+    return bool(torch.allclose(tree, plain, atol=1e-3 if dtype == torch.float32 else 5e-2, rtol=1e-3))

@@ -13,8 +13,10 @@ from torch import Tensor
 from specdecode.drafters.base import Drafter
 from specdecode.drafters.model import ModelDrafter
 from specdecode.integrations.hf.compat import check_compatibility, check_model
-from specdecode.models.facts import sliding_window, vocab_rows
-from specdecode.rules import builtin_rule_params, get_rule, rule_option_names
+from specdecode.models.facts import vocab_rows
+from specdecode.rules import builtin_rule_params, get_rule, is_chain_rule, rule_option_names
+from specdecode.trees.builders import make_tree_builder
+from specdecode.trees.rules import get_tree_rule, is_tree_rule, tree_rule_params
 from specdecode.sampling import SamplingParams
 
 
@@ -47,19 +49,47 @@ def unknown_keyword_error(function: str, name: str, valid: Iterable[str]) -> Typ
     return TypeError(f"{function}() got an unexpected keyword argument {name!r}{hint}")
 
 
-def rule_options(rule: str, options: dict[str, Any], function: str, other_keywords: Iterable[str]) -> dict[str, Any]:
-    """Check ``options`` against the names ``rule`` declares. An unknown name is a
-    ``TypeError`` from ``function``, suggesting the closest of the rule's options and
-    ``other_keywords`` (the function's own keywords: most unknown names are typos of those)."""
-    info = get_rule(rule)
-    declared = rule_option_names(info)
+def rule_options(rule: str | None, options: dict[str, Any], function: str, other_keywords: Iterable[str]
+                 ) -> dict[str, Any]:
+    """Check ``options`` against the names ``rule`` declares (a chain rule, a tree rule, or
+    None: the default rule, which takes none). An unknown name is a ``TypeError`` from
+    ``function``, suggesting the closest of the rule's options and ``other_keywords`` (the
+    function's own keywords: most unknown names are typos of those)."""
+    if rule is None:
+        declared: frozenset[str] | None = frozenset()
+    elif is_tree_rule(rule) and not is_chain_rule(rule):
+        info = get_tree_rule(rule)
+        declared = frozenset(info.options)
+    else:
+        info = get_rule(rule)
+        declared = rule_option_names(info)
     if declared is not None:
         for name in options:
             if name not in declared:
                 raise unknown_keyword_error(function, name, set(declared) | set(other_keywords))
-    if info.builtin:
-        builtin_rule_params(info, options)  # value checks
+    if rule is not None and is_tree_rule(rule) and not is_chain_rule(rule):
+        tree_rule_params(get_tree_rule(rule), options)
+    elif rule is not None and get_rule(rule).builtin:
+        builtin_rule_params(get_rule(rule), options)  # value checks
     return dict(options)
+
+
+def tree_builder(draft: Any, tree: Any, num_nodes: int, tree_depth: int | None, tree_children: str | None) -> Any:
+    """The ``TreeBuilder`` for ``generate``'s tree arguments (None for a chain); a tree goes
+    with a draft *model* (a drafter instance carries its own tree settings)."""
+    if tree is None:
+        if tree_children is not None or tree_depth is not None:
+            raise ValueError("tree: tree_depth / tree_children need tree=... ('dynamic', 'sequoia', 'static', ...)")
+        return None
+    if not isinstance(draft, torch.nn.Module):
+        raise ValueError(
+            "tree: configure the tree on the drafter itself (e.g. ModelDrafter(model, tree=DynamicTree(16))); "
+            "tree= applies when draft is a model"
+        )
+    check_int("num_nodes", num_nodes, 2)
+    if tree_depth is not None:
+        check_int("tree_depth", tree_depth, 1)
+    return make_tree_builder(tree, num_nodes=num_nodes, max_depth=tree_depth, children=tree_children)
 
 
 def check_input_ids(input_ids: Any, attention_mask: Any, pad_ids: list[int], vocab_limit: int,
@@ -193,14 +223,36 @@ def split_sampling_warpers(logits_processor: Any, do_sample: bool) -> tuple[Any,
     return (LogitsProcessorList(others) if others else None), sampling
 
 
+DECODE_PATHS = ("eager", "static", "graphed")
+
+
+def check_decode_path(decode_path: Any, draft: Any) -> str:
+    """``decode_path`` checked (one of :data:`DECODE_PATHS`); ``draft=None`` (the target alone)
+    only runs on the static paths."""
+    if not isinstance(decode_path, str) or decode_path not in DECODE_PATHS:
+        raise ValueError(f"decode_path: expected one of {', '.join(repr(p) for p in DECODE_PATHS)}, got {decode_path!r}")
+    if draft is None and decode_path == "eager":
+        raise ValueError("draft: None (the target alone) runs only with decode_path='static' or 'graphed'; pass a "
+                         "draft model or a drafter")
+    return decode_path
+
+
 def as_drafter(target: torch.nn.Module, draft: Any, *, target_tokenizer: Any = None,
-               draft_tokenizer: Any = None) -> tuple[Drafter, int, int]:
+               draft_tokenizer: Any = None, tree: Any = None) -> tuple[Drafter, int, int]:
     """``(drafter, shared vocabulary size, vocabulary limit for prompt ids)`` from a draft model
-    (checked against the target and wrapped in a :class:`ModelDrafter`) or a drafter."""
+    (checked against the target and wrapped in a :class:`ModelDrafter`, drafting ``tree`` when
+    given), a drafter, or None (the target alone, static paths only)."""
+    if draft is None:
+        from specdecode.engine.static_loop import TargetOnly
+
+        if tree is not None:
+            raise ValueError("tree: a tree needs a draft model")
+        check_model("target", target)
+        return TargetOnly(), vocab_rows(target), _embedding_rows(target)  # type: ignore[return-value]
     if isinstance(draft, torch.nn.Module):
         vocab = check_compatibility(target, draft, target_tokenizer=target_tokenizer, draft_tokenizer=draft_tokenizer)
         limit = min(_embedding_rows(target), _embedding_rows(draft))
-        return ModelDrafter(draft), vocab, limit
+        return ModelDrafter(draft, tree=tree), vocab, limit
     if isinstance(draft, Drafter):
         check_model("target", target)
         return draft, vocab_rows(target), _embedding_rows(target)
@@ -213,23 +265,3 @@ def as_drafter(target: torch.nn.Module, draft: Any, *, target_tokenizer: Any = N
 def _embedding_rows(model: torch.nn.Module) -> int:
     emb = model.get_input_embeddings()
     return int(emb.weight.shape[0]) if emb is not None else int(model.config.vocab_size)
-
-
-def check_window(target: torch.nn.Module, drafter: Drafter, prompt_len: int, max_new_tokens: int) -> None:
-    """Sliding-window attention is supported while the sequence fits in the window."""
-    windows = [w for w in (sliding_window(target), getattr(drafter, "max_columns", None)) if w is not None]
-    if windows and prompt_len + max_new_tokens > min(windows):
-        raise ValueError(
-            f"max_new_tokens: prompt_len + max_new_tokens = {prompt_len + max_new_tokens} exceeds the sliding "
-            f"window ({min(windows)}); sliding-window attention is only supported within the window"
-        )
-
-
-def check_streamer(streamer: Any, batch_size: int) -> None:
-    if streamer is not None and batch_size != 1:
-        raise ValueError(f"streamer: streaming needs batch size 1 (as Hugging Face's streamers), got {batch_size}")
-
-
-def check_generator(generator: Any) -> None:
-    if generator is not None and not isinstance(generator, torch.Generator):
-        raise TypeError(f"generator: expected a torch.Generator or None, got {type(generator).__name__}")

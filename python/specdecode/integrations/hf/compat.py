@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from specdecode.models.facts import vocab_rows
+from specdecode.models.facts import unloaded_parameters, vocab_rows
 
 # Vocabulary sizes may differ by at most this many rows (or this fraction of the smaller one)
 # when no tokenizers are given to prove that the difference is padding.
@@ -41,7 +41,7 @@ def check_model(name: str, model: Any) -> None:
         )
     if not hasattr(model, "get_input_embeddings") or model.get_input_embeddings() is None:
         raise ValueError(f"{name}: {type(model).__name__} has no input embeddings (get_input_embeddings() is None)")
-    meta = [n for n, p in model.named_parameters() if p.device.type == "meta"]
+    meta = unloaded_parameters(model)  # offloaded weights (accelerate hooks) are loaded at each forward
     if meta:
         raise ValueError(
             f"{name}: {len(meta)} parameter(s) are on the meta device (e.g. {meta[0]!r}): the weights were never "

@@ -31,9 +31,10 @@ class SpeculativeOutput:
 
 
 _KEYWORDS = (
-    "num_draft_tokens", "rule", "max_new_tokens", "do_sample", "temperature", "top_k", "top_p", "min_p",
+    "num_draft_tokens", "rule", "max_new_tokens", "tree", "num_nodes", "tree_depth", "tree_children", "do_sample", "temperature", "top_k", "top_p", "min_p",
     "eos_token_id", "pad_token_id", "logits_processor", "stopping_criteria", "streamer", "draft_schedule",
-    "max_num_draft_tokens", "generator", "target_tokenizer", "draft_tokenizer", "stats",
+    "max_num_draft_tokens", "generator", "target_tokenizer", "draft_tokenizer", "stats", "decode_path",
+    "stop_check_every", "phase_timing",
 )
 
 
@@ -45,8 +46,12 @@ def generate(
     attention_mask: Tensor | None = None,
     *,
     num_draft_tokens: int = 5,
-    rule: str = "token",
+    rule: str | None = None,
     max_new_tokens: int = 128,
+    tree: Any = None,
+    num_nodes: int = 16,
+    tree_depth: int | None = None,
+    tree_children: str | None = None,
     do_sample: bool = False,
     temperature: float | None = None,
     top_k: int | None = None,
@@ -63,6 +68,9 @@ def generate(
     target_tokenizer: Any = None,
     draft_tokenizer: Any = None,
     stats: SpeculativeStats | None = None,
+    decode_path: str = "eager",
+    stop_check_every: int = 1,
+    phase_timing: bool = False,
     **rule_options: Any,
 ) -> SpeculativeOutput:
     """Speculative decoding of ``target`` with ``draft``: the same output distribution as
@@ -79,13 +87,31 @@ def generate(
     ``LayerSkipDrafter``, ``TokenizerBridgeDrafter`` or your own
     :class:`~specdecode.drafters.Drafter`. Sampling settings (``temperature``, ``top_k``,
     ``top_p``, ``min_p``; ``do_sample=False`` is greedy) and the HF ``logits_processor`` apply
-    identically to target and draft. ``rule`` is any name from :func:`specdecode.list_rules`;
-    its options are extra keywords (an unknown keyword is a ``TypeError``). ``eos_token_id`` /
+    identically to target and draft. ``rule`` is any name from :func:`specdecode.list_rules`
+    (chains; default ``token``) or :func:`specdecode.trees.list_tree_rules` (trees; default: the
+    lossless rule of the tree's children scheme); its options are extra keywords (an unknown
+    keyword is a ``TypeError``). ``tree`` drafts a token tree instead of a chain:
+    ``"dynamic"`` (EAGLE-2, deterministic children), ``"sequoia"`` (optimal shape for the
+    acceptance measured as it runs, children drawn without replacement), ``"static"``, a
+    :class:`~specdecode.trees.TreeShape`, rank paths or a tree builder; ``num_nodes`` (root
+    included), ``tree_depth`` and ``tree_children`` (``"deterministic"``, ``"iid"``,
+    ``"without_replacement"``) shape it. ``eos_token_id`` /
     ``pad_token_id`` default to the target's generation config; each row stops at EOS,
     ``max_new_tokens`` or a stopping criterion and is then right-padded. ``streamer`` (batch 1)
     receives the prompt, each step's tokens, then ``end()``. ``draft_schedule``: ``"constant"``,
     ``"heuristic"``, ``"optimal"`` or a :class:`DraftSchedule`. ``generator`` drives every
     random choice, so a seed fixes the output.
+
+    ``decode_path`` picks the engine: ``"eager"`` (default; everything above), ``"static"``
+    (static KV caches, every step decided on the device, at most one host synchronisation per
+    step; any device) or ``"graphed"`` (the static steps recorded once as CUDA graphs and
+    replayed; CUDA only). The static paths take chains with a constant ``num_draft_tokens``,
+    compiled rules, left-padded batches and no processors, stopping criteria or streamer; see
+    :mod:`specdecode.engine.static_loop`. There, ``draft=None`` decodes the target alone, and
+    ``stop_check_every=k`` checks for the end of the generation every ``k`` steps (each check
+    is one host synchronisation). ``phase_timing=True`` times the draft, target, verify and
+    bookkeeping phases separately (with ``"graphed"``: one CUDA graph per phase instead of one per
+    step, a little slower); without it the graphed path times only whole steps.
 
     Example:
         >>> target, draft, tok = specdecode.load_demo_pair()
@@ -96,8 +122,10 @@ def generate(
     """
     start = time.perf_counter()
     rule_options = args.rule_options(rule, rule_options, "generate", _KEYWORDS)
+    decode_path = args.check_decode_path(decode_path, draft)
+    builder = args.tree_builder(draft, tree, num_nodes, tree_depth, tree_children)
     drafter, vocab, vocab_limit = args.as_drafter(target, draft, target_tokenizer=target_tokenizer,
-                                                  draft_tokenizer=draft_tokenizer)
+                                                  draft_tokenizer=draft_tokenizer, tree=builder)
     sampling = SamplingParams.from_generate_kwargs(do_sample, temperature, top_k, top_p, min_p)
     gen_config = getattr(target, "generation_config", None)
     if eos_token_id is None and gen_config is not None:
@@ -122,18 +150,19 @@ def generate(
                 f"stopping_criteria: MaxLengthCriteria(max_length={max_length}) leaves no room after the prompt"
             )
     args.check_int("num_draft_tokens", num_draft_tokens, 1)
-    schedule = make_schedule(draft_schedule, num_draft_tokens, max_num_draft_tokens)
-    args.check_streamer(streamer, input_ids.shape[0])
-    args.check_generator(generator)
-    args.check_window(target, drafter, input_ids.shape[1], max_new_tokens)
-    if stats is not None and not isinstance(stats, SpeculativeStats):
-        raise TypeError(f"stats: expected a SpeculativeStats or None, got {type(stats).__name__}")
-    if pad_token_id is None:
-        pad_token_id = eos_ids[0] if eos_ids else 0
     settings = EngineSettings(
-        sampling=sampling, rule=rule, rule_options=rule_options, max_new_tokens=max_new_tokens,
-        eos_ids=tuple(eos_ids), pad_id=int(pad_token_id), processors=processors, stopping=stopping,
-        streamer=streamer, generator=generator, schedule=schedule, vocab_size=vocab,
+        sampling=sampling, rule=rule, rule_options=rule_options, max_new_tokens=max_new_tokens, eos_ids=eos_ids,
+        pad_id=eos_ids[0] if pad_token_id is None and eos_ids else (pad_token_id or 0), processors=processors,
+        stopping=stopping, streamer=streamer, generator=generator, vocab_size=vocab,
+        schedule=make_schedule(draft_schedule, num_draft_tokens, max_num_draft_tokens),
     )
-    sequences, stats = run_engine(target, drafter, input_ids, mask, settings, stats, start_time=start)
+    if decode_path == "eager":
+        sequences, stats = run_engine(target, drafter, input_ids, mask, settings, stats, start_time=start)
+    else:
+        from specdecode.engine.static_loop import run_static_engine
+
+        args.check_int("stop_check_every", stop_check_every, 1)
+        sequences, stats = run_static_engine(target, drafter, input_ids, mask, settings, stats,
+                                             decode_path=decode_path, stop_check_every=stop_check_every,
+                                             phase_timing=bool(phase_timing), start_time=start)
     return SpeculativeOutput(sequences, stats)

@@ -26,7 +26,7 @@ from specdecode.integrations.hf import arguments as args
 _OUTPUT_CLASS: type | None = None
 
 _KEYWORDS = (
-    "draft_model", "num_draft_tokens", "rule", "rule_options", "draft_schedule", "max_num_draft_tokens",
+    "draft_model", "num_draft_tokens", "rule", "rule_options", "tree", "num_nodes", "tree_depth", "tree_children", "draft_schedule", "max_num_draft_tokens",
     "generator", "speculative_streamer", "speculative_stats", "target_tokenizer", "draft_tokenizer",
 )
 
@@ -66,8 +66,12 @@ def custom_generate(
     generation_config: Any = None,
     draft_model: Any = None,
     num_draft_tokens: int = 5,
-    rule: str = "token",
+    rule: str | None = None,
     rule_options: dict[str, Any] | None = None,
+    tree: Any = None,
+    num_nodes: int = 16,
+    tree_depth: int | None = None,
+    tree_children: str | None = None,
     draft_schedule: Any = "constant",
     max_num_draft_tokens: int | None = None,
     generator: torch.Generator | None = None,
@@ -88,7 +92,8 @@ def custom_generate(
     ``top_p``, ``min_p``, EOS and pad ids, every other logits processor (applied to target and
     draft logits alike) and every stopping criterion (per row). Extra keyword arguments of
     ``generate`` understood here: ``draft_model`` (required: a draft model or any drafter),
-    ``num_draft_tokens``, ``rule``, ``rule_options`` (a dict), ``draft_schedule``,
+    ``num_draft_tokens``, ``rule``, ``rule_options`` (a dict), ``tree``, ``num_nodes``,
+    ``tree_depth``, ``tree_children`` (token trees, as :func:`specdecode.generate`), ``draft_schedule``,
     ``max_num_draft_tokens``, ``generator``, ``speculative_streamer``, ``speculative_stats`` (a
     :class:`SpeculativeStats` to fill in place), ``target_tokenizer``, ``draft_tokenizer``.
     ``generate`` does not forward its own ``streamer`` (nor ``tokenizer``) to a callable
@@ -103,8 +108,9 @@ def custom_generate(
     if rule_options is not None and not isinstance(rule_options, dict):
         raise TypeError(f"rule_options: expected a dict or None, got {type(rule_options).__name__}")
     options = args.rule_options(rule, dict(rule_options or {}), "custom_generate", _KEYWORDS)
+    builder = args.tree_builder(draft_model, tree, num_nodes, tree_depth, tree_children)
     drafter, vocab, vocab_limit = args.as_drafter(model, draft_model, target_tokenizer=target_tokenizer,
-                                                  draft_tokenizer=draft_tokenizer)
+                                                  draft_tokenizer=draft_tokenizer, tree=builder)
     config = generation_config if generation_config is not None else model.generation_config
     if getattr(config, "num_beams", 1) not in (None, 1):
         raise ValueError(f"num_beams: beam search is not supported by speculative decoding (got {config.num_beams})")
@@ -128,18 +134,13 @@ def custom_generate(
     mask = args.check_input_ids(input_ids, model_kwargs.get("attention_mask"), [], vocab_limit,
                                 mask_required_for_pads=False)
     args.check_int("num_draft_tokens", num_draft_tokens, 1)
-    schedule = make_schedule(draft_schedule, num_draft_tokens, max_num_draft_tokens)
-    args.check_streamer(speculative_streamer, input_ids.shape[0])
-    args.check_generator(generator)
-    args.check_window(model, drafter, input_ids.shape[1], max_new_tokens)
     if speculative_stats is not None and not isinstance(speculative_stats, SpeculativeStats):
         raise TypeError(f"speculative_stats: expected a SpeculativeStats or None, got {type(speculative_stats).__name__}")
-    if pad_id is None:
-        pad_id = eos_ids[0] if eos_ids else 0
     settings = EngineSettings(
-        sampling=sampling, rule=rule, rule_options=options, max_new_tokens=max_new_tokens, eos_ids=tuple(eos_ids),
-        pad_id=int(pad_id), processors=processors, stopping=stopping, streamer=speculative_streamer,
-        generator=generator, schedule=schedule, vocab_size=vocab,
+        sampling=sampling, rule=rule, rule_options=options, max_new_tokens=max_new_tokens, eos_ids=eos_ids,
+        pad_id=eos_ids[0] if pad_id is None and eos_ids else (pad_id or 0), processors=processors,
+        stopping=stopping, streamer=speculative_streamer, generator=generator, vocab_size=vocab,
+        schedule=make_schedule(draft_schedule, num_draft_tokens, max_num_draft_tokens),
     )
     with torch.no_grad():
         sequences, stats = run_engine(model, drafter, input_ids, mask, settings, speculative_stats, start_time=start)

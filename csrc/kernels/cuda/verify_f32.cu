@@ -1,0 +1,13 @@
+// The verification / sampling pipeline instantiated for float inputs (one translation unit per
+// dtype so that they compile in parallel). Torch-free.
+#include "kernels/cuda/launch.cuh"
+
+namespace specdecode {
+namespace kernels {
+namespace cuda {
+
+template cudaError_t run_pipeline<float>(const VerifyProblem&, void*, size_t, cudaStream_t);
+
+}  // namespace cuda
+}  // namespace kernels
+}  // namespace specdecode

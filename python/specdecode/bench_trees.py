@@ -1,0 +1,178 @@
+"""Token trees against chains, on the embedded demo pair and its held-out prompts.
+
+    python -m specdecode bench --trees             # full table (demo pair, 8 prompts x 48 tokens)
+    python -m specdecode bench --trees --quick     # smoke run
+    python benchmarks/bench_trees.py --plot        # also tokens per target call vs tree size
+
+For every temperature (0 and 1) it runs the chain (gamma = 5, token rule) and the static,
+dynamic (EAGLE-2) and Sequoia trees with 8, 16 and 32 nodes (root included), each with its
+lossless rule: ``deterministic`` for static and dynamic trees (top-k children), ``rrs`` for
+Sequoia (children drawn without replacement). Reported per configuration: tokens per target
+call (block efficiency), acceptance by depth and by child rank, tokens/s (median over
+repeats), and the ratio of tokens per call to the chain's. A second table times the compiled
+``verify_tree`` op at N = 32 against one target forward over the same 32 tree nodes.
+
+On this CPU a forward over 32 tree nodes costs several times a one-token decode step (matrix
+products are compute-bound beyond a few rows), so tokens/s hides much of the gain that tokens
+per target call shows; on a GPU a forward over 32 tokens costs about one decode step.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any
+
+import torch
+
+from specdecode.benchmarking import base_parser, environment, format_table, median, time_call, write_results
+
+
+def _prompts(tokenizer: Any, n: int, max_prompt_tokens: int = 96) -> list[torch.Tensor]:
+    from specdecode.demo import demo_prompts
+
+    return [tokenizer(t, return_tensors="pt").input_ids[:, -max_prompt_tokens:] for t in demo_prompts(n)]
+
+
+def _configs(sizes: list[int]) -> list[dict[str, Any]]:
+    configs: list[dict[str, Any]] = [{"method": "chain g=5", "tree": None, "nodes": 6}]
+    for n in sizes:
+        configs.append({"method": f"static {n}", "tree": "static", "nodes": n})
+        configs.append({"method": f"dynamic {n}", "tree": "dynamic", "nodes": n})
+        configs.append({"method": f"sequoia {n}", "tree": "sequoia", "nodes": n})
+    return configs
+
+
+def run(args: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    import specdecode
+    from specdecode.demo import load_demo_pair
+
+    torch.set_num_threads(args.threads)
+    target, draft, tokenizer = load_demo_pair()
+    prompts = _prompts(tokenizer, args.num_prompts)
+    sizes = [8] if args.quick else args.sizes
+    rows: list[dict[str, Any]] = []
+    for temperature in args.temperatures:
+        sampling = dict(do_sample=True, temperature=temperature) if temperature > 0 else dict(do_sample=False)
+        chain_eff = None
+        for config in _configs(sizes):
+            effs, speeds, depth_rates, rank_rates = [], [], [], []
+            for repeat in range(args.repeats):
+                stats = specdecode.SpeculativeStats()
+                for i, ids in enumerate(prompts):
+                    gen = torch.Generator().manual_seed(args.seed + 1000 * repeat + i)
+                    kwargs = dict(num_draft_tokens=5) if config["tree"] is None else dict(
+                        tree=config["tree"], num_nodes=config["nodes"])
+                    specdecode.generate(target, draft, ids, max_new_tokens=args.max_new_tokens, eos_token_id=[],
+                                        generator=gen, stats=stats, **kwargs, **sampling)
+                effs.append(stats.block_efficiency)
+                speeds.append(stats.new_tokens / max(stats.total_time, 1e-9))
+                depth_rates = stats.acceptance_rate_per_position
+                rank_rates = stats.acceptance_by_rank
+            eff = median(effs)
+            if config["tree"] is None:
+                chain_eff = eff
+            rows.append({
+                "T": temperature, "method": config["method"], "nodes": config["nodes"],
+                "rule": stats.tree_rule or "token", "tokens_per_call": eff,
+                "x_chain": eff / chain_eff if chain_eff else float("nan"), "tok_per_s": median(speeds),
+                "accept_by_depth": " ".join(f"{r:.2f}" for r in depth_rates[:6]),
+                "accept_by_rank": " ".join(f"{r:.2f}" for r in rank_rates[:4]) or "-",
+            })
+            print(format_table(rows[-1:], list(rows[-1])).splitlines()[-1], flush=True)
+    return rows, _verify_cost(target, args)
+
+
+def _verify_cost(target: torch.nn.Module, args: Any) -> list[dict[str, Any]]:
+    """verify_tree at N = 32 (deterministic and rrs rules) vs one target forward over 32 nodes."""
+    from specdecode.models import kv_cache
+    from specdecode.trees import TokenTree, tree_attention_mask, verify_tree
+
+    N, prefix = 32, 128
+    V = target.get_output_embeddings().weight.shape[0]
+    gen = torch.Generator().manual_seed(0)
+    parents = torch.tensor([[-1] + [(i - 1) // 2 for i in range(1, N)]])
+    tokens = torch.randint(0, V, (1, N), generator=gen)
+    tokens[0, 1:] = torch.arange(1, N) * 7 % V  # distinct siblings
+    tree = TokenTree(tokens, parents, torch.tensor([N]))
+    logits = torch.randn(1, N, V, generator=gen) * 3
+    repeats = 20 if args.quick else 200
+    rows = []
+    for rule, draft in (("deterministic", None), ("rrs", torch.randn(1, N, V, generator=gen) * 3)):
+        t = time_call(lambda: verify_tree(logits, draft, tree, rule=rule, temperature=1.0,
+                                          generator=torch.Generator().manual_seed(1)), repeats=repeats)
+        rows.append({"what": f"verify_tree {rule} N=32 V={V}", "median_us": median(t) * 1e6})
+    ids = torch.randint(0, V, (1, prefix), generator=gen)
+    with torch.no_grad():
+        def forward() -> None:
+            cache = kv_cache.new_cache()
+            target(input_ids=ids, past_key_values=cache, use_cache=True)
+            masks = tree_attention_mask(tree, torch.ones(1, prefix, dtype=torch.bool))
+            start = time.perf_counter()
+            target(input_ids=tokens, attention_mask=masks.additive_mask(), position_ids=masks.positions,
+                   past_key_values=cache, use_cache=True)
+            forward.seconds.append(time.perf_counter() - start)
+
+        forward.seconds = []  # type: ignore[attr-defined]
+        for _ in range(max(5, repeats // 10)):
+            forward()
+    forward_us = statistics.median(forward.seconds) * 1e6  # type: ignore[attr-defined]
+    rows.append({"what": f"target forward over N=32 nodes (prefix {prefix})", "median_us": forward_us})
+    for r in rows[:-1]:
+        r["pct_of_forward"] = 100.0 * r["median_us"] / forward_us
+    return rows
+
+
+def plot(rows: list[dict[str, Any]], out: str) -> str:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
+    for ax, temperature in zip(axes, sorted({r["T"] for r in rows})):
+        chain = [r for r in rows if r["T"] == temperature and r["method"].startswith("chain")]
+        for kind in ("static", "dynamic", "sequoia"):
+            pts = sorted((r["nodes"], r["tokens_per_call"]) for r in rows
+                         if r["T"] == temperature and r["method"].startswith(kind))
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=kind)
+        if chain:
+            ax.axhline(chain[0]["tokens_per_call"], color="grey", linestyle="--", label="chain, gamma = 5")
+        ax.set_title(f"temperature {temperature}")
+        ax.set_xlabel("tree size (nodes, root included)")
+        ax.set_xscale("log", base=2)
+        ax.legend()
+    axes[0].set_ylabel("tokens per target call")
+    fig.suptitle("Demo pair: tokens per target call vs tree size")
+    fig.tight_layout()
+    path = f"{out}/tokens_per_call_vs_tree_size.png"
+    fig.savefig(path, dpi=110)
+    return path
+
+
+def main(argv: list[str] | None = None, prog: str | None = None) -> None:
+    parser = base_parser(__doc__.splitlines()[0], prog=prog)
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    parser.add_argument("--num-prompts", type=int, default=8)
+    parser.add_argument("--max-new-tokens", type=int, default=48)
+    parser.add_argument("--sizes", type=int, nargs="+", default=[8, 16, 32], help="tree sizes (nodes, root included)")
+    parser.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
+    parser.add_argument("--plot", action="store_true", help="write a PNG of tokens per call vs tree size")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.num_prompts, args.max_new_tokens = min(args.num_prompts, 2), min(args.max_new_tokens, 16)
+    args.repeats = args.repeats or 1
+    rows, cost = run(args)
+    print()
+    print(format_table(rows, list(rows[0])))
+    print()
+    print(format_table(cost, ["what", "median_us", "pct_of_forward"]))
+    meta = {"environment": environment(), "args": vars(args)}
+    write_results(args.out, "bench_trees", rows, meta)
+    write_results(args.out, "bench_trees_verify_cost", cost, meta)
+    if args.plot:
+        print(f"figure: {plot(rows, args.out)}")
+
+
+if __name__ == "__main__":
+    main()

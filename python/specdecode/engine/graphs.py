@@ -1,0 +1,136 @@
+"""Running a decoding step made of phases: eagerly, or recorded once as CUDA graphs and replayed.
+
+A *phase* is a Python function over persistent tensors (it reads and writes buffers whose
+addresses never change, and keeps the tensors it produces as attributes of its owner). Such a
+function can run as it is (the CPU, or ``decode_path="static"``), or be recorded into a CUDA
+graph whose replay repeats the same kernels on the current contents of those buffers, without
+any Python, module dispatch or per-kernel launch (``decode_path="graphed"``).
+
+:class:`StepProgram` does either. With CUDA graphs, the first call runs the phases eagerly on
+a side stream (a real step, and the warm-up that graph capture needs: lazy library handles,
+workspace allocations), then records them: one graph for the whole step, or one graph per
+phase when per-phase timings are wanted. Later calls replay. Phase times come from CUDA events
+recorded between replays (no synchronisation) and are read once at the end; on the CPU they
+come from the host clock.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+import torch
+
+
+class StepProgram:
+    """The phases of one step, run eagerly or as CUDA graphs.
+
+    ``phases`` are ``(name, fn)`` pairs run in order. ``graphed`` records them into CUDA graphs
+    (CUDA only); ``phase_timing`` keeps one timing per phase (on CUDA: one graph per phase with
+    an event between them; without it a graphed step is one graph and only the step's total is
+    timed).
+    """
+
+    def __init__(self, phases: list[tuple[str, Callable[[], None]]], device: torch.device, *, graphed: bool,
+                 phase_timing: bool, syncs: Any = None) -> None:
+        if graphed and device.type != "cuda":
+            raise ValueError(f"decode_path='graphed' needs a CUDA device, got {device}")
+        self.phases = phases
+        self.device = device
+        self.graphed = graphed
+        self.phase_timing = phase_timing
+        self.graphs: list[torch.cuda.CUDAGraph] | None = None
+        self.seconds = {name: 0.0 for name, _ in phases}
+        self.step_seconds = 0.0
+        self._events: list[list[torch.cuda.Event]] = []
+        self.captures = 0
+        self.syncs = syncs  # a HostSyncs: recording a graph synchronises the device first
+
+    @property
+    def cuda(self) -> bool:
+        return self.device.type == "cuda"
+
+    def run(self) -> None:
+        """One step."""
+        if not self.graphed:
+            self._run_eager()
+        elif self.graphs is None:
+            self._warm_up_and_capture()
+        else:
+            self._replay()
+
+    # ------------------------------------------------------------------ eager
+    def _run_eager(self) -> None:
+        if self.cuda:
+            marks = self._mark() if self.phase_timing else self._mark(1)
+            for i, (_, fn) in enumerate(self.phases):
+                fn()
+                if self.phase_timing:
+                    marks[i + 1].record()
+            if not self.phase_timing:
+                marks[1].record()
+            return
+        start = time.perf_counter()
+        for name, fn in self.phases:
+            t0 = time.perf_counter()
+            fn()
+            self.seconds[name] += time.perf_counter() - t0
+        self.step_seconds += time.perf_counter() - start
+
+    # ------------------------------------------------------------------ CUDA graphs
+    def _warm_up_and_capture(self) -> None:
+        stream = torch.cuda.Stream(self.device)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
+            for _, fn in self.phases:  # the first step, run for real
+                fn()
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+        pool = torch.cuda.graph_pool_handle()
+        groups = [[fn] for _, fn in self.phases] if self.phase_timing else [[fn for _, fn in self.phases]]
+        graphs = []
+        try:
+            for group in groups:
+                graph = torch.cuda.CUDAGraph()
+                if self.syncs is not None:
+                    self.syncs.count()
+                with torch.cuda.graph(graph, pool=pool):
+                    for fn in group:
+                        fn()
+                graphs.append(graph)
+        except Exception as exc:  # noqa: BLE001 - re-raised with what to do about it
+            raise RuntimeError(
+                "decode_path='graphed': recording the decoding step as a CUDA graph failed (some operation in the "
+                f"models' forward synchronises with the host or changes shape): {exc}. decode_path='static' runs "
+                "the same step without graphs"
+            ) from exc
+        self.graphs = graphs
+        self.captures += 1
+
+    def _replay(self) -> None:
+        assert self.graphs is not None
+        marks = self._mark() if self.phase_timing else self._mark(len(self.graphs))
+        for i, graph in enumerate(self.graphs):
+            graph.replay()
+            marks[i + 1].record()
+
+    def _mark(self, phases: int | None = None) -> list[torch.cuda.Event]:
+        n = len(self.phases) if phases is None else phases
+        marks = [torch.cuda.Event(enable_timing=True) for _ in range(n + 1)]
+        marks[0].record()
+        self._events.append(marks)
+        return marks
+
+    def collect_timings(self) -> None:
+        """Fold the recorded CUDA events into :attr:`seconds` / :attr:`step_seconds`; call after
+        the device finished every recorded step (the results were read)."""
+        for marks in self._events:
+            self.step_seconds += marks[0].elapsed_time(marks[-1]) / 1000.0
+            if len(marks) == len(self.phases) + 1:
+                for i, (name, _) in enumerate(self.phases):
+                    self.seconds[name] += marks[i].elapsed_time(marks[i + 1]) / 1000.0
+        self._events = []
+
+    def reset_timings(self) -> None:
+        self.seconds = {name: 0.0 for name, _ in self.phases}
+        self.step_seconds = 0.0
+        self._events = []

@@ -1,0 +1,128 @@
+"""Static KV caches: every layer's keys and values preallocated as ``[B, H, capacity, D]`` and
+written at explicit per-row columns, so that a forward pass has static shapes and addresses
+(what a CUDA graph needs) and rolling a row back is only moving its length pointer.
+
+Layout (one per generation, shared by the target and any draft model)
+---------------------------------------------------------------------
+Row ``b`` occupies columns ``[start[b], length[b])`` of its cache: its real prompt tokens, then
+every token it has emitted. Columns before ``start[b]`` are left padding, never attended. A
+forward pass feeds ``n`` new columns per row, ``first[b] .. first[b] + n - 1`` (different for
+every row), and writes their keys and values there; queries see the row's real columns up to
+and including their own (causal). Nothing beyond a query's own column is ever attended, so
+columns past a row's length may hold anything: a rejected draft is forgotten by not moving the
+length past it, and the next forward overwrites it.
+
+Attention always runs over all ``capacity`` columns with a 4D additive mask (built by
+:func:`column_inputs`): the cost of static shapes. The cache implements the Hugging Face
+``Cache`` interface that decoder layers call (``update(key, value, layer_idx)``), so any model
+that accepts a custom 4D attention mask with explicit position ids runs on it unchanged
+(:func:`specdecode.models.facts.accepts_custom_4d_mask`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+from transformers.cache_utils import Cache
+
+
+class ColumnCache(Cache):
+    """A static KV cache of ``capacity`` columns per row, written at per-row columns.
+
+    Before each forward set :attr:`columns` (``[B, n]`` int64: the column of every fed token);
+    every layer's ``update`` then scatters its new keys/values there and returns the whole
+    ``[B, H, capacity, D]`` tensors. Layers are allocated on their first update (prefill) and
+    keep their addresses afterwards.
+
+    Shape:
+        columns: ``[B, n]`` int64, each in ``[0, capacity)``.
+    """
+
+    def __init__(self, capacity: int) -> None:
+        super().__init__(layers=[])
+        self.capacity = int(capacity)
+        self.columns: Tensor | None = None
+        self.keys: list[Tensor | None] = []
+        self.values: list[Tensor | None] = []
+
+    # --- the interface decoder layers call --------------------------------------------------
+    def update(self, key_states: Tensor, value_states: Tensor, layer_idx: int, *args: Any, **kwargs: Any
+               ) -> tuple[Tensor, Tensor]:
+        if self.columns is None:
+            raise RuntimeError("ColumnCache: set .columns ([B, n] int64) before a forward pass")
+        while len(self.keys) <= layer_idx:
+            self.keys.append(None)
+            self.values.append(None)
+        keys, values = self.keys[layer_idx], self.values[layer_idx]
+        B, H, n, _ = key_states.shape
+        if keys is None or values is None or keys.shape[0] != B:
+            keys = self.keys[layer_idx] = _allocate(key_states, self.capacity)
+            values = self.values[layer_idx] = _allocate(value_states, self.capacity)
+        index = self.columns.to(keys.device)[:, None, :, None]
+        keys.scatter_(2, index.expand(B, H, n, keys.shape[3]), key_states.to(keys.dtype))
+        values.scatter_(2, index.expand(B, H, n, values.shape[3]), value_states.to(values.dtype))
+        return keys, values
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        # Positions and masks are always passed explicitly and the per-row lengths live on the
+        # device; models only read this for defaults they never reach here.
+        return 0
+
+    def get_mask_sizes(self, query_length: int, layer_idx: int = 0) -> tuple[int, int]:
+        return self.capacity, 0
+
+    def get_max_length(self, layer_idx: int | None = None) -> int:
+        return self.capacity
+
+    def get_query_offset(self, layer_idx: int = 0) -> int:
+        return 0
+
+    @property
+    def is_compileable(self) -> bool:
+        return True
+
+    @property
+    def is_initialized(self) -> bool:
+        return bool(self.keys) and all(k is not None for k in self.keys)
+
+    def crop(self, tokens_to_remove: int) -> None:
+        raise RuntimeError("ColumnCache: roll back by moving the row lengths, not by cropping")
+
+    def __repr__(self) -> str:
+        return f"ColumnCache(capacity={self.capacity}, layers={len(self.keys)})"
+
+    def nbytes(self) -> int:
+        """Bytes held by the allocated keys and values."""
+        return sum(t.numel() * t.element_size() for t in (*self.keys, *self.values) if t is not None)
+
+
+def _allocate(states: Tensor, capacity: int) -> Tensor:
+    B, H, _, D = states.shape
+    return torch.zeros((B, H, capacity, D), dtype=states.dtype, device=states.device)
+
+
+def column_inputs(first: Tensor, start: Tensor, num_columns: int, capacity: int, dtype: torch.dtype
+                  ) -> tuple[Tensor, Tensor, Tensor]:
+    """The columns, position ids and 4D attention mask of a forward that feeds ``num_columns``
+    new columns per row, row ``b`` from column ``first[b]`` on.
+
+    Query ``j`` of row ``b`` (column ``first[b] + j``) may attend to the row's real columns
+    ``start[b] .. first[b] + j``; a query on a padding column (before ``start[b]``) attends to
+    its own column only, so no softmax row is empty. Position ids count real tokens
+    (``column - start``, 0 on padding).
+
+    Shape:
+        first, start: ``[B]`` int64.
+        returns: columns ``[B, n]`` int64, positions ``[B, n]`` int64, additive mask
+            ``[B, 1, n, capacity]`` of ``dtype`` (0 = attend, the dtype's minimum = masked).
+    """
+    device = first.device
+    columns = first[:, None] + torch.arange(num_columns, device=device)[None, :]
+    positions = (columns - start[:, None]).clamp_min(0)
+    keys = torch.arange(capacity, device=device)[None, None, :]
+    query = columns[:, :, None]
+    allowed = ((keys >= start[:, None, None]) & (keys <= query)) | (keys == query)
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill_(~allowed, torch.finfo(dtype).min)
+    return columns, positions, mask[:, None]

@@ -1,0 +1,345 @@
+"""Tree builders: who decides a draft tree's shape, and how its children are drawn.
+
+A builder grows a batch of trees from each row's root (the pending token) with the help of a
+drafter's *expand* function, which scores new nodes (one draft forward per depth):
+
+    expand(node_ids [b, n], tokens [b, n], parents [b, n], depth) -> logits [b, n, V]
+
+``node_ids`` number the nodes in the builder's own order (root 0, then every node in the
+order it was created, which is topological); ``parents`` refer to those numbers. The result,
+:class:`BuiltTree`, is a :class:`~specdecode.trees.TokenTree` plus, per node, the draft logits
+its children were drawn from, and the *children scheme* that says which tree rule verifies it
+losslessly:
+
+==========================  =========================================  ==================
+children                    how a node's children are produced         lossless rule
+==========================  =========================================  ==================
+``"deterministic"``         the draft's top-k (a function of context)  ``deterministic``
+``"iid"``                   i.i.d. draws from the processed ``q``      ``specinfer``
+``"without_replacement"``   draws without replacement from ``q``       ``rrs``
+==========================  =========================================  ==================
+
+- :class:`StaticTree`: a fixed :class:`TreeShape` (Medusa / EAGLE "choices"), any scheme.
+- :class:`SequoiaTree`: the optimal static shape for the acceptance-by-rank vector measured
+  while generating (re-planned as the estimates settle), any scheme.
+- :class:`DynamicTree`: EAGLE-2: expand the best frontier nodes by path probability, keep the
+  best ``num_nodes`` overall; deterministic children only (re-ranking *sampled* children by
+  their own probability would bias the stochastic rules).
+
+Draws use the compiled processed distribution (:func:`specdecode.sampling.sample_logits`,
+:func:`specdecode.sampling.processed_probs`), so every child is drawn from exactly the ``q``
+that verification reads. The number of children of a node is fixed by the shape before any
+child is drawn; without replacement, a node whose ``q`` has fewer tokens than children gets
+fewer (a function of the context only) and the tree is compacted. At temperature 0 every
+builder takes the draft's top-k as children (sampled children would all be the argmax).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import torch
+from torch import Tensor
+
+from specdecode.sampling import SamplingParams, processed_probs, sample_logits
+from specdecode.trees.dynamic import prune_to_budget, select_frontier
+from specdecode.trees.sequoia import acceptance_from_conditional, sequoia_shape
+from specdecode.trees.shapes import TreeShape
+from specdecode.trees.stochastic import draw_children
+from specdecode.trees.tree import TokenTree
+
+CHILDREN_SCHEMES = ("deterministic", "iid", "without_replacement")
+#: The lossless tree rule for each children scheme.
+LOSSLESS_RULE = {"deterministic": "deterministic", "iid": "specinfer", "without_replacement": "rrs"}
+
+Expand = Callable[[Tensor, Tensor, Tensor, int], Tensor]
+Coins = Callable[..., Tensor]
+
+
+@dataclass
+class BuiltTree:
+    """A drafted batch of trees.
+
+    Shape:
+        tree: :class:`TokenTree` ``[b, N]``.
+        draft_logits: ``[b, N, V]`` float32 or None — at node v, the logits v's children were
+            drawn from (None for deterministic children: no rule reads them).
+    """
+
+    tree: TokenTree
+    draft_logits: Tensor | None
+    children: str
+    forward_calls: int
+
+
+def _check_children(children: str) -> str:
+    if children not in CHILDREN_SCHEMES:
+        raise ValueError(f"children: expected one of {', '.join(CHILDREN_SCHEMES)}, got {children!r}")
+    return children
+
+
+class TreeBuilder:
+    """Base of the builders: ``build`` grows the trees; ``max_nodes`` bounds their size (root
+    included); ``observe`` receives the measured acceptance by child rank after each step."""
+
+    children: str = "deterministic"
+    max_nodes: int = 1
+
+    def build(self, root_tokens: Tensor, root_logits: Tensor, expand: Expand, sampling: SamplingParams,
+              coins: Coins) -> BuiltTree:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def observe(self, rank_tried: Sequence[int], rank_accepted: Sequence[int]) -> None:
+        """Running counts per child rank: how often the rank-r child was tried / accepted."""
+        return None
+
+
+class StaticTree(TreeBuilder):
+    """Every row gets the same ``shape`` (a :class:`TreeShape` or a list of rank paths such as
+    ``[[0], [1], [0, 0]]``); a node's children are drawn by ``children``.
+
+    Example:
+        >>> builder = StaticTree([[0], [1], [0, 0], [0, 1], [1, 0]], children="deterministic")
+        >>> builder.max_nodes
+        6
+    """
+
+    def __init__(self, shape: TreeShape | Sequence[Sequence[int]], children: str = "deterministic") -> None:
+        self.children = _check_children(children)
+        self.set_shape(shape if isinstance(shape, TreeShape) else TreeShape.from_paths(shape))
+
+    def set_shape(self, shape: TreeShape) -> None:
+        if not isinstance(shape, TreeShape):
+            raise TypeError(f"shape: expected a TreeShape or a list of rank paths, got {type(shape).__name__}")
+        if shape.num_nodes < 2:
+            raise ValueError("shape: a tree needs at least one node besides the root")
+        self.shape = shape
+        self.max_nodes = shape.num_nodes
+
+    def build(self, root_tokens: Tensor, root_logits: Tensor, expand: Expand, sampling: SamplingParams,
+              coins: Coins) -> BuiltTree:
+        shape = self.shape
+        b, device = root_tokens.shape[0], root_tokens.device
+        N = shape.num_nodes
+        parents_row = torch.tensor(shape.parents, dtype=torch.long, device=device)
+        tokens = torch.zeros((b, N), dtype=torch.long, device=device)
+        tokens[:, 0] = root_tokens
+        valid = torch.ones((b, N), dtype=torch.bool, device=device)
+        node_logits: dict[int, Tensor] = {0: root_logits}
+        calls = 0
+        for depth in range(shape.max_depth):
+            parents_here = [v for v in range(N) if shape.depth[v] == depth and shape.num_children[v] > 0]
+            if not parents_here:
+                break
+            for v, kids in zip(parents_here, self._draw([node_logits[v] for v in parents_here],
+                                                         [shape.num_children[v] for v in parents_here],
+                                                         sampling, coins)):
+                children = shape.children(v)
+                tokens[:, list(children)] = kids.clamp_min(0)
+                valid[:, list(children)] = (kids >= 0) & valid[:, v: v + 1]
+            new = [c for c in range(N) if shape.depth[c] == depth + 1 and shape.num_children[c] > 0]
+            if new:
+                ids = torch.tensor(new, dtype=torch.long, device=device).expand(b, -1)
+                logits = expand(ids, tokens[:, new], parents_row[new].expand(b, -1), depth + 1)
+                calls += 1
+                for i, c in enumerate(new):
+                    node_logits[c] = logits[:, i]
+        draft_logits = None
+        if self._scheme(sampling) != "deterministic":
+            zeros = torch.zeros_like(root_logits)
+            draft_logits = torch.stack([node_logits.get(v, zeros) for v in range(N)], 1)
+        parents = parents_row.expand(b, -1)
+        if bool(valid.all()):
+            num = torch.full((b,), N, dtype=torch.long, device=device)
+            tree = TokenTree(tokens, parents.contiguous(), num)
+        else:
+            tree, keep = compact_tree(tokens, parents, valid)
+            if draft_logits is not None:
+                draft_logits = draft_logits.gather(1, keep[:, :, None].expand(-1, -1, draft_logits.shape[2]))
+        return BuiltTree(tree, draft_logits, self._scheme(sampling), calls)
+
+    def _scheme(self, sampling: SamplingParams) -> str:
+        """At temperature 0 every ``q`` is one-hot, so sampled children would all be the
+        argmax: draw the top-k instead (verification is the exact greedy walk then)."""
+        return "deterministic" if sampling.is_greedy else self.children
+
+    def _draw(self, logits: list[Tensor], counts: list[int], sampling: SamplingParams, coins: Coins) -> list[Tensor]:
+        """Children of several nodes at once: ``logits[j]`` ``[b, V]`` -> ``[b, counts[j]]``."""
+        stacked = torch.stack(logits, 1)  # [b, m, V]
+        b, m, V = stacked.shape
+        k = max(counts)
+        scheme = self._scheme(sampling)
+        if scheme == "deterministic":
+            drawn = stacked.topk(min(k, V), dim=-1).indices
+            if k > V:
+                drawn = torch.cat([drawn, drawn.new_full((b, m, k - V), -1)], -1)
+        elif scheme == "iid":
+            flat = stacked.reshape(b * m, V).repeat_interleave(k, 0)
+            drawn = sample_logits(flat, sampling, uniforms=coins(b * m * k)).view(b, m, k)
+        else:
+            probs = processed_probs(stacked.reshape(b * m, V), sampling)
+            drawn = draw_children(probs, k, False, coins(b * m, k)).view(b, m, k)
+        return [drawn[:, j, : counts[j]] for j in range(m)]
+
+
+def compact_tree(tokens: Tensor, parents: Tensor, valid: Tensor) -> tuple[TokenTree, Tensor]:
+    """Drop invalid nodes (and their descendants) from trees in topological order, keeping the
+    order of the rest; returns the compacted tree and, per row, the kept old node indices.
+
+    Shape:
+        tokens, parents: ``[b, N]`` int64; valid: ``[b, N]`` bool (the root must be valid).
+        returns ``(TokenTree [b, N], keep [b, N])``; padding slots repeat node 0.
+    """
+    b, N = tokens.shape
+    alive = valid.clone()
+    for i in range(1, N):  # topological: a parent's status is final before its children
+        alive[:, i] &= alive.gather(1, parents[:, i: i + 1].clamp_min(0))[:, 0]
+    order = torch.sort((~alive).to(torch.int8), dim=1, stable=True).indices
+    count = alive.sum(1)
+    slot = torch.arange(N, device=tokens.device)[None, :]
+    keep = torch.where(slot < count[:, None], order, torch.zeros_like(order))
+    new_index = torch.empty_like(order)
+    new_index.scatter_(1, order, slot.expand(b, -1).contiguous())
+    old_parents = parents.gather(1, keep)
+    new_parents = torch.where(old_parents >= 0, new_index.gather(1, old_parents.clamp_min(0)), old_parents)
+    new_parents = torch.where(slot < count[:, None], new_parents, torch.zeros_like(new_parents))
+    new_parents[:, 0] = -1
+    return TokenTree(tokens.gather(1, keep), new_parents, count), keep
+
+
+class SequoiaTree(StaticTree):
+    """Sequoia's optimal static shape (at most ``num_nodes`` nodes, root included, and
+    ``max_depth`` levels) for an acceptance-by-rank vector: the one given, or the one the
+    engine measures while generating (re-planned every ``replan_every`` steps until the
+    counts reach ``settle_after`` tries per rank). ``acceptance_by_rank[r]`` is the probability
+    that the accepted child is the rank-r child (see :func:`specdecode.trees.sequoia_shape`).
+    The shape is fixed before each step's draws, so ``children="iid"`` / ``"without_replacement"``
+    stay lossless.
+    """
+
+    #: Prior conditional acceptance per rank before anything was measured.
+    PRIOR = (0.6, 0.3, 0.2, 0.15, 0.1, 0.1, 0.1, 0.1)
+
+    def __init__(self, num_nodes: int = 16, max_depth: int = 8, acceptance_by_rank: Sequence[float] | None = None,
+                 children: str = "without_replacement", replan_every: int = 16, settle_after: int = 2000) -> None:
+        for name, value in (("num_nodes", num_nodes), ("max_depth", max_depth), ("replan_every", replan_every)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < (2 if name == "num_nodes" else 1):
+                raise ValueError(f"{name}: expected an int >= {2 if name == 'num_nodes' else 1}, got {value!r}")
+        self.num_nodes, self.max_depth = num_nodes, max_depth
+        self.fixed = acceptance_by_rank is not None
+        self.replan_every, self.settle_after = replan_every, settle_after
+        self.steps = 0
+        vector = list(acceptance_by_rank) if self.fixed else acceptance_from_conditional(list(self.PRIOR))
+        shape, self.expected_accepted = sequoia_shape(vector, num_nodes, max_depth)
+        self.acceptance_by_rank = vector
+        super().__init__(shape, children)
+
+    def observe(self, rank_tried: Sequence[int], rank_accepted: Sequence[int]) -> None:
+        self.steps += 1
+        if self.fixed or self.steps % self.replan_every or not rank_tried:
+            return
+        if min(rank_tried[: len(self.PRIOR)] or [0]) >= self.settle_after:
+            return  # settled: keep the shape
+        conditional = []
+        for r, prior in enumerate(self.PRIOR):
+            tried = rank_tried[r] if r < len(rank_tried) else 0
+            accepted = rank_accepted[r] if r < len(rank_accepted) else 0
+            conditional.append((accepted + 10 * prior) / (tried + 10))  # shrink towards the prior
+        vector = acceptance_from_conditional(conditional)
+        shape, value = sequoia_shape(vector, self.num_nodes, self.max_depth)
+        self.acceptance_by_rank, self.expected_accepted = vector, value
+        self.set_shape(shape)
+
+
+class DynamicTree(TreeBuilder):
+    """EAGLE-2's dynamic tree: at each of ``max_depth`` levels, the ``top_k`` frontier nodes with
+    the highest path value (product of draft probabilities along the path, at temperature 1)
+    get their ``top_k`` most likely children; at the end the ``num_nodes`` best nodes overall
+    (root included, ancestors kept) form the tree. Children are deterministic (lossless with
+    the ``deterministic`` rule at any temperature, ``greedy`` at temperature 0).
+    """
+
+    children = "deterministic"
+
+    def __init__(self, num_nodes: int = 16, max_depth: int = 6, top_k: int = 4) -> None:
+        for name, value, low in (("num_nodes", num_nodes, 2), ("max_depth", max_depth, 1), ("top_k", top_k, 1)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"{name}: expected an int >= {low}, got {value!r}")
+        self.num_nodes, self.max_depth, self.top_k = num_nodes, max_depth, top_k
+        self.max_nodes = num_nodes
+
+    def build(self, root_tokens: Tensor, root_logits: Tensor, expand: Expand, sampling: SamplingParams,
+              coins: Coins) -> BuiltTree:
+        b, device = root_tokens.shape[0], root_tokens.device
+        V = root_logits.shape[-1]
+        k = min(self.top_k, V)
+        tokens = [root_tokens[:, None]]
+        parents = [torch.full((b, 1), -1, dtype=torch.long, device=device)]
+        values = [torch.zeros((b, 1), dtype=torch.float32, device=device)]
+        frontier = torch.zeros((b, 1), dtype=torch.long, device=device)  # node ids
+        frontier_logits = root_logits[:, None]
+        size, calls = 1, 0
+        for depth in range(1, self.max_depth + 1):
+            logq = torch.log_softmax(frontier_logits.float(), -1)
+            top = logq.topk(k, dim=-1)  # [b, f, k]
+            base = torch.cat(values, 1).gather(1, frontier)  # [b, f]
+            cand_values = (base[:, :, None] + top.values).flatten(1)
+            cand_tokens = top.indices.flatten(1)
+            cand_parents = frontier[:, :, None].expand(-1, -1, k).flatten(1)
+            tokens.append(cand_tokens)
+            parents.append(cand_parents)
+            values.append(cand_values)
+            first = size
+            size += cand_tokens.shape[1]
+            if depth == self.max_depth:
+                break
+            valid = torch.isfinite(cand_values)
+            chosen = select_frontier(cand_values, valid, k).clamp_min(0)  # [b, k] candidate positions
+            frontier = first + chosen
+            frontier_logits = expand(frontier, cand_tokens.gather(1, chosen), cand_parents.gather(1, chosen), depth)
+            calls += 1
+        all_tokens, all_parents, all_values = torch.cat(tokens, 1), torch.cat(parents, 1), torch.cat(values, 1)
+        all_values = torch.where(torch.isfinite(all_values), all_values, torch.full_like(all_values, -1e30))
+        num_valid = torch.full((b,), all_tokens.shape[1], dtype=torch.long, device=device)
+        pruned = prune_to_budget(all_parents, all_values, num_valid, min(self.num_nodes, all_tokens.shape[1]))
+        tree = TokenTree(all_tokens.gather(1, pruned.keep), pruned.parents, pruned.num_nodes)
+        return BuiltTree(tree, None, self.children, calls)
+
+
+def make_tree_builder(tree: str | TreeShape | TreeBuilder | Sequence[Sequence[int]], *, num_nodes: int = 16,
+                      max_depth: int | None = None, children: str | None = None,
+                      acceptance_by_rank: Sequence[float] | None = None) -> TreeBuilder:
+    """A builder from ``generate``'s ``tree=`` argument: ``"dynamic"``, ``"sequoia"``,
+    ``"static"`` (a full tree of ``num_nodes`` nodes, branching 2 then 1), a :class:`TreeShape`,
+    a list of rank paths, or a :class:`TreeBuilder`."""
+    if isinstance(tree, TreeBuilder):
+        return tree
+    if isinstance(tree, TreeShape) or (isinstance(tree, (list, tuple)) and tree and not isinstance(tree, str)):
+        return StaticTree(tree, children or "deterministic")
+    if tree == "dynamic":
+        if children not in (None, "deterministic"):
+            raise ValueError("children: a dynamic tree re-ranks its children by probability, so they must be "
+                             "deterministic (sampled children pruned by their own probability bias the law)")
+        return DynamicTree(num_nodes=num_nodes, max_depth=max_depth or 6)
+    if tree == "sequoia":
+        return SequoiaTree(num_nodes=num_nodes, max_depth=max_depth or 8, acceptance_by_rank=acceptance_by_rank,
+                           children=children or "without_replacement")
+    if tree == "static":
+        return StaticTree(_default_static_paths(num_nodes, max_depth or 8), children or "deterministic")
+    raise ValueError(
+        f"tree: expected 'dynamic', 'sequoia', 'static', a TreeShape, a list of rank paths or a TreeBuilder, got {tree!r}"
+    )
+
+
+def _default_static_paths(num_nodes: int, max_depth: int) -> list[list[int]]:
+    """A simple static shape: two children at the root's chain nodes, one child below, grown
+    along the rank-0 chain until ``num_nodes`` nodes."""
+    paths: list[list[int]] = []
+    chain: list[int] = []
+    while len(paths) + 1 < num_nodes and len(chain) < max_depth:
+        chain = chain + [0]
+        paths.append(list(chain))
+        if len(paths) + 1 < num_nodes:
+            paths.append(chain[:-1] + [1])
+    return paths

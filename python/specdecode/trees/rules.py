@@ -1,0 +1,113 @@
+"""The tree verification rules: what each one guarantees and how its children must be drafted.
+
+A tree rule is lossless only for the drafting scheme it was derived for, so the scheme is part
+of its contract (``drafting`` below). :func:`list_tree_rules` prints as a table:
+
+>>> from specdecode.trees import list_tree_rules
+>>> [r.name for r in list_tree_rules()]
+['greedy', 'specinfer', 'rrs', 'deterministic', 'typical']
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class TreeRuleInfo:
+    """One built-in tree rule.
+
+    ``drafting`` is how the children of a node must be produced for ``lossless`` to hold;
+    ``needs_draft_logits`` says whether :func:`specdecode.verify_tree` reads ``draft_logits``
+    (the distribution each node's children were drafted from); ``options`` are the rule's
+    keyword options with their defaults.
+    """
+
+    name: str
+    lossless: bool
+    drafting: str
+    needs_draft_logits: bool
+    options: dict[str, Any] = field(default_factory=dict)
+    paper: str = ""
+    description: str = ""
+
+    def __str__(self) -> str:
+        loss = "lossless" if self.lossless else "lossy"
+        return f"{self.name:13s} {loss:8s} children: {self.drafting}"
+
+
+_TREE_RULES: dict[str, TreeRuleInfo] = {
+    r.name: r
+    for r in [
+        TreeRuleInfo(
+            "greedy", True, "any (temperature 0)", False, {}, "exact at temperature 0",
+            "accept the child equal to argmax p (lowest id on ties); emit argmax p",
+        ),
+        TreeRuleInfo(
+            "specinfer", True, "i.i.d. draws from q at the node (a count fixed before drawing)", True, {},
+            "Miao et al. 2024, SpecInfer (multi-step speculative sampling)",
+            "R = p; child x accepted iff u < R(x)/q(x), else R = norm((R - q)+); emit y ~ R",
+        ),
+        TreeRuleInfo(
+            "rrs", True, "draws without replacement from q at the node (distinct; a count fixed before drawing)",
+            True, {}, "Jeon et al. 2024, Recursive Speculative Decoding; Chen et al. 2024, Sequoia",
+            "R = p, D = q; child x accepted iff u < R(x)/D(x), else R = norm((R - D)+), D(x) = 0, D = norm(D); "
+            "emit y ~ R",
+        ),
+        TreeRuleInfo(
+            "deterministic", True,
+            "any deterministic function of the context, distinct siblings (draft top-k, n-gram matches, static trees)",
+            False, {}, "Chen et al. 2024, Sequoia (deterministic children)",
+            "R = p; child x accepted iff u < R(x), else R(x) = 0, R = norm(R); emit y ~ R",
+        ),
+        TreeRuleInfo(
+            "typical", False, "any", False, {"epsilon": 0.09, "delta": 0.3, "sample_correction": False},
+            "Cai et al. 2024, Medusa (typical acceptance)",
+            "accept the first child with p(x) > min(epsilon, delta exp(-H(p))); emit argmax p (or y ~ p)",
+        ),
+    ]
+}
+
+
+def is_tree_rule(name: str) -> bool:
+    """Whether ``name`` is a tree rule (``greedy`` and ``typical`` are chain rules too)."""
+    return name in _TREE_RULES
+
+
+#: Children schemes (see :mod:`specdecode.trees.builders`) each lossless tree rule is exact for.
+LOSSLESS_CHILDREN = {"specinfer": ("iid",), "rrs": ("without_replacement",), "deterministic": ("deterministic",)}
+
+
+def list_tree_rules() -> list[TreeRuleInfo]:
+    """Every built-in tree rule, in a fixed order."""
+    return list(_TREE_RULES.values())
+
+
+def get_tree_rule(name: str) -> TreeRuleInfo:
+    """The entry for ``name``; ``ValueError`` listing the tree rules otherwise."""
+    if not isinstance(name, str):
+        raise TypeError(f"rule: expected a tree rule name (str), got {type(name).__name__}")
+    info = _TREE_RULES.get(name)
+    if info is None:
+        raise ValueError(f"rule: unknown tree rule {name!r}; tree rules: {', '.join(_TREE_RULES)}")
+    return info
+
+
+def tree_rule_params(info: TreeRuleInfo, options: dict[str, Any]) -> list[float]:
+    """Check a rule's keyword options and pack them as the op's ``rule_params``."""
+    unknown = sorted(set(options) - set(info.options))
+    if unknown:
+        allowed = ", ".join(info.options) or "none"
+        raise TypeError(f"tree rule {info.name!r} got unexpected option(s) {unknown}; its options: {allowed}")
+    values = {**info.options, **options}
+    if info.name == "typical":
+        epsilon, delta = float(values["epsilon"]), float(values["delta"])
+        if not epsilon >= 0.0:
+            raise ValueError(f"epsilon: expected a value >= 0, got {values['epsilon']!r}")
+        if not delta >= 0.0:
+            raise ValueError(f"delta: expected a value >= 0, got {values['delta']!r}")
+        if not isinstance(values["sample_correction"], bool):
+            raise TypeError(f"sample_correction: expected a bool, got {values['sample_correction']!r}")
+        return [epsilon, delta, 1.0 if values["sample_correction"] else 0.0]
+    return []

@@ -1,0 +1,311 @@
+"""The CUDA implementation of the verify / sample ops, run WITHOUT a GPU: the kernels of
+csrc/kernels/cuda compiled as host C++ against the CUDA emulator (tests/cuda_emu: every CUDA
+thread a coroutine, real __syncthreads and warp-shuffle semantics), behind the same op bodies
+(csrc/ops/verify_device.h: checks, messages, scratch, statuses) as the real CUDA ops.
+
+Checked against the CPU ops with the agreement rules of tests/cuda_agreement.py:
+  * every rule of verify_probs / verify_logits, ragged rows, odd and multi-chunk vocabularies
+    (aligned and unaligned rows), all four dtypes;
+  * top-k / top-p / min-p through every path of the filter kernels: thresholds from the chunk
+    lists, the exact radix fallback (top-k beyond the lists, a top-p walk past them, flat rows
+    whose lists overflow), the masked-sum normaliser, exact ties;
+  * sample_logits, the Philox ops (and their capture mode: no raise, bad rows as -1), large
+    gamma, an empty batch, zero-mass residuals;
+  * every error a direct op call can raise (tests/op_error_cases.py): same type, same message.
+
+What the emulator cannot show: timing, real concurrency between blocks (the kernels never
+communicate within a launch), and the GPU's fast exp2 (emulated with exp2f; it only enters
+sums whose rounding no decision depends on). tests/test_cuda.py runs the same checks on a GPU.
+
+The module compiles the emulation once per source change (~2 minutes on 2 cores; cached in
+build/cuda_emu) and is skipped when the CUDA headers or a C++ compiler are missing.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import op_error_cases
+from cuda_agreement import RULES, assert_agree, assert_samples_agree, logit_inputs, prob_inputs
+
+OPS = torch.ops.specdecode
+
+
+@pytest.fixture(scope="module")
+def emu():
+    from cuda_emu import build
+
+    module = build.load()
+    if module is None:
+        pytest.skip(f"CUDA emulation unavailable: {build.SKIP_REASON}")
+    return build.EmulatedOps(module)
+
+
+def _needs_draft(rule: str) -> bool:
+    return rule in ("token", "block")
+
+
+def _agree_logits(emu, rule, params, sampling, target, draft, drafts, num, u):
+    d = draft if _needs_draft(rule) else None
+    cpu = OPS.verify_logits(target, d, drafts, num, u, *sampling, rule, params)
+    dev = emu.verify_logits(target, d, drafts, num, u, *sampling, rule, params)
+    assert_agree("logits", rule, params, cpu, dev, target, draft, drafts, num, u, sampling)
+
+
+def _agree_probs(emu, rule, params, target, draft, drafts, num, u):
+    d = draft if _needs_draft(rule) else None
+    cpu = OPS.verify_probs(target, d, drafts, num, u, rule, params)
+    dev = emu.verify_probs(target, d, drafts, num, u, rule, params)
+    assert_agree("probs", rule, params, cpu, dev, target, draft, drafts, num, u)
+
+
+SAMPLINGS = [
+    (1.0, 0, 1.0, 0.0),     # plain
+    (0.8, 50, 0.9, 0.05),   # every filter
+    (0.6, 0, 0.5, 0.0),     # top-p alone
+    (1.0, 0, 1.0, 0.3),     # min-p alone
+    (1.3, 7, 1.0, 0.0),     # top-k alone
+    (0.0, 0, 1.0, 0.0),     # greedy
+]
+
+
+def test_emulated_errors_match_cpu(emu):
+    """Every bad call of every op: the same exception type and message as the CPU op."""
+    cpu = op_error_cases.run_cases("cpu")
+    dev = op_error_cases.run_cases("cpu", emu)
+    assert dev == cpu, {k: (cpu[k], dev[k]) for k in cpu if cpu[k] != dev[k]}
+
+
+@pytest.mark.parametrize("sampling", SAMPLINGS, ids=lambda s: "T{}-k{}-p{}-m{}".format(*s))
+def test_emulated_agree_logits_small_vocab(emu, sampling):
+    target, draft, drafts, num, u = logit_inputs(5, 3, 111, torch.float32, seed=1)
+    for rule, params in RULES:
+        _agree_logits(emu, rule, params, sampling, target, draft, drafts, num, u)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_emulated_agree_logits_multichunk_unaligned(emu, dtype):
+    """V = 20001: three stats chunks, ten sampling chunks, rows not 16-byte aligned."""
+    target, draft, drafts, num, u = logit_inputs(2, 2, 20001, dtype, seed=2)
+    for sampling in [(1.0, 0, 1.0, 0.0), (0.8, 50, 0.9, 0.05)]:
+        for rule, params in RULES if dtype == torch.bfloat16 else RULES[:2]:
+            _agree_logits(emu, rule, params, sampling, target, draft, drafts, num, u)
+
+
+def test_emulated_agree_logits_multichunk_aligned(emu):
+    """V = 16384 float32: two full chunks, vectorised loads; the max in the second chunk."""
+    target, draft, drafts, num, u = logit_inputs(2, 2, 16384, torch.float32, seed=3)
+    target[:, :, 12000] += 30.0  # argmax and most of the mass in chunk 1
+    for rule, params in RULES[:3]:
+        _agree_logits(emu, rule, params, (0.9, 0, 1.0, 0.0), target, draft, drafts, num, u)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16], ids=str)
+def test_emulated_agree_probs(emu, dtype):
+    target, draft, drafts, num, u = prob_inputs(5, 3, 111, dtype, seed=4)
+    for rule, params in RULES:
+        _agree_probs(emu, rule, params, target, draft, drafts, num, u)
+
+
+def test_emulated_agree_probs_multichunk(emu):
+    target, draft, drafts, num, u = prob_inputs(2, 2, 9000, torch.float32, seed=5)
+    for rule, params in RULES:
+        _agree_probs(emu, rule, params, target, draft, drafts, num, u)
+
+
+def test_emulated_filter_paths(emu):
+    """Every path of the filter kernels against the CPU's thresholds: exact ties (quantised
+    logits), top-k beyond what the chunk lists hold (radix fallback), a top-p walk deeper than
+    the lists (fallback), flat rows whose lists overflow (fallback; min-p normaliser by the
+    masked sum), top-k >= V (off)."""
+    V = 20001
+    target, draft, drafts, num, u = logit_inputs(2, 2, V, torch.float32, seed=6, quantize=True)
+    flat_t, flat_d = torch.zeros_like(target), torch.zeros_like(draft)
+    flat_t[1, :, : V // 2] = 1.0  # row 1: two plateaus
+    for sampling in [(1.0, 1000, 1.0, 0.0), (1.5, 0, 0.99, 0.0), (0.7, 40, 0.95, 0.02), (1.0, 0, 1.0, 0.5),
+                     (1.0, V, 1.0, 0.0), (1.0, 1, 1.0, 0.0)]:
+        for rule, params in [("token", []), ("block", [])]:
+            _agree_logits(emu, rule, params, sampling, target, draft, drafts, num, u)
+    for sampling in [(1.0, 0, 0.9, 0.0), (1.0, 0, 1.0, 0.5), (1.0, 3000, 0.5, 0.0)]:
+        for rule, params in [("token", []), ("typical", [0.09, 0.3, 1.0])]:
+            _agree_logits(emu, rule, params, sampling, flat_t, flat_d, drafts, num, u)
+    # Lists that overflow even strictly above t0 (one warp's slice of chunk 0 is deep, the rest
+    # holds > 512 tied entries above it): top-p and min-p go through the exact fallback.
+    spread_t = torch.full_like(target, -10.0)
+    spread_d = spread_t[:, : draft.shape[1]].clone()
+    chunk0 = torch.arange(8192)
+    outside_warp7 = chunk0[(chunk0 // 4) % 256 < 224]  # float32 slots of threads 0..223
+    spread_t[:, :, outside_warp7] = 5.0
+    spread_t[:, :, 900:910] = 6.0
+    spread_d[:, :, outside_warp7] = 4.0
+    for sampling in [(1.0, 0, 0.3, 0.0), (1.0, 0, 1.0, 0.9), (1.0, 20, 0.5, 0.0)]:
+        _agree_logits(emu, "token", [], sampling, spread_t, spread_d, drafts, num, u)
+    # Mostly masked rows: top-k larger than the number of finite logits keeps all of them (the
+    # k-th largest is -inf); min-p with a tiny and with the largest min_p.
+    masked_t, masked_d = target.clone(), draft.clone()
+    masked_t[:, :, 40:] = -math.inf
+    masked_d[:, :, 60:] = -math.inf
+    x = drafts % 40
+    for sampling in [(1.0, 100, 1.0, 0.0), (1.0, 100, 0.8, 0.0), (1.0, 0, 1.0, 1e-30), (1.0, 0, 1.0, 1.0)]:
+        for rule, params in [("token", []), ("block", [])]:
+            _agree_logits(emu, rule, params, sampling, masked_t, masked_d, x, num, u)
+
+
+def test_emulated_top_p_boundary_needs_the_exact_mass(emu):
+    """Top-p alone where top_p * (kept mass) lies within 1e-6 (relative) of a group boundary: the
+    approximate mass from the first pass cannot decide the group, so the exact mass pass and the
+    second merge run; the threshold must still be the CPU's, on both sides of the boundary."""
+    B, gamma, V = 2, 2, 20001
+    g = torch.Generator().manual_seed(15)
+    target = torch.full((B, gamma + 1, V), -30.0)
+    target[:, :, 0:2048:8] = 2.0   # 256 entries, one per thread of chunk 0: every thread max is 2
+    target[:, :, 8193:8193 + 40] = -1.0  # a second group, 3 nats lower, in chunk 1
+    target += 1e-3 * torch.rand(B, gamma + 1, V, generator=g).round()  # keep exact ties: adds 0 or 1e-3
+    target = target.round(decimals=3)
+    draft = target[:, :gamma].clone()
+    draft[:, :, 0:2048:8] = 1.0
+    drafts = torch.zeros(B, gamma, dtype=torch.int64)
+    num = torch.tensor([gamma, 1])
+    u = torch.rand(B, gamma + 1, dtype=torch.float64, generator=g)
+    for b in range(B):
+        for i in range(gamma + 1):
+            row = target[b, i].double()
+            e = torch.exp(row - row.max())
+            top = float(e[row >= 2.0].sum())  # the mass of the top groups
+            for side in (1.0 + 1e-6, 1.0 - 1e-6):
+                top_p = top / float(e.sum()) * side
+                _agree_logits(emu, "token", [], (1.0, 0, top_p, 0.0), target, draft, drafts, num, u)
+
+
+def test_emulated_min_p_threshold_search(emu):
+    """The device search for min-p's logit threshold equals plain bisection with the CPU's exp,
+    over scales, temperatures and min_p values (including 1 and a tiny one)."""
+    g = torch.Generator().manual_seed(14)
+    cases = [(0.0, 1.0, 0.05), (13.5, 0.8, 1.0), (-7.25, 3.0, 1e-30), (1e4, 0.01, 0.5), (-1e4, 100.0, 0.3),
+             (30.0, 1.0, 1e-38), (2.5, 1.0 / 0.7, 0.02)]
+    for _ in range(200):
+        cases.append((float(torch.randn(1, generator=g)) * 10.0 ** float(torch.randint(-2, 4, (1,), generator=g)),
+                      float(torch.rand(1, generator=g)) * 4 + 0.05, float(torch.rand(1, generator=g)) ** 4))
+    for max_logit, inv_temp, min_e in cases:
+        m, it, e = (float(torch.tensor(v, dtype=torch.float32)) for v in (max_logit, inv_temp, min_e))
+        if e <= 0.0:
+            continue
+        assert emu.module.min_p_threshold(m, it, e) == emu.module.min_p_threshold_oracle(m, it, e), (m, it, e)
+
+
+def test_emulated_does_not_read_after_first_rejection(emu):
+    """NaN after the first rejection raises on neither side; the results agree."""
+    B, gamma, V = 4, 4, 500
+    target, draft, drafts, num, u = logit_inputs(B, gamma, V, torch.float32, seed=7, ragged=False)
+    # position 0 is rejected: its draft token is the target's least likely token and the
+    # draft's almost certain one (p / q ~ 0), and the coin is 0.999
+    drafts[:, 0] = torch.softmax(target.double(), -1)[:, 0].argmin(-1)
+    draft[torch.arange(B), 0, drafts[:, 0]] = 40.0
+    u[:, 0] = 0.999
+    target[:, 2:] = math.nan
+    draft[:, 2:] = math.nan
+    for rule, params in RULES:
+        if rule == "block":
+            continue  # block verification reads every position by design
+        d = draft if _needs_draft(rule) else None
+        dev = emu.verify_logits(target, d, drafts, num, u, 1.0, 0, 1.0, 0.0, rule, params)
+        assert bool((dev[1] == 0).all())
+        _agree_logits(emu, rule, params, (1.0, 0, 1.0, 0.0), target, draft, drafts, num, u)
+
+
+def test_emulated_masked_zero_mass_and_coins_at_the_edges(emu):
+    """-inf logits masking part of a row, p == q (zero residual: falls back to p), one-hot rows
+    with coins exactly 0 and just below 1, float64."""
+    B, gamma, V = 4, 3, 300
+    target, draft, drafts, num, u = logit_inputs(B, gamma, V, torch.float64, seed=8)
+    target[0, :, : V // 2] = -math.inf
+    draft[1, :, V // 3:] = -math.inf
+    for rule, params in RULES[:3]:
+        _agree_logits(emu, rule, params, (0.9, 0, 0.9, 0.0), target, draft, drafts, num, u)
+    p = torch.softmax(torch.randn(B, gamma + 1, V, dtype=torch.float64), -1)
+    one_hot = torch.zeros(B, gamma + 1, V, dtype=torch.float64)
+    one_hot[..., 7] = 1.0
+    for coin in (0.0, 1.0 - 2.0**-53, 1.0):  # 1.0: u * total at the very top (the last positive entry)
+        uu = torch.full((B, gamma + 1), coin, dtype=torch.float64)
+        for tgt, dft in [(p, p[:, :gamma].clone()),
+                         (one_hot, torch.softmax(torch.randn(B, gamma, V, dtype=torch.float64), -1))]:
+            for rule, params in RULES:
+                _agree_probs(emu, rule, params, tgt, dft, drafts, num, uu)
+
+
+def test_emulated_large_gamma(emu):
+    """gamma = 120: many positions per row (no shared-memory limit on gamma any more)."""
+    gamma, V = 120, 64
+    g = torch.Generator().manual_seed(10)
+    t = torch.randn(2, gamma + 1, V, generator=g) * 0.1
+    d = t[:, :gamma] + 0.05 * torch.randn(2, gamma, V, generator=g)
+    x = torch.multinomial(torch.softmax(d, -1).reshape(-1, V), 1, generator=g).view(2, gamma)
+    n = torch.tensor([gamma, gamma // 2])
+    u = torch.rand(2, gamma + 1, dtype=torch.float64, generator=g) * 0.2  # accept most drafts
+    for rule, params in RULES[:3]:
+        _agree_logits(emu, rule, params, (1.0, 0, 1.0, 0.0), t, d, x, n, u)
+        _agree_probs(emu, rule, params, torch.softmax(t, -1), torch.softmax(d, -1), x, n, u)
+
+
+def test_emulated_empty_batch(emu):
+    p, q = torch.empty(0, 4, 10), torch.empty(0, 3, 10)
+    x, n, u = torch.empty(0, 3, dtype=torch.int64), torch.empty(0, dtype=torch.int64), torch.empty(0, 4, dtype=torch.float64)
+    tokens, accepted = emu.verify_probs(p, q, x, n, u, "token", [])
+    assert tokens.shape == (0, 4) and accepted.shape == (0,)
+    assert emu.sample_logits(torch.empty(0, 5), torch.empty(0, dtype=torch.float64), 1.0, 0, 1.0, 0.0).shape == (0,)
+
+
+@pytest.mark.parametrize("V", [111, 20001, 70001])
+def test_emulated_sample_logits(emu, V):
+    """sample_logits; V = 70001 has 35 sampling chunks (more than one warp's worth)."""
+    g = torch.Generator().manual_seed(V)
+    logits = torch.randn(3, V, generator=g) * 3
+    u = torch.rand(3, dtype=torch.float64, generator=g)
+    for dtype in (torch.float32, torch.bfloat16):
+        x = logits.to(dtype)
+        for sampling in SAMPLINGS:
+            cpu = OPS.sample_logits(x, u, *sampling)
+            dev = emu.sample_logits(x, u, *sampling)
+            assert_samples_agree(cpu, dev, x, u, sampling)
+    seed, offset = torch.tensor([123]), torch.tensor([4])
+    for sampling in [(1.0, 0, 1.0, 0.0), (0.7, 20, 0.9, 0.0)]:
+        cpu = OPS.sample_logits_philox(logits, seed, offset, *sampling)
+        dev = emu.sample_logits_philox(logits, seed, offset, *sampling)
+        from stat_utils import philox_uniforms
+
+        assert_samples_agree(cpu, dev, logits, philox_uniforms(123, 4, 3, 0)[:, 0], sampling)
+
+
+def test_emulated_philox_and_capture_mode(emu):
+    """The Philox ops draw the CPU's coins; in capture mode a bad row comes back as -1 instead
+    of raising, and the good rows are unchanged."""
+    from stat_utils import philox_uniforms
+
+    target, draft, drafts, num, _ = logit_inputs(6, 3, 300, torch.float32, seed=12)
+    seed, offset = torch.tensor([-5]), torch.tensor([2**33 + 1])
+    coins = philox_uniforms(-5, 2**33 + 1, 6, 3)
+    for rule, params in RULES[:2]:
+        cpu = OPS.verify_logits(target, draft, drafts, num, coins, 0.9, 0, 1.0, 0.0, rule, params)
+        dev = emu.verify_logits_philox(target, draft, drafts, num, seed, offset, 0.9, 0, 1.0, 0.0, rule, params)
+        assert_agree("logits", rule, params, cpu, dev, target, draft, drafts, num, coins, (0.9, 0, 1.0, 0.0))
+        probs, dprobs = torch.softmax(target, -1), torch.softmax(draft, -1)
+        cpu = OPS.verify_probs(probs, dprobs, drafts, num, coins, rule, params)
+        dev = emu.verify_probs_philox(probs, dprobs, drafts, num, seed, offset, rule, params)
+        assert_agree("probs", rule, params, cpu, dev, probs, dprobs, drafts, num, coins)
+    bad = target.clone()
+    bad[2, 0, 5] = math.nan
+    with pytest.raises(ValueError, match="row 2"):
+        emu.verify_logits_philox(bad, draft, drafts, num, seed, offset, 1.0, 0, 1.0, 0.0, "token", [])
+    emu.capturing = True
+    try:
+        tokens, accepted = emu.verify_logits_philox(bad, draft, drafts, num, seed, offset, 1.0, 0, 1.0, 0.0, "token", [])
+        sampled = emu.sample_logits_philox(bad[:, 0], seed, offset, 1.0, 0, 1.0, 0.0)
+    finally:
+        emu.capturing = False
+    assert int(accepted[2]) == -1 and bool((tokens[2] == -1).all()) and int(sampled[2]) == -1
+    good = emu.verify_logits_philox(target, draft, drafts, num, seed, offset, 1.0, 0, 1.0, 0.0, "token", [])
+    keep = torch.arange(6) != 2
+    assert torch.equal(tokens[keep], good[0][keep]) and torch.equal(accepted[keep], good[1][keep])
