@@ -10,8 +10,10 @@ same pair, prompts, seed and ``max_new_tokens``.
 
 Drafters (``--drafters``, see :func:`drafter_factories`): ``model`` (the draft model,
 :class:`~specdecode.drafters.ModelDrafter`), ``ngram`` (prompt lookup,
-:class:`~specdecode.drafters.NgramDrafter`), and ``layerskip-1/2/3`` (the target's first k
-layers, :class:`~specdecode.drafters.LayerSkipDrafter`). Each runs with every rule of ``--rules``.
+:class:`~specdecode.drafters.NgramDrafter`), ``ngram-trie`` (its tries of 16 nodes, verified with the
+lossless tree rule whatever ``--rules`` says), and ``layerskip-1/2/3`` (the target's first k
+layers, :class:`~specdecode.drafters.LayerSkipDrafter`). Each chain drafter runs with every rule of
+``--rules``.
 
 Every configuration runs in one process, one after the other, ``--repeats`` times; tokens/s is
 the median over repeats. EOS is disabled for every method, so each generates exactly
@@ -51,14 +53,26 @@ def drafter_factories(target: Any, draft: Any) -> dict[str, Callable[[], Any]]:
     factories: dict[str, Callable[[], Any]] = {
         "model": lambda: drafters.ModelDrafter(draft),
         "ngram": lambda: drafters.NgramDrafter(),
+        "ngram-trie": lambda: drafters.NgramDrafter(num_nodes=16),
     }
     for k in (1, 2, 3):
         factories[f"layerskip-{k}"] = lambda k=k: drafters.LayerSkipDrafter(target, num_layers=k)
     return factories
 
 
+#: Drafters that propose token trees: they run once, with the lossless tree rule of their
+#: children (``rule=None``), whatever ``--rules`` says (those are chain rules).
+TREE_DRAFTERS = ("ngram-trie",)
+TREE_RULE = "tree"
+
+
 def method_name(drafter: str, rule: str) -> str:
     return f"specdecode {drafter} {rule}"
+
+
+def drafter_rules(drafter: str, rules: list[str]) -> list[str]:
+    """The rules a drafter runs with: ``--rules`` for chains, the tree rule for tree drafters."""
+    return [TREE_RULE] if drafter in TREE_DRAFTERS else list(rules)
 
 
 def load_pair(pair: str = "benchmark", target_path: str | None = None, draft_path: str | None = None
@@ -149,7 +163,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     unknown = [d for d in args.drafters if d not in factories]
     if unknown:
         raise SystemExit(f"--drafters: unknown {unknown}; this build has {sorted(factories)}")
-    specs = {method_name(d, r): (d, r) for d in args.drafters for r in args.rules}
+    specs = {method_name(d, r): (d, r) for d in args.drafters for r in drafter_rules(d, args.rules)}
     methods = list(BASELINES) + list(specs)
     cases: list[tuple[float, int, str]] = [
         (t, b, m) for t in args.temperatures for b in args.batch_sizes for m in methods
@@ -179,7 +193,8 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                 name, rule = specs[method]
                 for ids, mask in padded:
                     out = specdecode.generate(target, factories[name](), ids, mask if batch_size > 1 else None,
-                                              num_draft_tokens=gamma, rule=rule, eos_token_id=None,
+                                              num_draft_tokens=gamma, rule=None if rule == TREE_RULE else rule,
+                                              eos_token_id=None,
                                               generator=gen, **common, **sampling(temperature))
                     new_tokens += (out.sequences.shape[1] - ids.shape[1]) * ids.shape[0]
                     stats_runs.append(out.stats)
@@ -352,7 +367,8 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
         args.batch_sizes = [b if b == 1 else 2 for b in args.batch_sizes]
     args.repeats = args.repeats or (1 if args.quick else 3)
     if args.drafters is None:
-        args.drafters = ["model", "ngram"] + ([] if args.quick else [f"layerskip-{k}" for k in (1, 2, 3)])
+        args.drafters = ["model", "ngram"] + ([] if args.quick else ["ngram-trie"]
+                                              + [f"layerskip-{k}" for k in (1, 2, 3)])
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.clock == "cpu" and torch.get_num_threads() != 1:
