@@ -51,7 +51,7 @@ if has build; then
   rc_build=$?
   $PY -m specdecode info >> "$OUT/build.log" 2>&1
   log "build rc=$rc_build"
-  grep -E "CUDA kernels compiled|philox|CUDA device" "$OUT/build.log" | tee -a "$OUT/run.log"
+  grep -E "CUDA kernels|philox|CUDA device" "$OUT/build.log" | tee -a "$OUT/run.log"
   if [ "$rc_build" -ne 0 ]; then tail -40 "$OUT/build.log"; log "build failed: stopping"; exit 1; fi
 fi
 

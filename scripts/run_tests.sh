@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# The README's test command: set up (scripts/setup.sh), then run the whole test suite.
-# Extra arguments go to pytest. pytest's exit code 5 ("no tests collected") counts as failure
-# unless SPECDECODE_ALLOW_NO_TESTS=1, so a broken collection can never look green.
+# The README's test command: set up (scripts/setup.sh; skipped when the installed build already
+# matches this checkout), then run the whole test suite. Extra arguments go to pytest.
+# pytest's exit code 5 ("no tests collected") counts as failure unless
+# SPECDECODE_ALLOW_NO_TESTS=1, so a broken collection can never look green.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-python3}"
-bash scripts/setup.sh || exit 1
+bash scripts/setup.sh --if-needed || exit 1
 "$PYTHON" -m pytest -q -ra "$@"
 status=$?
 if [ "$status" -eq 5 ]; then

@@ -25,7 +25,9 @@ from typing import Any
 
 import torch
 
-from specdecode.benchmarking import base_parser, environment, format_table, median, time_call, write_results
+from specdecode import vocabulary as words
+from specdecode.benchmarking import (Column, base_parser, environment, format_table, median, time_call,
+                                     write_results)
 
 
 def _prompts(tokenizer: Any, n: int, max_prompt_tokens: int = 96) -> list[torch.Tensor]:
@@ -79,7 +81,7 @@ def run(args: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
                 "accept_by_depth": " ".join(f"{r:.2f}" for r in depth_rates[:6]),
                 "accept_by_rank": " ".join(f"{r:.2f}" for r in rank_rates[:4]) or "-",
             })
-            print(format_table(rows[-1:], list(rows[-1])).splitlines()[-1], flush=True)
+            print(f"  T={temperature:g} {config['method']:12s} block efficiency {words.tokens(eff)}", flush=True)
     return rows, _verify_cost(target, args)
 
 
@@ -151,7 +153,7 @@ def plot(rows: list[dict[str, Any]], out: str) -> str:
 
 
 def main(argv: list[str] | None = None, prog: str | None = None) -> None:
-    parser = base_parser(__doc__.splitlines()[0], prog=prog)
+    parser = base_parser(__doc__.splitlines()[0], prog=prog, repeats_help="timed runs per case (default: 1)")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     parser.add_argument("--num-prompts", type=int, default=8)
     parser.add_argument("--max-new-tokens", type=int, default=48)
@@ -164,9 +166,18 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
     args.repeats = args.repeats or 1
     rows, cost = run(args)
     print()
-    print(format_table(rows, list(rows[0])))
+    temperature = Column("T", fmt=lambda v: f"{v:g}")
+    print(format_table(rows, [temperature, Column("method"), Column("nodes"), Column("rule"),
+                              Column("tokens_per_call", "block\nefficiency", words.tokens),
+                              Column("x_chain", "vs\nchain", words.speedup),
+                              Column("tok_per_s", "tok/s", words.per_second),
+                              Column("accept_by_depth", "acceptance\nby depth 1-4",
+                                     lambda v: " ".join(v.split()[:4])),
+                              Column("accept_by_rank", "acceptance\nby rank 0-2",
+                                     lambda v: " ".join(v.split()[:3]))]))
     print()
-    print(format_table(cost, ["what", "median_us", "pct_of_forward"]))
+    print(format_table(cost, [Column("what"), Column("median_us", "median µs", lambda v: f"{v:.0f}"),
+                              Column("pct_of_forward", "% of the forward", lambda v: f"{v:.1f}%")]))
     meta = {"environment": environment(), "args": vars(args)}
     write_results(args.out, "bench_trees", rows, meta)
     write_results(args.out, "bench_trees_verify_cost", cost, meta)

@@ -1,4 +1,4 @@
-"""Shared benchmark harness (used by every script in ``benchmarks/``): timing with warm-up and medians, a plain-text table, CSV/JSON.
+"""Shared benchmark harness (used by every script in ``benchmarks/``): timing with warm-up and medians, a table that fits 100 columns, CSV/JSON.
 
 Machines here are noisy, so every benchmark reports medians and ratios against a baseline
 measured in the same run; absolute times mean little.
@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import argparse
 import csv
+import io
 import json
 import os
 import platform
+import shutil
 import statistics
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
@@ -54,22 +57,70 @@ def environment() -> dict[str, Any]:
     }
 
 
-def format_table(rows: Iterable[dict[str, Any]], columns: Sequence[str]) -> str:
-    """Rows of dicts as an aligned plain-text table (floats with 3 significant digits)."""
+@dataclass(frozen=True)
+class Column:
+    """One column of :func:`format_table`: the row key, the header (default: the key with
+    spaces for underscores; a newline splits it over two lines) and how to format a value
+    (default: numbers with one number of decimals for the whole column, see :func:`format_table`).
+    Rich fits the table in the width by wrapping headers and text at spaces; a column marked
+    ``wrap`` is the one that takes whatever width is left."""
 
-    def cell(value: Any) -> str:
+    key: str
+    header: str | None = None
+    fmt: Callable[[Any], str] | None = None
+    wrap: bool = False  # an explanation column: it takes the width left over and wraps in it
+
+
+def _auto_format(values: list[Any]) -> Callable[[Any], str]:
+    """One format for a column of numbers: as many decimals as its largest magnitude needs
+    (0 from 1000, 1 from 100, 2 from 1, else 3), so that ``4`` never stands beside ``3.31``."""
+    numbers = [abs(float(v)) for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)
+               and v == v and not isinstance(v, int)]
+    largest = max(numbers, default=0.0)
+    decimals = 0 if largest >= 1000 else 1 if largest >= 100 else 2 if largest >= 1 else 3
+
+    def fmt(value: Any) -> str:
         if isinstance(value, float):
-            if value != value:
-                return "-"
-            return f"{value:.3g}" if abs(value) < 1000 else f"{value:.0f}"
-        return "-" if value is None else str(value)
+            return f"{value:.{decimals}f}"
+        return str(value)
+
+    return fmt
+
+
+def table_width() -> int:
+    """Columns available for a table: the terminal's, at most 100 (100 when not a terminal)."""
+    return min(shutil.get_terminal_size((100, 24)).columns, 100)
+
+
+def format_table(rows: Iterable[dict[str, Any]], columns: Sequence[str | Column], *, title: str | None = None,
+                 width: int | None = None) -> str:
+    """Rows of dicts as a table at most ``width`` (default :func:`table_width`) characters wide,
+    drawn by ``rich``: numbers right-aligned with one format per column, text left-aligned,
+    missing values (None, NaN, absent keys) as ``-``."""
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
 
     rows = list(rows)
-    text = [[cell(r.get(c)) for c in columns] for r in rows]
-    widths = [max(len(c), *(len(t[i]) for t in text)) if text else len(c) for i, c in enumerate(columns)]
-    lines = ["  ".join(c.rjust(w) for c, w in zip(columns, widths)), "  ".join("-" * w for w in widths)]
-    lines += ["  ".join(v.rjust(w) for v, w in zip(t, widths)) for t in text]
-    return "\n".join(lines)
+    specs = [c if isinstance(c, Column) else Column(c) for c in columns]
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, padding=(0, 0, 0, 1), title=title,
+                  title_justify="left")
+    formatted = []
+    for spec in specs:
+        values = [r.get(spec.key) for r in rows]
+        fmt = spec.fmt or _auto_format(values)
+        cells = ["-" if v is None or (isinstance(v, float) and v != v) else fmt(v) for v in values]
+        text = any(isinstance(v, str) for v in values)
+        header = spec.header if spec.header is not None else spec.key.replace("_", " ")
+        table.add_column(header, justify="left" if text else "right", overflow="fold",
+                         ratio=1 if spec.wrap else None)
+        formatted.append(cells)
+    for i in range(len(rows)):
+        table.add_row(*(cells[i] for cells in formatted))
+    out = io.StringIO()
+    Console(file=out, width=width or table_width(), color_system=None, force_terminal=False, force_jupyter=False,
+            highlight=False).print(table)
+    return "\n".join(line.rstrip() for line in out.getvalue().rstrip("\n").splitlines())
 
 
 def write_results(out_dir: str | Path, name: str, rows: list[dict[str, Any]], meta: dict[str, Any]) -> tuple[Path, Path]:
@@ -86,11 +137,16 @@ def write_results(out_dir: str | Path, name: str, rows: list[dict[str, Any]], me
     return csv_path, json_path
 
 
-def base_parser(description: str, prog: str | None = None) -> argparse.ArgumentParser:
-    """Arguments every benchmark takes: --quick, --repeats, --out, --seed."""
-    parser = argparse.ArgumentParser(description=description, prog=prog)
-    parser.add_argument("--quick", action="store_true", help="small shapes and few repeats (CI smoke run)")
-    parser.add_argument("--repeats", type=int, default=None, help="timed runs per case (median reported)")
+def base_parser(description: str, prog: str | None = None,
+                quick_help: str = "small shapes and few repeats (a smoke run)",
+                repeats_help: str = "timed runs per case, median reported (default: chosen per case)",
+                ) -> argparse.ArgumentParser:
+    """Arguments every benchmark takes: --quick, --repeats, --out, --seed; help shows defaults."""
+    from specdecode.cli_args import HelpFormatter, int_at_least
+
+    parser = argparse.ArgumentParser(description=description, prog=prog, formatter_class=HelpFormatter)
+    parser.add_argument("--quick", action="store_true", help=quick_help)
+    parser.add_argument("--repeats", type=int_at_least("repeats", 1), default=None, help=repeats_help)
     parser.add_argument("--out", default="bench_results", help="directory for the CSV/JSON results")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int_at_least("seed", 0), default=0, help="random seed")
     return parser

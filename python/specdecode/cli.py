@@ -1,52 +1,81 @@
-"""``python -m specdecode``: the demo, the end-to-end benchmark and the build report.
-
-    python -m specdecode demo                       # embedded pair, streamed text + statistics
-    python -m specdecode demo --rule block --gamma 6 --temperature 1 --prompt "def parse("
-    python -m specdecode demo --target PATH --draft PATH   # any local Hugging Face pair
-    python -m specdecode bench [--quick] [--plot]   # see specdecode.bench_generate
-    python -m specdecode bench --trees [--quick]    # token trees vs chains, see specdecode.bench_trees
-    python -m specdecode bench --device cuda        # decode paths (eager / graphed), see specdecode.bench_gpu
-    python -m specdecode info                       # what was built
-"""
+"""``python -m specdecode``: the demo, the end-to-end benchmark and the build report."""
 
 from __future__ import annotations
 
 import argparse
+import textwrap
 import time
 from typing import Any
 
 import torch
+
+from specdecode import cli_args
+
+DESCRIPTION = """\
+Speculative decoding with specdecode, from the command line.
+
+commands:
+  demo    stream a speculative generation on the embedded pair, then its statistics
+  bench   time the target alone, Hugging Face assisted generation and specdecode
+  info    what was built: CPU code path, CUDA kernels, ops, rules
+
+examples:
+  python -m specdecode demo
+  python -m specdecode demo --rule block --gamma 6 --temperature 1 --prompt "def parse("
+  python -m specdecode demo --target PATH --draft PATH      (any local Hugging Face pair)
+  python -m specdecode bench --quick
+  python -m specdecode bench --trees --quick
+  python -m specdecode bench --device cuda                  (decode paths on a GPU)
+  python -m specdecode info
+
+The words in the statistics (acceptance rate, alpha, block efficiency, cost ratio c) are
+defined in docs/guide.md."""
+
+DEMO_DESCRIPTION = """\
+Generate from a prompt with speculative decoding, streaming the text, then compare with the
+target alone on the same prompt and number of tokens. Every option is checked before any
+model is loaded."""
 
 DEFAULT_PROMPT = "def binary_search(items, target):\n    \"\"\"Return the index of target in the sorted list items.\"\"\"\n"
 
 
 def _params(model: Any) -> str:
     n = sum(p.numel() for p in model.parameters())
-    return f"{n / 1e6:.2f}M params"
+    return f"{n / 1e6:.2f}M parameters"
 
 
 def demo(args: argparse.Namespace) -> dict[str, Any]:
-    """Stream a speculative generation, then compare with the target alone. Returns the table."""
+    """Stream a speculative generation, then compare with the target alone. Returns the numbers."""
     from transformers import TextStreamer
 
     import specdecode
-    from specdecode.benchmarking import format_table
-
+    from specdecode import vocabulary as words
     from specdecode.bench_generate import load_pair
+    from specdecode.benchmarking import Column, format_table, table_width
 
     target, draft, tokenizer, name = load_pair(args.pair, args.target, args.draft)
-    print(f"pair: {name}\n  target {_params(target)}, draft {_params(draft)}")
+    mode = "greedy (temperature 0)" if args.temperature == 0 else f"sampling at temperature {args.temperature:g}"
+    print(f"pair: {name}\n  target {_params(target)}, draft {_params(draft)}\n"
+          f"  rule {args.rule}, gamma {args.gamma}, {mode}, up to {args.max_new_tokens} new tokens, seed {args.seed}")
+    if args.pair == "demo" and not args.target:
+        print("  note: this pair is so small that per-call overhead dominates; speedups are not representative\n"
+              "  (the default --pair benchmark has a realistic cost ratio)")
     input_ids = tokenizer(args.prompt, return_tensors="pt").input_ids
-    sampling = dict(do_sample=True, temperature=args.temperature) if args.temperature > 0 else dict(do_sample=False)
+    sampling = cli_args.sampling(args.temperature)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    print(f"rule={args.rule}  gamma={args.gamma}  temperature={args.temperature}  "
-          f"max_new_tokens={args.max_new_tokens}\n" + "-" * 72)
-    streamer = TextStreamer(tokenizer)
+    generate_args = dict(num_draft_tokens=args.gamma, rule=args.rule, pad_token_id=pad_id, **sampling)
+    # Untimed warm-up of both methods: first calls pay one-time costs (lazy initialisation,
+    # memory) that belong to neither method's speed.
+    specdecode.generate(target, draft, input_ids, max_new_tokens=2, **generate_args)
+    target.generate(input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=2, pad_token_id=pad_id,
+                    **sampling)
+
+    rule = "-" * table_width()
+    print(rule)
     gen = torch.Generator().manual_seed(args.seed)
-    out = specdecode.generate(target, draft, input_ids, num_draft_tokens=args.gamma, rule=args.rule,
-                              max_new_tokens=args.max_new_tokens, streamer=streamer, generator=gen,
-                              pad_token_id=pad_id, **sampling)
-    print("-" * 72)
+    out = specdecode.generate(target, draft, input_ids, max_new_tokens=args.max_new_tokens,
+                              streamer=TextStreamer(tokenizer), generator=gen, **generate_args)
+    print(rule)
     stats = out.stats
     new_tokens = out.sequences.shape[1] - input_ids.shape[1]
 
@@ -55,47 +84,58 @@ def demo(args: argparse.Namespace) -> dict[str, Any]:
     start = time.perf_counter()
     plain = target.generate(input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=new_tokens,
                             min_new_tokens=new_tokens, pad_token_id=pad_id, **sampling)
-    plain_seconds = time.perf_counter() - start
-    plain_tps = (plain.shape[1] - input_ids.shape[1]) / plain_seconds
-    greedy_match = None
+    target_tps = (plain.shape[1] - input_ids.shape[1]) / (time.perf_counter() - start)
+    speedup = stats.tokens_per_second / target_tps
+
+    rows = [r for r in stats.summary() if r[0] not in (words.GAMMA.name, words.PREDICTED_SPEEDUP.name)]
+    rows += [
+        ("tokens/s", words.per_second(stats.tokens_per_second),
+         f"speculative; the target alone: {words.per_second(target_tps)}"),
+        (words.SPEEDUP.name, words.speedup(speedup), words.SPEEDUP.short),
+        (words.PREDICTED_SPEEDUP.name, words.speedup(stats.predicted_speedup), words.PREDICTED_SPEEDUP.short),
+    ]
+    columns = [Column("quantity"), Column("value"), Column("meaning", wrap=True)]
+    print(format_table([dict(zip(("quantity", "value", "meaning"), r)) for r in rows], columns))
+    times = ", ".join(f"{part} {share}" for part, _, share in stats.time_summary()[:-1])
+    print(f"\ntime: {times}")
+    print(textwrap.fill(f"why the gap: {stats.explain_speedup(target_tps)}", width=table_width()))
     if args.temperature == 0:
-        greedy_match = bool(torch.equal(plain[0, : out.sequences.shape[1]], out.sequences[0, : plain.shape[1]]))
-    row = {
-        "rule": args.rule,
-        "gamma": args.gamma,
-        "acceptance": stats.alpha,
-        "block_eff": stats.block_efficiency,
-        "tok/s spec": stats.tokens_per_second,
-        "tok/s target": plain_tps,
-        "speedup": stats.tokens_per_second / plain_tps,
-        "predicted": stats.predicted_speedup,
-    }
-    print(format_table([row], list(row)))
-    print("acceptance by draft position: " + " ".join(f"{a:.2f}" for a in stats.acceptance_rate_per_position))
-    print(f"cost ratio c (draft / target per call): {stats.cost_ratio:.3f}; "
-          f"time: draft {stats.draft_time:.2f}s, target {stats.target_time:.2f}s, verify {stats.verify_time:.3f}s, "
-          f"bookkeeping {stats.bookkeeping_time:.3f}s")
-    if greedy_match is not None:
-        print(f"greedy output identical to the target's own greedy generate: {greedy_match}")
-    return row
+        same = torch.equal(plain[0, : out.sequences.shape[1]], out.sequences[0, : plain.shape[1]])
+        print(f"greedy output identical to the target's own greedy generate: {'yes' if same else 'NO'}")
+    return {"rule": args.rule, "gamma": args.gamma, "acceptance_rate": stats.acceptance_rate, "alpha": stats.alpha,
+            "block_efficiency": stats.block_efficiency, "tokens_per_second": stats.tokens_per_second,
+            "target_tokens_per_second": target_tps, "speedup": speedup, "predicted_speedup": stats.predicted_speedup}
+
+
+def demo_parser(sub: Any) -> argparse.ArgumentParser:
+    d = sub.add_parser("demo", help="speculative generation on the embedded pair, with statistics",
+                       description=DEMO_DESCRIPTION, formatter_class=cli_args.HelpFormatter)
+    d.add_argument("--rule", type=cli_args.rule, default="token",
+                   help="verification rule: token, block, greedy, typical or top_beta (docs/guide.md, section 3)")
+    d.add_argument("--gamma", "--num-draft-tokens", type=cli_args.int_at_least("num_draft_tokens", 1), default=5,
+                   dest="gamma", help="draft tokens proposed per step")
+    d.add_argument("--temperature", type=cli_args.temperature, default=0.0,
+                   help="sampling temperature; 0 is greedy decoding")
+    d.add_argument("--prompt", type=cli_args.non_empty("prompt"), default=DEFAULT_PROMPT,
+                   help="text to continue (default: %(default)r)")
+    d.add_argument("--max-new-tokens", type=cli_args.int_at_least("max_new_tokens", 1), default=96,
+                   help="most tokens to generate")
+    d.add_argument("--pair", choices=["benchmark", "demo"], default="benchmark",
+                   help="embedded pair: 'benchmark' enlarges the trained target to a realistic cost without "
+                        "changing its outputs; 'demo' is the pair as trained (tiny, so call overhead dominates)")
+    d.add_argument("--target", help="path of a local Hugging Face target model (with --draft)")
+    d.add_argument("--draft", help="path of a local Hugging Face draft model (with --target)")
+    d.add_argument("--seed", type=cli_args.int_at_least("seed", 0), default=0, help="random seed")
+    d.add_argument("--threads", type=cli_args.int_at_least("threads", 1), default=None,
+                   help="torch CPU threads (default: torch's choice; 1 avoids stalls on a busy machine)")
+    return d
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m specdecode", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    d = sub.add_parser("demo", help="speculative generation on the embedded pair, with statistics")
-    d.add_argument("--rule", default="token", help="verification rule (see specdecode.list_rules())")
-    d.add_argument("--gamma", "--num-draft-tokens", type=int, default=5, dest="gamma", help="draft tokens per step")
-    d.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    d.add_argument("--prompt", default=DEFAULT_PROMPT)
-    d.add_argument("--max-new-tokens", type=int, default=96)
-    d.add_argument("--pair", choices=["benchmark", "demo"], default="benchmark",
-                   help="benchmark: the trained target enlarged to a realistic cost (default); demo: as trained")
-    d.add_argument("--target", help="path of a local Hugging Face target model (with --draft)")
-    d.add_argument("--draft", help="path of a local Hugging Face draft model (with --target)")
-    d.add_argument("--seed", type=int, default=0)
-    d.add_argument("--threads", type=int, default=None,
-                   help="torch CPU threads (default: torch's choice; 1 avoids stalls on a busy machine)")
+    parser = argparse.ArgumentParser(prog="python -m specdecode", description=DESCRIPTION,
+                                     formatter_class=cli_args.HelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{demo,bench,info}")
+    d = demo_parser(sub)
     sub.add_parser("bench", help="end-to-end benchmark (python -m specdecode bench --help)", add_help=False)
     sub.add_parser("info", help="what was built")
     args, rest = parser.parse_known_args(argv)
@@ -119,10 +159,12 @@ def main(argv: list[str] | None = None) -> None:
         info_main()
     else:
         if rest:
-            parser.error(f"unrecognized arguments: {' '.join(rest)}")
+            d.error(f"unrecognized arguments: {' '.join(rest)}")
+        if bool(args.target) != bool(args.draft):
+            d.error("--target and --draft go together (paths of a local Hugging Face pair)")
         if args.threads:
             torch.set_num_threads(args.threads)
         try:
             demo(args)
-        except (ValueError, TypeError) as exc:  # bad option values: a message, not a traceback
-            parser.exit(2, f"specdecode demo: error: {exc}\n")
+        except (ValueError, TypeError) as exc:  # what only the models can tell (e.g. a mismatched pair)
+            d.exit(2, f"{d.prog}: error: {exc}\n")

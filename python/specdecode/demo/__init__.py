@@ -88,13 +88,16 @@ def load_demo_pair(
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from specdecode.models.loading import quiet_loading
+
     root = WEIGHTS_DIR if weights_dir is None else Path(weights_dir)
     models = []
     for name in ("target", "draft"):
         path = root / name
         if not (path / "config.json").exists():
             raise FileNotFoundError(f"demo weights not found in {path}; run scripts/train_pair.py")
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+        with quiet_loading():
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
         models.append(model.to(device).eval())
     tokenizer = AutoTokenizer.from_pretrained(root / "target")
     return models[0], models[1], tokenizer

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import html
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
 
-from specdecode.analysis import expected_speedup, expected_tokens_per_call
+from specdecode import vocabulary as words
+from specdecode.analysis import cost_aware_speedup, expected_speedup, expected_tokens_per_call
 
 
 class Clock:
@@ -203,36 +205,132 @@ class SpeculativeStats:
             data[name] = getattr(self, name)
         return data
 
-    def __str__(self) -> str:
-        total = self.total_time or 1.0
-
-        def share(t: float) -> str:
-            return f"{t * 1000:9.1f} ms  {100.0 * t / total:5.1f}%"
-
-        per_pos = " ".join(f"{r:.2f}" for r in self.acceptance_rate_per_position) or "-"
-        lines = [
-            f"SpeculativeStats  rule={self.rule}  drafter={self.drafter}  batch={self.batch_size}  "
-            f"schedule={self.draft_schedule}  path={self.decode_path}",
-            f"  new tokens            {self.new_tokens}   ({self.tokens_per_second:.1f} tok/s)",
-            f"  steps / row-steps     {self.steps} / {self.row_steps}",
-            f"  target calls          {self.target_calls}  (prefill {self.target_prefill_calls})",
-            f"  draft calls           {self.draft_calls}",
-            f"  drafted / accepted    {self.drafted_tokens} / {self.accepted_tokens}  "
-            f"(acceptance {self.acceptance_rate:.3f}, alpha {self.alpha:.3f})",
-            f"  per position          {per_pos}",
-            f"  mean gamma            {self.mean_num_draft_tokens:.2f}",
-            f"  mean accepted length  {self.mean_accepted_length:.3f}",
-            f"  block efficiency      {self.block_efficiency:.3f} new tokens / target call / row",
-            f"  cost ratio c          {self.cost_ratio:.3f}",
-            f"  predicted speedup     {self.predicted_speedup:.2f}x (Leviathan, measured alpha and c)",
-            f"  host syncs            {self.host_syncs}  ({self.host_syncs_per_step:.2f} per step)",
-            "  time",
-            f"    draft               {share(self.draft_time)}",
-            f"    target              {share(self.target_time)}",
-            f"    verify              {share(self.verify_time)}",
-            f"    bookkeeping         {share(self.bookkeeping_time)}  (alignment {self.alignment_time * 1000:.1f} ms,"
-            f" {self.repacks} re-packs)",
-            f"    other               {share(self.other_time)}",
-            f"    total               {self.total_time * 1000:9.1f} ms",
+    def summary(self) -> list[tuple[str, str, str]]:
+        """``(quantity, value, meaning)`` rows: what ``str(stats)``, the Jupyter table and the
+        demo show, with the names and number formats of :mod:`specdecode.vocabulary`."""
+        tree = bool(self.tree_rule)
+        by_position = words.ACCEPTANCE_BY_POSITION
+        rows = [
+            ("new tokens", str(self.new_tokens),
+             f"in {self.total_time:.2f} s, {words.per_second(self.tokens_per_second)} tok/s"),
+            ("target / draft calls", f"{self.target_calls} / {self.draft_calls}",
+             f"{self.steps} verification steps + {self.target_prefill_calls} target prefill"),
+            ("drafted / accepted", f"{self.drafted_tokens} / {self.accepted_tokens}", "draft tokens"),
+            (words.ACCEPTANCE_RATE.name, words.rate(self.acceptance_rate), words.ACCEPTANCE_RATE.short),
+            (words.ALPHA.name, words.rate(self.alpha), words.ALPHA.short),
+            ("acceptance by depth" if tree else by_position.name, words.rates(self.acceptance_rate_per_position),
+             "share of steps accepting depth i" if tree else by_position.short),
         ]
+        if tree:
+            rows.append(("acceptance by rank", words.rates(self.acceptance_by_rank),
+                         "P(child of rank r accepted | tried)"))
+        else:
+            rows.append((words.GAMMA.name, f"{self.mean_num_draft_tokens:.2f}",
+                         f"mean {words.GAMMA.short} ({self.draft_schedule} schedule)"))
+        rows += [
+            (words.BLOCK_EFFICIENCY.name, words.tokens(self.block_efficiency), words.BLOCK_EFFICIENCY.short),
+            (words.COST_RATIO.name, words.cost(self.cost_ratio), words.COST_RATIO.short),
+        ]
+        if not tree:
+            rows.append((words.PREDICTED_SPEEDUP.name, words.speedup(self.predicted_speedup),
+                         words.PREDICTED_SPEEDUP.short))
+        if self.host_syncs:
+            rows.append(("host syncs", str(self.host_syncs),
+                         f"{self.host_syncs_per_step:.2f} per step: waits for the device"))
+        return rows
+
+    def time_summary(self) -> list[tuple[str, str, str]]:
+        """``(part, milliseconds, share of the total)`` rows of the wall-time split."""
+        total = self.total_time or 1.0
+        parts = [("draft", self.draft_time), ("target", self.target_time), ("verify", self.verify_time),
+                 ("bookkeeping", self.bookkeeping_time), ("other", self.other_time)]
+        rows = [(name, words.milliseconds(t), f"{100.0 * t / total:.1f}%") for name, t in parts]
+        rows.append(("total", words.milliseconds(self.total_time), "100.0%"))
+        return rows
+
+    def _title(self) -> str:
+        rule = f"tree rule {self.tree_rule}" if self.tree_rule else f"rule {self.rule}"
+        return f"SpeculativeStats: {rule}, drafter {self.drafter}, batch {self.batch_size}, {self.decode_path} path"
+
+    def explain_speedup(self, target_tokens_per_second: float) -> str:
+        """One line on why the measured speed-up differs from Leviathan's prediction, given the
+        tokens/s of the target alone on the same batch (e.g. from ``target.generate``).
+
+        The formula assumes a verify call (a target forward over gamma + 1 tokens) costs one
+        single-token decode step; this compares the measured verify call with that step and
+        gives the prediction at the measured costs
+        (:func:`specdecode.analysis.cost_aware_speedup`)."""
+        if target_tokens_per_second <= 0 or self.tokens_per_second <= 0 or self.target_time_per_call <= 0:
+            return "not enough measurements to compare the speed-up with its prediction"
+        measured = self.tokens_per_second / target_tokens_per_second
+        step_seconds = max(self.batch_size, 1) / target_tokens_per_second
+        gamma = max(round(self.mean_num_draft_tokens), 1)
+        verify_steps = self.target_time_per_call / step_seconds
+        cost_aware = cost_aware_speedup(self.block_efficiency, gamma, self.draft_time_per_call,
+                                        self.target_time_per_call, step_seconds)
+        overhead = (self.verify_time + self.bookkeeping_time + self.other_time) / (self.total_time or 1.0)
+        return (f"{words.SPEEDUP.name} {words.speedup(measured)}, predicted {words.speedup(self.predicted_speedup)}: "
+                f"a verify call ({gamma + 1} tokens) costs {verify_steps:.1f} target decode steps here, not the 1 "
+                f"the formula assumes; at the measured costs it predicts {words.speedup(cost_aware)} "
+                f"(verification and bookkeeping: {100 * overhead:.0f}% of the time)")
+
+    def __str__(self) -> str:
+        rows = self.summary()
+        width = max(len(r[0]) for r in rows + self.time_summary()) + 2
+        value_width = max(len(r[1]) for r in rows if r[0] != "acceptance by position") + 2
+        lines = [self._title()]
+        for name, value, meaning in rows:
+            pad = max(value_width - len(value), 2)
+            lines.append(f"  {name:<{width}}{value}{' ' * pad}{meaning}")
+        lines.append("  time")
+        for name, ms, share in self.time_summary():
+            lines.append(f"    {name:<{width - 2}}{ms:>12}  {share:>6}")
+        if self.repacks or self.alignment_time:
+            lines[-3] += f"  (alignment {words.milliseconds(self.alignment_time)}, {self.repacks} re-packs)"
         return "\n".join(lines)
+
+    def _repr_html_(self) -> str:
+        """An HTML table for Jupyter: the rows of :meth:`summary`, definitions as tooltips."""
+        definitions = {t.name: t.definition for t in words.TERMS}
+        cells = []
+        for name, value, meaning in self.summary():
+            tip = f' title="{html.escape(definitions[name], quote=True)}"' if name in definitions else ""
+            cells.append(f'<tr><td style="text-align:left"{tip}>{html.escape(name)}</td>'
+                         f'<td style="text-align:right"><code>{html.escape(value)}</code></td>'
+                         f'<td style="text-align:left">{html.escape(meaning)}</td></tr>')
+        times = ", ".join(f"{name} {share}" for name, _, share in self.time_summary()[:-1])
+        cells.append(f'<tr><td style="text-align:left">time</td><td style="text-align:right"><code>'
+                     f'{html.escape(words.milliseconds(self.total_time))}</code></td>'
+                     f'<td style="text-align:left">{html.escape(times)}</td></tr>')
+        return (f"<table><caption style=\"text-align:left\"><b>{html.escape(self._title())}</b></caption>"
+                f"<tr><th>quantity</th><th>value</th><th>meaning</th></tr>{''.join(cells)}</table>")
+
+    def plot(self, ax: Any = None) -> Any:
+        """Bar chart of the acceptance by draft position (by depth for trees); for chains also
+        ``alpha^i``, what it would be if every position were accepted with probability alpha.
+        Needs matplotlib; returns the ``matplotlib.axes.Axes`` (a new figure when ``ax`` is None).
+        """
+        try:
+            import matplotlib.pyplot as plt
+        except ImportError as exc:  # pragma: no cover - matplotlib is a test dependency
+            raise ImportError("SpeculativeStats.plot needs matplotlib: pip install matplotlib") from exc
+        new_figure = ax is None
+        if new_figure:
+            _, ax = plt.subplots(figsize=(5, 3.2))
+        measured = self.acceptance_rate_per_position
+        positions = list(range(1, len(measured) + 1))
+        what = "depth" if self.tree_rule else "draft position"
+        ax.bar(positions, measured, color="tab:blue", alpha=0.8, label=f"measured acceptance by {what.split()[-1]}")
+        if positions and not self.tree_rule:
+            ax.plot(positions, [self.alpha ** i for i in positions], color="tab:orange", marker="o",
+                    label=f"alpha^i (alpha = {words.rate(self.alpha)})")
+        ax.set_xlabel(what)
+        ax.set_ylabel("share of steps accepted")
+        ax.set_ylim(0, 1.05)
+        ax.set_xticks(positions)
+        ax.set_title(f"{self._title().split(': ', 1)[1]}; block efficiency {words.tokens(self.block_efficiency)}",
+                     fontsize=9)
+        ax.legend(fontsize=8)
+        if new_figure:
+            ax.figure.tight_layout()
+        return ax

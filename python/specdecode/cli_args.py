@@ -1,0 +1,87 @@
+"""Command-line arguments checked by the Python API's own rules, when they are parsed.
+
+``python -m specdecode demo`` and ``bench`` take the values of :func:`specdecode.generate`
+(gamma, rule, temperature, lengths); each ``type=`` here runs the same check the API runs
+(:func:`~specdecode.integrations.hf.arguments.check_int`, :class:`~specdecode.SamplingParams`,
+the rule registry) and turns its message into an argparse error, so a bad value stops the
+command at once, with the API's words, before any model is loaded.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any, Callable
+
+from specdecode.integrations.hf.arguments import check_int
+from specdecode.rules import get_rule
+from specdecode.sampling import SamplingParams
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Help that shows each option's default (unless it is None or a flag's False) and keeps
+    the description's line breaks."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default is None or action.default is False:
+            return action.help
+        return super()._get_help_string(action)
+
+
+def _checked(check: Callable[[str], Any], what: str) -> Callable[[str], Any]:
+    def parse(text: str) -> Any:
+        try:
+            return check(text)
+        except (TypeError, ValueError) as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    parse.__name__ = what  # argparse names the type in "invalid <name> value" messages
+    return parse
+
+
+def _int(name: str, text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"{name}: expected an int, got {text!r}") from None
+
+
+def int_at_least(name: str, minimum: int) -> Callable[[str], int]:
+    """``type=`` for an int >= ``minimum``, checked by ``check_int`` (errors name ``name``)."""
+    return _checked(lambda text: check_int(name, _int(name, text), minimum), name)
+
+
+def temperature(text: str) -> float:
+    """``type=`` for a temperature: 0 is greedy; the rest is :class:`SamplingParams`' check."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"temperature: expected a number >= 0 (0 = greedy), got {text!r}") from None
+    try:
+        SamplingParams(temperature=value)
+    except (TypeError, ValueError) as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return value
+
+
+def rule(text: str) -> str:
+    """``type=`` for a chain verification rule: a name from :func:`specdecode.list_rules`."""
+    try:
+        return get_rule(text).name
+    except (TypeError, ValueError) as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def non_empty(name: str) -> Callable[[str], str]:
+    """``type=`` for a string that must not be empty (a prompt)."""
+
+    def check(text: str) -> str:
+        if not text:
+            raise ValueError(f"{name}: expected a non-empty string")
+        return text
+
+    return _checked(check, name)
+
+
+def sampling(temperature_value: float) -> dict[str, Any]:
+    """``generate``'s sampling keywords for a command-line temperature (0 = greedy)."""
+    return dict(do_sample=True, temperature=temperature_value) if temperature_value > 0 else dict(do_sample=False)

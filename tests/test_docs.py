@@ -1,0 +1,96 @@
+"""The documentation runs: every ```python block of README.md and docs/*.md executes, offline,
+in file order in one namespace per file; an ```output block right after a python block must be
+exactly what that block printed. A block that needs a GPU or the network is fenced
+```python no-run and says why in its first comment line. The vocabulary of the user guide is
+the one the screens use (specdecode.vocabulary)."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+@dataclass
+class Block:
+    info: str  # the fence's info string: "python", "python no-run", "output", "bash", ...
+    line: int  # 1-based line of the first code line
+    code: str
+    output: str | None = None  # the expected stdout, from an ```output block right after
+
+
+def blocks(path: Path) -> list[Block]:
+    """The fenced blocks of a markdown file, with each output block attached to the python block
+    before it (only blank lines may separate them)."""
+    found: list[Block] = []
+    lines = path.read_text(encoding="utf-8").splitlines()
+    i = 0
+    while i < len(lines):
+        fence = re.match(r"^```(.*)$", lines[i])
+        if not fence:
+            i += 1
+            continue
+        start, i = i + 1, i + 1
+        while i < len(lines) and lines[i] != "```":
+            i += 1
+        if i == len(lines):
+            raise AssertionError(f"{path.name}:{start}: unterminated code fence")
+        block = Block(fence.group(1).strip(), start + 1, "\n".join(lines[start:i]) + "\n")
+        i += 1
+        if block.info == "output":
+            previous = found[-1] if found else None
+            between = lines[previous.line - 1 + previous.code.count("\n") + 1: start - 1] if previous else []
+            if previous is None or previous.info != "python" or any(s.strip() for s in between):
+                raise AssertionError(f"{path.name}:{start}: an output block must follow a python block")
+            previous.output = block.code
+            continue
+        found.append(block)
+    return found
+
+
+def test_every_python_block_is_run_or_says_why_not() -> None:
+    for path in DOCS:
+        for block in blocks(path):
+            if block.info.startswith("python") and block.info != "python":
+                assert block.info == "python no-run", f"{path.name}:{block.line}: unknown fence '{block.info}'"
+                first = block.code.lstrip().splitlines()[0]
+                assert first.startswith("#"), f"{path.name}:{block.line}: a no-run block starts with a comment saying why"
+
+
+@pytest.mark.parametrize("path", DOCS, ids=[p.name for p in DOCS])
+def test_python_blocks_run(path: Path) -> None:
+    runnable = [b for b in blocks(path) if b.info == "python"]
+    if not runnable:
+        pytest.skip(f"{path.name} has no python blocks")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    namespace: dict[str, object] = {"__name__": f"docs_{path.stem}"}
+    for block in runnable:
+        # Pad with newlines so that a traceback names the markdown file's own line numbers.
+        code = compile("\n" * (block.line - 1) + block.code, str(path), "exec")
+        printed = io.StringIO()
+        with contextlib.redirect_stdout(printed):
+            exec(code, namespace)  # noqa: S102 - documentation examples, ours
+        if block.output is not None:
+            got = [line.rstrip() for line in printed.getvalue().rstrip("\n").splitlines()]
+            want = [line.rstrip() for line in block.output.rstrip("\n").splitlines()]
+            assert got == want, f"{path.name}:{block.line}: printed\n{printed.getvalue()}\nexpected\n{block.output}"
+
+
+def test_guide_defines_the_vocabulary_the_screens_use() -> None:
+    from specdecode.vocabulary import TERMS
+
+    text = (ROOT / "docs" / "guide.md").read_text(encoding="utf-8")
+    section = text.split("## 2. Vocabulary", 1)[1].split("\n## ", 1)[0]
+    flat = " ".join(section.split())
+    for term in TERMS:
+        entry = f"- **{term.name}**: {' '.join(term.definition.split())}"
+        assert entry in flat, f"docs/guide.md: the definition of {term.name!r} differs from specdecode.vocabulary"
