@@ -83,6 +83,7 @@ MISUSE = [
     (["bench", "--repeats", "0"], "--repeats", None),
     (["bench", "--max-new-tokens", "-5"], "--max-new-tokens", None),
     (["bench", "--draft", "some/path"], "--target", None),
+    (["bench", "--drafters", "model", "eagle"], "--drafters", None),
 ]
 
 
@@ -141,9 +142,12 @@ def test_bench_quick_runs_the_cost_realistic_pair(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     rows = list(csv.DictReader((tmp_path / "res" / "bench_generate.csv").open()))
     methods = {r["method"] for r in rows}
-    assert methods == {"target alone", "HF assisted", "specdecode token", "specdecode block"}
+    assert methods == {"target alone", "HF assisted", "HF prompt lookup", "specdecode model token",
+                       "specdecode model block", "specdecode ngram token", "specdecode ngram block"}
     assert {float(r["temperature"]) for r in rows} == {0.0, 1.0}
     assert all(float(r["tok_per_s"]) > 0 for r in rows)
+    assert all(0 <= float(r["alpha"]) <= 1 and float(r["block_efficiency"]) >= 1 for r in rows
+               if r["method"].startswith("specdecode"))
     meta = json.loads((tmp_path / "res" / "bench_generate.json").read_text())["meta"]
     assert meta["cost_ratio_c"] > 0 and meta["pair"].startswith("embedded pair, cost-realistic target")
     assert "pair: embedded pair, cost-realistic target" in proc.stdout

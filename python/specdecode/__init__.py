@@ -17,7 +17,14 @@ from specdecode.analysis import (
     expected_tokens_per_call,
     optimal_num_draft_tokens,
 )
-from specdecode.drafters import Drafter, LayerSkipDrafter, ModelDrafter, Proposal
+from specdecode.drafters import (
+    Drafter,
+    LayerSkipDrafter,
+    ModelDrafter,
+    NgramDrafter,
+    Proposal,
+    TokenizerBridgeDrafter,
+)
 from specdecode.engine import DraftSchedule, SpeculativeStats
 from specdecode.integrations.hf import SpeculativeOutput, check_compatibility, custom_generate, generate
 from specdecode.reference import VerifyOutput
@@ -42,8 +49,10 @@ __all__ = [
     "Drafter",
     "LayerSkipDrafter",
     "ModelDrafter",
+    "NgramDrafter",
     "Proposal",
     "SamplingParams",
+    "TokenizerBridgeDrafter",
     "load_demo_pair",
     "RuleInfo",
     "SpeculativeOutput",

@@ -1,17 +1,25 @@
-"""End-to-end generation benchmark: the target alone, Hugging Face assisted generation, and
-specdecode (token and block rules), on the same pair, prompts, seed and max_new_tokens.
+"""End-to-end generation benchmark: the target alone, Hugging Face assisted generation (with the
+draft model, and its prompt-lookup mode), and specdecode with every drafter and rule, on the
+same pair, prompts, seed and max_new_tokens.
 
     python -m specdecode bench                  # cost-realistic pair, full table
     python -m specdecode bench --quick          # the same pair, shorter: about half a minute
+    python -m specdecode bench --drafters ngram --rules token --batch-sizes 1
     python -m specdecode bench --plot           # also PNGs: acceptance by position, speedup vs gamma
     python benchmarks/bench_generate.py ...     # the same
+
+Drafters (--drafters, see drafter_factories): model (the draft model, ModelDrafter), ngram
+(prompt lookup, NgramDrafter), ngram-trie (its tries of 16 nodes, verified with the lossless
+tree rule whatever --rules says), and layerskip-1/2/3 (the target's first k layers,
+LayerSkipDrafter). Each chain drafter runs with every rule of --rules.
 
 Every configuration runs in one process, one after the other, after an untimed warm-up, and
 --repeats times; tokens/s is the median over repeats. EOS is disabled for every method, so each
 generates exactly max_new_tokens per prompt. Batch 8: specdecode runs one left-padded batch;
-the target alone runs one batched generate; Hugging Face assisted generation supports batch 1
-only, so it is 8 sequential calls. Ratios compare with the target alone and with HF measured in
-the same run. The columns use the words of docs/guide.md (section 2).
+the target alone runs one batched generate; Hugging Face assisted generation (both modes)
+supports batch 1 only, so it is 8 sequential calls. Ratios compare with the target alone and
+with both HF modes measured in the same run. The columns use the words of docs/guide.md
+(section 2).
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ import argparse
 import copy
 import logging
 import statistics
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -31,7 +40,45 @@ from specdecode import vocabulary as words
 from specdecode.analysis import expected_speedup
 from specdecode.benchmarking import Column, base_parser, environment, format_table, time_call, write_results
 
-METHODS_T = ("target alone", "HF assisted", "specdecode token", "specdecode block")
+BASELINES = ("target alone", "HF assisted", "HF prompt lookup")
+# --clock: wall time, or the benchmark thread's CPU time (CPU runs with --threads 1 only: on a
+# machine shared with other work it is far less noisy; it does not see GPU time). The per-phase
+# times of SpeculativeStats behind the cost-aware prediction stay wall times.
+CLOCKS = {"wall": time.perf_counter, "cpu": time.thread_time}
+RULES = ("token", "block")
+#: The drafter axis (:func:`drafter_factories` builds them).
+DRAFTERS = ("model", "ngram", "ngram-trie", "layerskip-1", "layerskip-2", "layerskip-3")
+
+
+def drafter_factories(target: Any, draft: Any) -> dict[str, Callable[[], Any]]:
+    """The drafter axis: name -> a function building a fresh drafter (or a draft model) for one
+    generation. Adding a drafter to the benchmark is one entry here."""
+    from specdecode import drafters
+
+    factories: dict[str, Callable[[], Any]] = {
+        "model": lambda: drafters.ModelDrafter(draft),
+        "ngram": lambda: drafters.NgramDrafter(),
+        "ngram-trie": lambda: drafters.NgramDrafter(num_nodes=16),
+    }
+    for k in (1, 2, 3):
+        factories[f"layerskip-{k}"] = lambda k=k: drafters.LayerSkipDrafter(target, num_layers=k)
+    assert tuple(factories) == DRAFTERS
+    return factories
+
+
+#: Drafters that propose token trees: they run once, with the lossless tree rule of their
+#: children (``rule=None``), whatever ``--rules`` says (those are chain rules).
+TREE_DRAFTERS = ("ngram-trie",)
+TREE_RULE = "tree"
+
+
+def method_name(drafter: str, rule: str) -> str:
+    return f"specdecode {drafter} {rule}"
+
+
+def drafter_rules(drafter: str, rules: list[str]) -> list[str]:
+    """The rules a drafter runs with: ``--rules`` for chains, the tree rule for tree drafters."""
+    return [TREE_RULE] if drafter in TREE_DRAFTERS else list(rules)
 
 
 def load_pair(pair: str = "benchmark", target_path: str | None = None, draft_path: str | None = None
@@ -147,8 +194,14 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
 
     sampling = cli_args.sampling
 
+    factories = drafter_factories(target, draft)
+    unknown = [d for d in args.drafters if d not in factories]
+    if unknown:
+        raise SystemExit(f"--drafters: unknown {unknown}; this build has {sorted(factories)}")
+    specs = {method_name(d, r): (d, r) for d in args.drafters for r in drafter_rules(d, args.rules)}
+    methods = list(BASELINES) + list(specs)
     cases: list[tuple[float, int, str]] = [
-        (t, b, m) for t in args.temperatures for b in args.batch_sizes for m in METHODS_T
+        (t, b, m) for t in args.temperatures for b in args.batch_sizes for m in methods
     ]
     results: dict[tuple[float, int, str], dict[str, Any]] = {}
     bar = tqdm(total=len(cases) * args.repeats, desc="bench", unit="run", leave=False)
@@ -166,17 +219,19 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                 for ids, mask in padded:
                     out = target.generate(ids, attention_mask=mask, **common, **sampling(temperature))
                     new_tokens += (out.shape[1] - ids.shape[1]) * ids.shape[0]
-            elif method == "HF assisted":  # batch 1 only: one call per prompt
+            elif method.startswith("HF "):  # batch 1 only: one call per prompt
+                mode = dict(assistant_model=draft) if method == "HF assisted" else dict(prompt_lookup_num_tokens=gamma)
                 for p in prompts[: len(groups) * batch_size]:
                     with _hf_assisted_generation():
-                        out = target.generate(p, attention_mask=torch.ones_like(p), assistant_model=draft,
-                                              **common, **sampling(temperature))
+                        out = target.generate(p, attention_mask=torch.ones_like(p), **mode, **common,
+                                              **sampling(temperature))
                     new_tokens += out.shape[1] - p.shape[1]
             else:
-                rule = method.split()[-1]
+                name, rule = specs[method]
                 for ids, mask in padded:
-                    out = specdecode.generate(target, draft, ids, mask if batch_size > 1 else None,
-                                              num_draft_tokens=gamma, rule=rule, eos_token_id=None,
+                    out = specdecode.generate(target, factories[name](), ids, mask if batch_size > 1 else None,
+                                              num_draft_tokens=gamma, rule=None if rule == TREE_RULE else rule,
+                                              eos_token_id=None,
                                               generator=gen, **common, **sampling(temperature))
                     new_tokens += (out.sequences.shape[1] - ids.shape[1]) * ids.shape[0]
                     if not warmup:
@@ -185,22 +240,28 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
 
         once(warmup=True)  # untimed: first calls of each method and shape pay one-time costs
         counts: list[int] = []
-        times = time_call(lambda: counts.append(once()) or bar.update(1), repeats=args.repeats, warmup=0)
+        times = time_call(lambda: counts.append(once()) or bar.update(1), repeats=args.repeats, warmup=0,
+                          clock=CLOCKS[args.clock])
         tokens_per_s = statistics.median(n / t for n, t in zip(counts, times))
         row: dict[str, Any] = {"temperature": temperature, "batch": batch_size, "method": method,
                                "tokens": counts[0], "tok_per_s": tokens_per_s}
         if stats_runs:
+            name = specs[method][0]
             alpha = statistics.median(s.alpha for s in stats_runs)
             per_position = [statistics.median(s.acceptance_rate_per_position[i] for s in stats_runs
                                               if i < len(s.acceptance_rate_per_position))
                             for i in range(gamma)]
             efficiency = statistics.median(s.block_efficiency for s in stats_runs)
-            row.update(alpha=alpha, block_efficiency=efficiency,
+            # Leviathan's c: the measured decode-step ratio for the draft model; for other
+            # drafters the per-call ratio the run measured (0 for a drafter without a model).
+            c = c_measured if name == "model" else statistics.median(s.cost_ratio for s in stats_runs)
+            row.update(drafter=name, rule=specs[method][1], alpha=alpha, block_efficiency=efficiency,
                        acceptance_rate=statistics.median(s.acceptance_rate for s in stats_runs),
                        draft_call_s=statistics.median(s.draft_time_per_call for s in stats_runs),
+                       draft_step_s=statistics.median(s.draft_time / max(s.steps, 1) for s in stats_runs),
                        verify_call_s=statistics.median(s.target_time_per_call for s in stats_runs),
                        acceptance_by_position=[round(a, 4) for a in per_position],
-                       predicted_speedup=expected_speedup(min(alpha, 1.0), gamma, c_measured),
+                       predicted_speedup=expected_speedup(min(alpha, 1.0), gamma, c),
                        verify_share=statistics.median(s.verify_time / max(s.total_time, 1e-12) for s in stats_runs),
                        bookkeeping_share=statistics.median(s.bookkeeping_time / max(s.total_time, 1e-12)
                                                            for s in stats_runs))
@@ -210,21 +271,21 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     rows = []
     for (temperature, batch_size, method), row in results.items():
         base = results[(temperature, batch_size, "target alone")]["tok_per_s"]
-        hf = results[(temperature, batch_size, "HF assisted")]["tok_per_s"]
         row["x_target"] = row["tok_per_s"] / base
-        row["x_hf"] = row["tok_per_s"] / hf
+        row["x_hf_assisted"] = row["tok_per_s"] / results[(temperature, batch_size, "HF assisted")]["tok_per_s"]
+        row["x_hf_lookup"] = row["tok_per_s"] / results[(temperature, batch_size, "HF prompt lookup")]["tok_per_s"]
         if "predicted_speedup" in row:
             row["measured_over_predicted"] = row["x_target"] / row["predicted_speedup"]
             # Leviathan's formula assumes a verify call (gamma+1 tokens) costs one decode step of
             # the target. On a CPU it costs more; this prediction uses the measured costs instead:
-            # tokens per call x (target-alone time per token) / (gamma draft calls + one verify call).
+            # tokens per call x (target-alone time per token) / (drafting + one verify call per step).
             step_s = batch_size / base  # target alone: seconds per decode step of the batch
             row["cost_aware_prediction"] = (row["block_efficiency"] * step_s
-                                            / (gamma * row["draft_call_s"] + row["verify_call_s"]))
+                                            / (row["draft_step_s"] + row["verify_call_s"]))
             row["measured_over_cost_aware"] = row["x_target"] / row["cost_aware_prediction"]
             row["verify_call_in_steps"] = row["verify_call_s"] / step_s
         rows.append(row)
-    meta = {**environment(), "pair": pair_name, "cost_ratio_c": c_measured, "gamma": gamma,
+    meta = {**environment(), "clock": args.clock, "pair": pair_name, "cost_ratio_c": c_measured, "gamma": gamma,
             "max_new_tokens": args.max_new_tokens, "num_prompts": len(prompts), "args": vars(args)}
 
     if args.plot:
@@ -242,7 +303,8 @@ def report(rows: list[dict[str, Any]], pair_name: str, gamma: int, c: float) -> 
     columns = [
         Column("temperature", "T", lambda v: f"{v:g}"), Column("batch"), Column("method"),
         Column("tok_per_s", "tok/s", words.per_second), Column("x_target", words.SPEEDUP.name, words.speedup),
-        Column("x_hf", "vs HF\nassisted", words.speedup), Column("alpha", words.ALPHA.name, words.rate), Column("block_efficiency", "block\nefficiency", words.tokens),
+        Column("x_hf_assisted", "vs HF\nassisted", words.speedup), Column("x_hf_lookup", "vs HF\nlookup", words.speedup),
+        Column("alpha", words.ALPHA.name, words.rate), Column("block_efficiency", "block\nefficiency", words.tokens),
         Column("predicted_speedup", "predicted\nspeedup", words.speedup),
         Column("cost_aware_prediction", "cost-aware\nprediction", words.speedup),
     ]
@@ -377,6 +439,14 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     parser.add_argument("--batch-sizes", type=at_least("batch_size", 1), nargs="+",
                         help=f"prompts per generate call (default: {' '.join(map(str, FULL['batch_sizes']))}; "
                              f"--quick: {' '.join(map(str, QUICK['batch_sizes']))})")
+    parser.add_argument("--drafters", nargs="+", default=None, choices=DRAFTERS, metavar="DRAFTER",
+                        help=f"specdecode drafters to run, of {' '.join(DRAFTERS)} (default: all; --quick: model "
+                             "ngram)")
+    parser.add_argument("--rules", nargs="+", default=list(RULES),
+                        help="verification rules for every chain drafter (default: token block)")
+    parser.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
+                        help="wall time, or this thread's CPU time (with --threads 1 on a busy CPU machine; "
+                             "default: wall)")
     parser.add_argument("--plot", action="store_true", help="write PNG figures to --out")
     parser.add_argument("--threads", type=at_least("threads", 1), default=None,
                         help="torch CPU threads (default: torch's choice; 1 avoids stalls on a busy machine)")
@@ -395,8 +465,12 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
 
     if args.num_prompts > len(demo_prompts()):
         parser.error(f"argument --num-prompts: num_prompts: at most {len(demo_prompts())} held-out prompts exist")
+    if args.drafters is None:
+        args.drafters = ["model", "ngram"] if args.quick else list(DRAFTERS)
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.clock == "cpu" and torch.get_num_threads() != 1:
+        parser.error("--clock cpu counts only this thread's CPU time; run with --threads 1")
     run(args)
 
 

@@ -5,6 +5,10 @@
   :class:`StaticDrafter` / :class:`StaticDraftState` the same for the static, graph-capturable
   decode path.
 - :class:`ModelDrafter`: a second Hugging Face causal LM with its own KV cache.
+- :class:`NgramDrafter`: prompt lookup, no model (copies what followed an earlier occurrence
+  of each row's last tokens).
+- :class:`TokenizerBridgeDrafter`: a draft model with its own tokenizer (text is re-encoded
+  both ways).
 - :class:`LayerSkipDrafter`: self-speculation with some of the target's own decoder layers.
 """
 
@@ -20,6 +24,8 @@ from specdecode.drafters.base import (
 )
 from specdecode.drafters.layer_skip import LayerSkipDrafter
 from specdecode.drafters.model import ModelDrafter
+from specdecode.drafters.ngram import NgramDrafter
+from specdecode.drafters.tokenizer_bridge import TokenizerBridgeDrafter
 
 __all__ = [
     "CommitUpdate",
@@ -28,8 +34,10 @@ __all__ = [
     "DrafterBase",
     "LayerSkipDrafter",
     "ModelDrafter",
+    "NgramDrafter",
     "Proposal",
     "StaticDraftState",
     "StaticDrafter",
+    "TokenizerBridgeDrafter",
     "point_mass_logits",
 ]

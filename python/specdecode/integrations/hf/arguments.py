@@ -74,6 +74,19 @@ def rule_options(rule: str | None, options: dict[str, Any], function: str, other
     return dict(options)
 
 
+def tree_settings(draft: Any, tree: Any, num_nodes: int, tree_depth: int | None, tree_children: str | None
+                  ) -> tuple[Any, Any]:
+    """``(draft, builder)`` for ``generate``'s tree arguments: a drafter that builds its own
+    trees (one with a ``with_tree`` method, e.g. :class:`~specdecode.drafters.NgramDrafter`)
+    is replaced by its tree-drafting copy (builder None); otherwise :func:`tree_builder`."""
+    if tree is not None and not isinstance(draft, torch.nn.Module) and callable(getattr(draft, "with_tree", None)):
+        check_int("num_nodes", num_nodes, 2)
+        if tree_depth is not None:
+            check_int("tree_depth", tree_depth, 1)
+        return draft.with_tree(tree, num_nodes=num_nodes, tree_depth=tree_depth, tree_children=tree_children), None
+    return draft, tree_builder(draft, tree, num_nodes, tree_depth, tree_children)
+
+
 def tree_builder(draft: Any, tree: Any, num_nodes: int, tree_depth: int | None, tree_children: str | None) -> Any:
     """The ``TreeBuilder`` for ``generate``'s tree arguments (None for a chain); a tree goes
     with a draft *model* (a drafter instance carries its own tree settings)."""
@@ -82,6 +95,11 @@ def tree_builder(draft: Any, tree: Any, num_nodes: int, tree_depth: int | None, 
             raise ValueError("tree: tree_depth / tree_children need tree=... ('dynamic', 'sequoia', 'static', ...)")
         return None
     if not isinstance(draft, torch.nn.Module):
+        if not hasattr(draft, "tree"):
+            raise ValueError(
+                f"tree: {type(draft).__name__} drafts chains only; trees come from a draft model (tree=... with a "
+                "model, or ModelDrafter(model, tree=DynamicTree(16))) or NgramDrafter (tree='trie')"
+            )
         raise ValueError(
             "tree: configure the tree on the drafter itself (e.g. ModelDrafter(model, tree=DynamicTree(16))); "
             "tree= applies when draft is a model"

@@ -123,7 +123,7 @@ def generate(
     start = time.perf_counter()
     rule_options = args.rule_options(rule, rule_options, "generate", _KEYWORDS)
     decode_path = args.check_decode_path(decode_path, draft)
-    builder = args.tree_builder(draft, tree, num_nodes, tree_depth, tree_children)
+    draft, builder = args.tree_settings(draft, tree, num_nodes, tree_depth, tree_children)
     drafter, vocab, vocab_limit = args.as_drafter(target, draft, target_tokenizer=target_tokenizer,
                                                   draft_tokenizer=draft_tokenizer, tree=builder)
     sampling = SamplingParams.from_generate_kwargs(do_sample, temperature, top_k, top_p, min_p)

@@ -108,7 +108,7 @@ def custom_generate(
     if rule_options is not None and not isinstance(rule_options, dict):
         raise TypeError(f"rule_options: expected a dict or None, got {type(rule_options).__name__}")
     options = args.rule_options(rule, dict(rule_options or {}), "custom_generate", _KEYWORDS)
-    builder = args.tree_builder(draft_model, tree, num_nodes, tree_depth, tree_children)
+    draft_model, builder = args.tree_settings(draft_model, tree, num_nodes, tree_depth, tree_children)
     drafter, vocab, vocab_limit = args.as_drafter(model, draft_model, target_tokenizer=target_tokenizer,
                                                   draft_tokenizer=draft_tokenizer, tree=builder)
     config = generation_config if generation_config is not None else model.generation_config
