@@ -42,12 +42,12 @@ namespace kernels {
 enum class TreeRule : int32_t { kGreedy = 0, kSpecInfer = 1, kRecursiveRejection = 2, kDeterministic = 3, kTypical = 4 };
 
 // Rules that read q (the draft's distribution at each node).
-inline bool tree_rule_needs_draft(TreeRule rule) {
+SPECDECODE_TREE_HD bool tree_rule_needs_draft(TreeRule rule) {
   return rule == TreeRule::kSpecInfer || rule == TreeRule::kRecursiveRejection;
 }
 
 // Rules whose drafting scheme makes siblings distinct, so a repeated sibling token is bad input.
-inline bool tree_rule_needs_distinct_siblings(TreeRule rule) {
+SPECDECODE_TREE_HD bool tree_rule_needs_distinct_siblings(TreeRule rule) {
   return rule == TreeRule::kRecursiveRejection || rule == TreeRule::kDeterministic;
 }
 
