@@ -26,7 +26,7 @@ def build_report() -> str:
         "ops (torch.ops.specdecode):",
     ]
     for op in ("verify_probs", "verify_logits", "verify_probs_philox", "verify_logits_philox", "sample_logits",
-               "sample_logits_philox"):
+               "sample_logits_philox", "processed_probs", "tree_attention_mask", "verify_tree", "verify_tree_philox"):
         backends = [key for key in ("CPU", "CUDA") if torch._C._dispatch_has_kernel_for_dispatch_key(f"specdecode::{op}", key)]
         lines.append(f"  {op:21s} {', '.join(backends)}")
     from specdecode.rules import list_rules
