@@ -67,8 +67,6 @@ struct TreeDecision {
   int64_t token;
 };
 
-__device__ __forceinline__ bool usable_mass_dev(double mass) { return mass > 0.0 && is_finite(mass); }
-
 // One row's view of the arguments (the device counterpart of kernels::TreeRowArgs).
 template <int BLOCK, typename T>
 struct TreeRow {
@@ -178,7 +176,7 @@ struct TreeRow {
         part += value;
       }
       mass = sum(part);
-      r_is_p = !usable_mass_dev(mass);
+      r_is_p = !usable_mass(mass);
     }
     return {-1, emit(sp, v, r_is_p, mass)};
   }
@@ -192,8 +190,7 @@ struct TreeRow {
     const auto update = [&](int64_t y, int64_t, bool r_is_p, double mass) {
       const float lq = to_float(qrow[y]);
       if (r_is_p) return logit_residual(sp, sq, it, 1.0, to_float(prow[y]), lq);  // the fused pass of token verification
-      const double diff = __dsub_rn(r[y] / mass, logit_prob(sq, it, lq));  // q as an array of mass 1: q(y) / 1 = q(y)
-      return diff > 0.0 ? diff : 0.0;
+      return clipped_difference(r[y], mass, logit_prob(sq, it, lq), 1.0);  // q as an array of mass 1
     };
     return reject_walk(sp, v, first, proposal, update);
   }
@@ -224,13 +221,7 @@ struct TreeRow {
         if (fused) {
           value = logit_residual(sp, sq, it, 1.0, lp, lq);  // R = norm((p - q)_+), one pass
         } else {
-          const double r_old = r_is_p ? logit_prob(sp, it, lp) : r[y];
-          if (d_div > 0.0) {
-            const double diff = __dsub_rn(r_old / r_div, d_old / d_div);
-            value = diff > 0.0 ? diff : 0.0;
-          } else {
-            value = r_old / r_div;  // D empty: only rescales R
-          }
+          value = clipped_difference(r_is_p ? logit_prob(sp, it, lp) : r[y], r_div, d_old, d_div);
         }
         r[y] = value;
         r_part += value;
@@ -241,7 +232,7 @@ struct TreeRow {
         }
       }
       mass = sum(r_part);
-      r_is_p = !usable_mass_dev(mass);
+      r_is_p = !usable_mass(mass);
       if (later) {
         d_mass = sum(d_part);  // D = norm(D)
         d_is_q = false;
