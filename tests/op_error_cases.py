@@ -300,6 +300,16 @@ def device_cases(device: str) -> list[tuple[str, Callable[[Any], Any]]]:
         ("seed_on_cpu", lambda ops: ops.verify_probs_philox(p, q, tok, num, cpu["seed"], off, "token", [])),
         ("sample_uniforms_on_cpu", lambda ops: ops.sample_logits(x["sample_logits"], cpu["sample_u"], *PLAIN)),
         ("sample_offset_on_cpu", lambda ops: ops.sample_logits_philox(x["sample_logits"], seed, cpu["offset"], *PLAIN)),
+        ("tree_parents_on_cpu", lambda ops: ops.verify_tree(x["tree_target"], x["tree_draft"], x["tree_tokens"],
+                                                            cpu["parents"], x["num_nodes"], x["tree_u"], *PLAIN,
+                                                            "specinfer", [])),
+        ("tree_uniforms_on_cpu", lambda ops: ops.verify_tree(x["tree_target"], None, x["tree_tokens"], x["parents"],
+                                                             x["num_nodes"], cpu["tree_u"], *PLAIN, "greedy", [])),
+        ("tree_draft_on_cpu", lambda ops: ops.verify_tree(x["tree_target"], cpu["tree_draft"], x["tree_tokens"],
+                                                          x["parents"], x["num_nodes"], x["tree_u"], *PLAIN, "rrs", [])),
+        ("tree_seed_on_cpu", lambda ops: ops.verify_tree_philox(x["tree_target"], x["tree_draft"], x["tree_tokens"],
+                                                                x["parents"], x["num_nodes"], cpu["seed"], off, *PLAIN,
+                                                                "rrs", [])),
     ]
 
 

@@ -23,8 +23,9 @@
 // not kOk gets out_tokens and out_accepted_nodes all -1 and out_accepted_len -1.
 //
 // Semantics are the CPU op's: the same structure and token checks in the same order, the same
-// per-node rules (greedy, specinfer, rrs, deterministic, typical) reading the same nodes'
-// distributions, the same statuses. Rounding differs from the CPU only in sums: the
+// per-node rules (greedy, specinfer, rrs, deterministic, typical), the same statuses. The state
+// kernels summarise the rows of every real node (slots < num_nodes[b]) up front, but only the
+// nodes the walk enters are consulted, so a bad row elsewhere raises on neither side. Rounding differs from the CPU only in sums: the
 // normaliser of each node's processed distribution (as the chain ops, pipeline.cuh) and the
 // float64 masses of residuals / entropies (block-wide reductions instead of sequential sums),
 // so a decision can differ only when its coin lies within ~1e-6 of its threshold.
