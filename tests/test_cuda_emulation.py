@@ -449,13 +449,15 @@ def test_emulated_tree_root_only_and_coins_at_the_edges(emu):
             _agree_tree(emu, rule, params, (0.9, 0, 0.9, 0.0), target, draft, tokens, parents, num_nodes, u)
 
 
-@pytest.mark.parametrize("B,N,V,max_children", [(4, 1, 50, 3), (3, 5, 1, 1), (5, 2, 2, 2), (2, 300, 40, 20)],
-                         ids=["root-only-slots", "V1", "V2", "300-nodes"])
+@pytest.mark.parametrize("B,N,V,max_children", [(4, 1, 50, 3), (3, 5, 1, 1), (5, 2, 2, 2), (20, 4, 3, 3),
+                                                (2, 300, 40, 20)],
+                         ids=["root-only-slots", "V1", "V2", "V3-every-token-a-child", "300-nodes"])
 def test_emulated_tree_edge_sizes(emu, B, N, V, max_children):
-    """One node slot (N = 1: every row a root), V = 1 and 2, and 300-node trees with up to 20
-    children per node."""
-    inputs = tree_logit_inputs(B, N, V, torch.float32, seed=B + N + V, max_children=max_children)
-    for sampling in [(1.0, 0, 1.0, 0.0), (0.7, 3, 0.9, 0.05), (0.0, 0, 1.0, 0.0)]:
+    """One node slot (N = 1: every row a root), V = 1, 2 and 3 (with three children per node,
+    rejecting them all empties R and D: the fallback to p), one-hot p (top-k 1), and 300-node
+    trees with up to 20 children per node."""
+    inputs = tree_logit_inputs(B, N, V, torch.float32, seed=B + N + V, max_children=max_children, related=V > 3)
+    for sampling in [(1.0, 0, 1.0, 0.0), (0.7, 3, 0.9, 0.05), (1.0, 1, 1.0, 0.0), (0.0, 0, 1.0, 0.0)]:
         for rule, params in TREE_RULES:
             _agree_tree(emu, rule, params, sampling, *inputs)
 
