@@ -103,20 +103,6 @@ def kernel_time(fn: Callable[[], Any], name_part: str = "specdecode::kernels::cu
         return None
 
 
-def capture_graph(fn: Callable[[], Any], offset: torch.Tensor) -> torch.cuda.CUDAGraph:
-    """A CUDA graph of one call of `fn` followed by offset.add_(1) (warm-up on a side stream)."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-        offset.add_(1)
-    return graph
-
-
 # ------------------------------------------------------------------------------ the run
 
 
@@ -135,7 +121,7 @@ SAMPLINGS = {"plain": (0.8, 0, 1.0, 0.0), "filters": (0.8, 50, 0.9, 0.05)}
 
 def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     import specdecode
-    from specdecode.benchmarking import environment, format_table, write_results
+    from specdecode.benchmarking import capture_with_offset, environment, format_table, write_results
 
     if not torch.cuda.is_available():
         raise SystemExit("cuda_verify_bench: no CUDA device available (this benchmark runs on the GPU only)")
@@ -187,7 +173,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
 
                 cases: dict[str, Callable[[], Any]] = {
                     "specdecode op": op_call, "specdecode philox": philox_call,
-                    "specdecode graph": capture_graph(philox_call, offset_t).replay, "specdecode API": api_call}
+                    "specdecode graph": capture_with_offset(philox_call, offset_t)[0].replay, "specdecode API": api_call}
                 times = {name: statistics.median(time_cuda(fn, repeats=repeats, warmup=warmup))
                          for name, fn in cases.items()}
                 if sampling_name == "plain":

@@ -1,4 +1,4 @@
-"""Every code path of the CUDA verify / sample ops on small inputs, for NVIDIA's
+"""Every code path of the CUDA verify / sample / tree ops on small inputs, for NVIDIA's
 compute-sanitizer, which checks what the CPU emulator of tests/cuda_emu cannot: shared-memory
 races between threads, out-of-bounds and misaligned accesses, barriers not reached by every
 thread, reads of uninitialised device memory. On a machine with a GPU:
@@ -9,8 +9,9 @@ thread, reads of uninitialised device memory. On a machine with a GPU:
 
 Covered: every rule of verify_probs and verify_logits (plain sampling; top-k + top-p + min-p;
 top-p alone, including a top_p that needs the exact kept mass; min-p alone; flat rows that go
-through the exact fallback), the Philox variants, sample_logits (greedy and sampled), bad rows
-that raise, an empty batch, two vocabulary sizes (one and several chunks; aligned and
+through the exact fallback), the Philox variants, sample_logits (greedy and sampled),
+processed_probs, verify_tree / verify_tree_philox with every tree rule, bad rows that raise, an
+empty batch, two vocabulary sizes (one and several chunks; aligned and
 unaligned rows) and two dtypes. Results are not compared here (tests/test_cuda.py does that).
 `--device cpu` runs the same calls on the CPU ops (a check of this script itself).
 """
@@ -25,7 +26,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from cuda_agreement import RULES, logit_inputs  # noqa: E402
+from cuda_agreement import RULES, TREE_RULES, logit_inputs, tree_logit_inputs, tree_needs_draft  # noqa: E402
 
 import specdecode  # noqa: E402,F401  (registers the ops)
 
@@ -73,6 +74,23 @@ def run(device: str) -> int:
                 calls += 1
         empty = torch.empty(0, 4, V, device=device, dtype=dtype)
         OPS.verify_logits(empty, empty[:, :3], drafts[:0], num[:0], u[:0], 1.0, 0, 1.0, 0.0, "token", [])
+        for sampling in SAMPLINGS:
+            OPS.processed_probs(logits, *sampling)
+            calls += 1
+        # token trees: every rule, ragged rows, wide nodes with repeated rejections
+        tree = [t.to(device) for t in tree_logit_inputs(3, 9, V, dtype, seed=V, max_children=4, related=False)]
+        for rule, params in TREE_RULES:
+            t_args = [tree[0], tree[1] if tree_needs_draft(rule) else None, *tree[2:5]]
+            for sampling in SAMPLINGS:
+                OPS.verify_tree(*t_args, tree[5], *sampling, rule, params)
+                OPS.verify_tree_philox(*t_args, seed, offset, *sampling, rule, params)
+                calls += 2
+        bad_tree = tree[0].clone()
+        bad_tree[1, 0, 3] = math.nan
+        try:
+            OPS.verify_tree(bad_tree, tree[1], *tree[2:], 1.0, 0, 1.0, 0.0, "rrs", [])
+        except ValueError:
+            calls += 1
     if device == "cuda":
         torch.cuda.synchronize()
     print(f"cuda_sanitizer_calls: {calls} calls on {device} returned")

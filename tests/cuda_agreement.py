@@ -199,3 +199,138 @@ def assert_samples_agree(cpu_tokens, dev_tokens, logits, uniforms, sampling, mar
         m = max(lo - u, u - float(cdf[y]), 0.0)
         assert m <= margin, f"row {b}: CPU {int(ct[b])} device {y}, coin {m:.3g} from the interval (allowed {margin:g})"
     assert len(bad_rows) <= max(2, len(ct) // 10), f"{len(bad_rows)} of {len(ct)} samples differ"
+
+
+# ------------------------------------------------------------------------------ token trees
+# verify_tree on a device vs the CPU. The same decisions as the chain ops, with the same
+# rounding differences (LOGITS_MARGIN): every p(x), q(x) and filter threshold is exact, the
+# normaliser and the float64 residual / entropy masses differ in summation order only. A
+# mismatching row (tokens, accepted length or accepted nodes) is accepted only if the float64
+# tree reference puts one of the row's decisions within the margin of its boundary: a coin
+# (specdecode.trees.reference.CoinChooser.margin: acceptance ratios and inverse-CDF steps) or,
+# for typical acceptance, a child's p(x) relative to the entropy threshold. Greedy walks and
+# argmax emissions must agree exactly; at most max(2, 10%) of the rows may differ.
+
+TREE_RULES = [
+    ("greedy", []),
+    ("specinfer", []),
+    ("rrs", []),
+    ("deterministic", []),
+    ("typical", [0.3, 0.6, 0.0]),
+    ("typical", [0.05, 0.1, 1.0]),  # sample_correction: y ~ p
+]
+
+
+def tree_needs_draft(rule: str) -> bool:
+    return rule in ("specinfer", "rrs")
+
+
+def tree_logit_inputs(B, N, V, dtype, seed, *, max_children=3, related=True, sampling=(1.0, 0, 1.0, 0.0)):
+    """Random ragged trees (at most ``max_children`` children per node) whose siblings are
+    distinct tokens drawn without replacement from the draft's processed distribution at their
+    parent (some replaced by the target's argmax), peaked logits (the draft correlated with the
+    target unless ``related`` is False), coins with a few exact zeros. Padding slots hold
+    garbage tokens and parents. Returns (target, draft, tokens, parents, num_nodes, uniforms),
+    CPU tensors; logits in ``dtype``."""
+    gen = torch.Generator().manual_seed(seed)
+    target = 3.0 * torch.randn(B, N, V, generator=gen)
+    noise = torch.randn(B, N, V, generator=gen)
+    draft = target + noise if related else 2.0 * noise
+    q = reference.process_logits(draft.double(), *sampling) if sampling[0] > 0 else torch.softmax(draft.double(), -1)
+    parents = torch.randint(-3, N + 3, (B, N), generator=gen)
+    tokens = torch.randint(-5, V + 5, (B, N), generator=gen)
+    num_nodes = torch.randint(1, N + 1, (B,), generator=gen)
+    num_nodes[0] = N
+    for b in range(B):
+        n = int(num_nodes[b])
+        parents[b, 0] = -1
+        counts = [0] * n
+        children: list[list[int]] = [[] for _ in range(n)]
+        for i in range(1, n):
+            open_nodes = [v for v in range(i) if counts[v] < min(max_children, V)]
+            parent = open_nodes[int(torch.randint(len(open_nodes), (1,), generator=gen))]
+            parents[b, i] = parent
+            counts[parent] += 1
+            children[parent].append(i)
+        for v in range(n):
+            if children[v]:
+                weights = q[b, v] + 1e-3  # every token possible: k distinct ones exist
+                drawn = torch.multinomial(weights, len(children[v]), replacement=False, generator=gen)
+                if related and float(torch.rand(1, generator=gen)) < 0.4:
+                    best = int(target[b, v].argmax())
+                    if best not in drawn.tolist():
+                        drawn[0] = best
+                tokens[b, children[v]] = drawn
+    u = torch.rand(B, N, dtype=torch.float64, generator=gen)
+    u[torch.rand(B, N, generator=gen) < 0.03] = 0.0
+    return target.to(dtype), draft.to(dtype), tokens, parents, num_nodes, u
+
+
+def _tree_options(rule, params):
+    if rule == "typical":
+        return {"epsilon": params[0], "delta": params[1], "sample_correction": bool(params[2])}
+    return {}
+
+
+def _typical_margin(p_rows, tokens, parents, n, params) -> float:
+    """The smallest |p_v(x) - threshold_v| / threshold_v over every child x of every real node v."""
+    epsilon, delta = params[0], params[1]
+    margin = math.inf
+    for i in range(1, n):
+        v = int(parents[i])
+        p = p_rows[v]
+        threshold = min(epsilon, delta * math.exp(-reference.entropy(p)))
+        margin = min(margin, abs(float(p[int(tokens[i])]) - threshold) / max(threshold, 1e-300))
+    return margin
+
+
+def assert_tree_agree(rule, params, cpu_out, dev_out, target, draft, tokens, parents, num_nodes, u, sampling,
+                      margin=LOGITS_MARGIN):
+    """CPU and device verify_tree results must be identical except on rows where the float64
+    reference puts a decision of the row within `margin` of its boundary (see above)."""
+    from specdecode.sampling import SamplingParams
+    from specdecode.trees import TokenTree
+    from specdecode.trees.reference import verify_tree_logits_reference
+
+    cpu = [t.cpu() for t in cpu_out]
+    dev = [t.cpu() for t in dev_out]
+    for c, d in zip(cpu, dev):
+        assert c.shape == d.shape and d.dtype == torch.int64, (c.shape, d.shape, d.dtype)
+    differ = ~((cpu[0] == dev[0]).all(1) & (cpu[1] == dev[1]) & (cpu[2] == dev[2]).all(1))
+    bad_rows = torch.nonzero(differ).flatten().tolist()
+    if not bad_rows:
+        return
+    b0 = bad_rows[0]
+    assert rule != "greedy" and sampling[0] != 0.0, (
+        f"{rule} {sampling}: the greedy walk differs in row {b0}: CPU {cpu[0][b0].tolist()} device {dev[0][b0].tolist()}")
+    t, d = target.cpu().float().double(), (draft.cpu().float().double() if draft is not None else None)
+    rows = torch.tensor(bad_rows)
+    tree = TokenTree(tokens[rows].cpu(), parents[rows].cpu(), num_nodes[rows].cpu())
+    margins: list[float] = []
+    params_obj = SamplingParams(*sampling)
+    verify_tree_logits_reference(t[rows], d[rows] if d is not None else None, tree, rule=rule, uniforms=u[rows].cpu(),
+                                 sampling=params_obj, margins=margins, **_tree_options(rule, params))
+    for k, b in enumerate(bad_rows):
+        m = margins[k]
+        n = int(num_nodes[b])
+        if rule == "typical":
+            p_rows = reference.process_logits(t[b, :n], *sampling)
+            m = min(m, _typical_margin(p_rows, tokens[b].cpu(), parents[b].cpu(), n, params))
+        assert m <= margin, (
+            f"verify_tree {rule} {params} {sampling}: row {b} of {len(differ)}: CPU tokens {cpu[0][b].tolist()} nodes "
+            f"{cpu[2][b].tolist()} vs device {dev[0][b].tolist()} nodes {dev[2][b].tolist()}, but the nearest "
+            f"decision is {m:.3g} from its boundary (allowed {margin:g})")
+    assert len(bad_rows) <= max(2, len(differ) // 10), f"verify_tree {rule}: {len(bad_rows)} of {len(differ)} rows differ"
+
+
+def assert_processed_probs_agree(cpu_probs, dev_probs, greedy):
+    """processed_probs on a device vs the CPU: the same support exactly, values within float64
+    summation rounding (both divide the same exact p(x) by their own sum; the normaliser's
+    rounding cancels in that division); greedy one-hot rows exactly."""
+    c, d = cpu_probs.cpu(), dev_probs.cpu()
+    assert d.shape == c.shape and d.dtype == torch.float64
+    assert torch.equal(c > 0, d > 0), "the supports differ"
+    if greedy:
+        assert torch.equal(c, d)
+    else:
+        torch.testing.assert_close(d, c, rtol=1e-12, atol=1e-300)

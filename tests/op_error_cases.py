@@ -1,4 +1,5 @@
-"""Every error a direct call of the verify / sample ops can raise (``torch.ops.specdecode.*``),
+"""Every error a direct call of the verify / sample / tree-verify / processed_probs ops can raise
+(``torch.ops.specdecode.*``),
 as a catalogue of small bad calls that can run on any device and on any implementation with the
 ops' signatures (the CPU / CUDA ops, or the CUDA kernels under the CPU emulator).
 
@@ -22,6 +23,7 @@ from typing import Any, Callable
 import torch
 
 B, GAMMA, V = 2, 3, 7
+TREE_N = 4
 
 
 def _inputs(device: str) -> dict[str, torch.Tensor]:
@@ -41,6 +43,13 @@ def _inputs(device: str) -> dict[str, torch.Tensor]:
         "offset": torch.tensor([1]),
         "sample_logits": torch.randn(B, V, generator=g),
         "sample_u": torch.rand(B, dtype=torch.float64, generator=g),
+        # one tree per row: [B, TREE_N] node slots, row 1 ragged (3 real nodes)
+        "tree_target": torch.randn(B, TREE_N, V, generator=g) * 2,
+        "tree_draft": torch.randn(B, TREE_N, V, generator=g) * 2,
+        "tree_tokens": torch.tensor([[0, 1, 2, 3], [4, 0, 1, 2]]),
+        "parents": torch.tensor([[-1, 0, 0, 1], [-1, 0, 1, 1]]),
+        "num_nodes": torch.tensor([TREE_N, 3]),
+        "tree_u": torch.rand(B, TREE_N, dtype=torch.float64, generator=g),
     }
     return {k: v.to(device) for k, v in inputs.items()}
 
@@ -79,6 +88,20 @@ def cases(device: str) -> list[tuple[str, Callable[[Any], Any]]]:
         out.append((f"verify_logits_philox/{name}",
                     lambda ops: ops.verify_logits_philox(target, draft, tokens, n, s, o, *sampling, rule,
                                                          list(params))))
+
+    def tree(name, target=x["tree_target"], draft=x["tree_draft"], tokens=x["tree_tokens"], parents=x["parents"],
+             n=x["num_nodes"], uniforms=x["tree_u"], sampling=PLAIN, rule="specinfer", params=()):
+        out.append((f"verify_tree/{name}", lambda ops: ops.verify_tree(target, draft, tokens, parents, n, uniforms,
+                                                                        *sampling, rule, list(params))))
+
+    def tree_philox(name, target=x["tree_target"], draft=x["tree_draft"], tokens=x["tree_tokens"],
+                    parents=x["parents"], n=x["num_nodes"], s=seed, o=off, sampling=PLAIN, rule="rrs", params=()):
+        out.append((f"verify_tree_philox/{name}",
+                    lambda ops: ops.verify_tree_philox(target, draft, tokens, parents, n, s, o, *sampling, rule,
+                                                       list(params))))
+
+    def processed(name, lg=sl, sampling=PLAIN):
+        out.append((f"processed_probs/{name}", lambda ops: ops.processed_probs(lg, *sampling)))
 
     def sample(name, lg=sl, uniforms=su, sampling=PLAIN):
         out.append((f"sample_logits/{name}", lambda ops: ops.sample_logits(lg, uniforms, *sampling)))
@@ -179,6 +202,87 @@ def cases(device: str) -> list[tuple[str, Callable[[Any], Any]]]:
     sample_philox("logits_1d", lg=sl[0])
     sample_philox("nan_row", lg=_set(sl, (1, 0), math.nan))
     sample_philox("ok", sampling=(0.9, 0, 0.9, 0.0))
+
+    tt, td, ttok, tpar, tn = x["tree_target"], x["tree_draft"], x["tree_tokens"], x["parents"], x["num_nodes"]
+    # --- rule, parameters, sampling settings
+    tree("unknown_rule", rule="token")
+    tree("rule_params_for_rrs", rule="rrs", params=[1.0])
+    tree("typical_param_count", rule="typical", params=[0.1])
+    tree("typical_negative", rule="typical", params=[0.1, -0.3, 0.0])
+    tree("temperature_nan", sampling=(math.nan, 0, 1.0, 0.0))
+    tree("top_k_negative", sampling=(1.0, -2, 1.0, 0.0))
+    tree("top_p_zero", sampling=(1.0, 0, 0.0, 0.0))
+    tree("min_p_above_1", sampling=(1.0, 0, 1.0, 1.5))
+    # --- shapes and dtypes
+    tree("target_2d", target=tt[0])
+    tree("target_int", target=tt.int())
+    tree("target_nodes", target=tt[:, :3])
+    tree("vocab_0", target=tt[..., :0], draft=td[..., :0])
+    tree("draft_missing", draft=None)
+    tree("draft_missing_rrs", draft=None, rule="rrs")
+    tree("draft_vocab", draft=td[..., :5])
+    tree("draft_dtype", draft=td.double())
+    tree("tokens_shape", tokens=ttok[:, :3])
+    tree("tokens_int32", tokens=ttok.int())
+    tree("parents_1d", parents=tpar[0])
+    tree("parents_float", parents=tpar.float())
+    tree("too_many_nodes", parents=torch.full((B, 4097), -1, device=device))
+    tree("num_nodes_shape", n=tn[:1])
+    tree("num_nodes_int32", n=tn.int())
+    tree("uniforms_shape", uniforms=x["tree_u"][:, :3])
+    tree("uniforms_float32", uniforms=x["tree_u"].float())
+    # --- bad rows (raised per row, after the kernels ran)
+    tree("num_nodes_zero", n=_set(tn, (0,), 0))
+    tree("num_nodes_above", n=_set(tn, (1,), TREE_N + 1))
+    tree("bad_root", parents=_set(tpar, (1, 0), 0))
+    tree("bad_parent", parents=_set(tpar, (0, 2), 2))
+    tree("parent_huge", parents=_set(tpar, (0, 3), 2**40))
+    tree("token_out_of_range", tokens=_set(ttok, (0, 2), V))
+    tree("token_negative", tokens=_set(ttok, (1, 1), -1))
+    tree("token_out_of_range_in_padding_is_ok", tokens=_set(ttok, (1, 3), -7))
+    tree("duplicate_siblings_rrs", tokens=_set(ttok, (0, 2), 1), rule="rrs")
+    tree("duplicate_siblings_deterministic", tokens=_set(ttok, (0, 1), 2), rule="deterministic", draft=None)
+    tree("duplicate_siblings_in_padding_is_ok", tokens=_set(ttok, (1, 3), 1), rule="rrs")
+    tree("duplicate_siblings_specinfer_is_ok", tokens=_set(ttok, (0, 2), 1))
+    tree("token_range_before_duplicates", tokens=_set(_set(ttok, (0, 2), 1), (1, 1), V), rule="rrs")
+    tree("nan_target_root", target=_set(tt, (1, 0, 3), math.nan))
+    tree("inf_target_root_greedy", target=_set(tt, (0, 0, 2), math.inf), rule="greedy", draft=None)
+    tree("nan_target_root_temperature_0", target=_set(tt, (0, 0, 2), math.nan), sampling=(0.0, 0, 1.0, 0.0),
+         draft=None)
+    tree("all_masked_target_root", target=_set(tt, (0, 0), -math.inf), rule="deterministic", draft=None)
+    tree("all_masked_target_root_filters", target=_set(tt, (0, 0), -math.inf), sampling=(0.8, 3, 0.9, 0.05))
+    tree("inf_draft_root", draft=_set(td, (1, 0, 2), math.inf))
+    tree("nan_draft_root_rrs", draft=_set(td, (0, 0, 2), math.nan), rule="rrs")
+    tree("nan_draft_at_a_leaf_is_ok", draft=_set(td, (0, 3, 2), math.nan), uniforms=torch.zeros_like(x["tree_u"]))
+    tree("nan_in_padding_is_ok", target=_set(tt, (1, 3, 0), math.nan), draft=_set(td, (1, 3, 1), math.nan))
+    tree("nan_typical_root", target=_set(tt, (1, 0, 0), math.nan), rule="typical", params=[0.09, 0.3, 0.0],
+         draft=None)
+    for rule, params in [("greedy", ()), ("specinfer", ()), ("rrs", ()), ("deterministic", ()),
+                         ("typical", (0.09, 0.3, 0.0)), ("typical", (0.09, 0.3, 1.0))]:
+        tree(f"ok_{rule}_{len(params) and params[2]}", rule=rule, params=params,
+             draft=td if rule in ("specinfer", "rrs") else None)
+    tree("ok_filters", sampling=(0.7, 3, 0.9, 0.05), rule="rrs")
+    tree("ok_empty_batch", target=tt[:0], draft=td[:0], tokens=ttok[:0], parents=tpar[:0], n=tn[:0],
+         uniforms=x["tree_u"][:0])
+    tree_philox("seed_two", s=torch.cat([seed, seed]))
+    tree_philox("offset_float", o=off.double())
+    tree_philox("parents_1d", parents=tpar[0])
+    tree_philox("unknown_rule", rule="block")
+    tree_philox("nan_target", target=_set(tt, (1, 0, 1), math.nan))
+    tree_philox("duplicate_siblings", tokens=_set(ttok, (0, 2), 1))
+    tree_philox("ok", sampling=(0.9, 5, 0.9, 0.0))
+
+    processed("logits_1d", lg=sl[0])
+    processed("logits_3d", lg=sl[None])
+    processed("logits_int", lg=sl.int())
+    processed("vocab_0", lg=sl[:, :0])
+    processed("temperature_negative", sampling=(-1.0, 0, 1.0, 0.0))
+    processed("top_p_zero", sampling=(1.0, 0, 0.0, 0.0))
+    processed("nan_row", lg=_set(sl, (1, 2), math.nan))
+    processed("inf_row_greedy", lg=_set(sl, (0, 1), math.inf), sampling=(0.0, 0, 1.0, 0.0))
+    processed("all_masked_row_filters", lg=_set(sl, (1,), -math.inf), sampling=(0.8, 3, 0.9, 0.05))
+    processed("ok", sampling=(0.8, 3, 0.9, 0.05))
+    processed("ok_empty_batch", lg=sl[:0])
     return out
 
 
@@ -196,6 +300,16 @@ def device_cases(device: str) -> list[tuple[str, Callable[[Any], Any]]]:
         ("seed_on_cpu", lambda ops: ops.verify_probs_philox(p, q, tok, num, cpu["seed"], off, "token", [])),
         ("sample_uniforms_on_cpu", lambda ops: ops.sample_logits(x["sample_logits"], cpu["sample_u"], *PLAIN)),
         ("sample_offset_on_cpu", lambda ops: ops.sample_logits_philox(x["sample_logits"], seed, cpu["offset"], *PLAIN)),
+        ("tree_parents_on_cpu", lambda ops: ops.verify_tree(x["tree_target"], x["tree_draft"], x["tree_tokens"],
+                                                            cpu["parents"], x["num_nodes"], x["tree_u"], *PLAIN,
+                                                            "specinfer", [])),
+        ("tree_uniforms_on_cpu", lambda ops: ops.verify_tree(x["tree_target"], None, x["tree_tokens"], x["parents"],
+                                                             x["num_nodes"], cpu["tree_u"], *PLAIN, "greedy", [])),
+        ("tree_draft_on_cpu", lambda ops: ops.verify_tree(x["tree_target"], cpu["tree_draft"], x["tree_tokens"],
+                                                          x["parents"], x["num_nodes"], x["tree_u"], *PLAIN, "rrs", [])),
+        ("tree_seed_on_cpu", lambda ops: ops.verify_tree_philox(x["tree_target"], x["tree_draft"], x["tree_tokens"],
+                                                                x["parents"], x["num_nodes"], cpu["seed"], off, *PLAIN,
+                                                                "rrs", [])),
     ]
 
 

@@ -1,5 +1,6 @@
-"""The CUDA implementations of the verify / sample ops (csrc/ops/verify_cuda.cpp and
-sample_cuda.cpp, host code, over the torch-free kernels in csrc/kernels/cuda/).
+"""The CUDA implementations of the verify / sample / tree-verify ops and processed_probs
+(csrc/ops/verify_cuda.cpp, sample_cuda.cpp, tree_verify_cuda.cpp, host code, over the
+torch-free kernels in csrc/kernels/cuda/).
 
 Every test that needs a GPU takes the ``cuda`` fixture, which skips when
 ``torch.cuda.is_available()`` is false (checked when the test runs, never at import) and fails
@@ -22,7 +23,13 @@ What is checked:
     verification on the GPU, and a deliberately broken variant that the same test must reject;
   * torch.library.opcheck with CUDA inputs for every op;
   * the graph-safe Philox ops: coins equal to the Python Philox, CUDA-graph captures (verify and
-    sample, with filters) replayed with advancing offsets.
+    sample, with filters) replayed with advancing offsets;
+  * verify_tree / verify_tree_philox: CPU vs CUDA agreement (tests/cuda_agreement.py) for every
+    tree rule on random ragged trees, V in {111, 32000, 128256}, B in {1, 17, 64}, the three
+    dtypes, every filter and temperature 0; the exact tree test of the lossless tree rules
+    (tests/test_tree_lossless.py) on the GPU, and the drafting mistakes it must reject; a
+    captured verify_tree_philox replayed with advancing offsets; processed_probs equal to the
+    CPU's distribution.
 """
 
 from __future__ import annotations
@@ -37,11 +44,14 @@ import pytest
 import torch
 
 import specdecode
+from specdecode.benchmarking import capture_with_offset
 from specdecode.reference import VerifyOutput
 
 import op_error_cases
 import stat_utils as su
-from cuda_agreement import RULES, assert_agree, assert_samples_agree, logit_inputs, prob_inputs, to_device
+from cuda_agreement import (RULES, TREE_RULES, assert_agree, assert_processed_probs_agree, assert_samples_agree,
+                            assert_tree_agree, logit_inputs, prob_inputs, to_device, tree_logit_inputs,
+                            tree_needs_draft)
 from stat_utils import _MASK32, philox4x32_10, philox_uniforms  # Python reference of kernels/philox.h
 
 OPS = torch.ops.specdecode
@@ -54,7 +64,7 @@ def cuda() -> torch.device:
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA device")
     for op in ("verify_probs", "verify_logits", "verify_probs_philox", "verify_logits_philox", "sample_logits",
-               "sample_logits_philox"):
+               "sample_logits_philox", "processed_probs", "verify_tree", "verify_tree_philox"):
         assert torch._C._dispatch_has_kernel_for_dispatch_key(f"specdecode::{op}", "CUDA"), (
             f"a CUDA device is available but specdecode::{op} has no CUDA kernel: the extension was built "
             "without CUDA (python -m specdecode.info shows the build)"
@@ -388,15 +398,7 @@ def test_sample_logits_philox_and_graph(cuda):
     seed = torch.tensor([77], dtype=torch.int64, device=cuda)
     offset = torch.tensor([0], dtype=torch.int64, device=cuda)
     sampling = (0.9, 40, 0.95, 0.01)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        OPS.sample_logits_philox(x, seed, offset, *sampling)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        tokens = OPS.sample_logits_philox(x, seed, offset, *sampling)
-        offset.add_(1)
+    graph, tokens = capture_with_offset(lambda: OPS.sample_logits_philox(x, seed, offset, *sampling), offset)
     offset.fill_(10)
     for k in range(3):
         graph.replay()
@@ -515,15 +517,8 @@ def test_philox_logits_graph_with_filters_and_bad_row(cuda, rule):
     seed = torch.tensor([9], dtype=torch.int64, device=cuda)
     offset = torch.tensor([0], dtype=torch.int64, device=cuda)
     sampling = (0.8, 50, 0.9, 0.05)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        OPS.verify_logits_philox(t, d, x, n, seed, offset, *sampling, rule, [])
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        tokens, accepted = OPS.verify_logits_philox(t, d, x, n, seed, offset, *sampling, rule, [])
-        offset.add_(1)
+    graph, (tokens, accepted) = capture_with_offset(
+        lambda: OPS.verify_logits_philox(t, d, x, n, seed, offset, *sampling, rule, []), offset)
     for k in range(2):
         graph.replay()
         torch.cuda.synchronize()
@@ -536,3 +531,134 @@ def test_philox_logits_graph_with_filters_and_bad_row(cuda, rule):
     torch.cuda.synchronize()
     assert int(accepted[3]) == -1 and bool((tokens[3] == -1).all())
     assert bool((accepted[torch.arange(B, device=cuda) != 3] >= 0).all())
+
+
+# ------------------------------------------------------------------------------ token trees
+
+TREE_SAMPLINGS = [(1.0, 0, 1.0, 0.0), (0.8, 50, 0.9, 0.05), (0.0, 0, 1.0, 0.0)]
+
+
+def _run_both_tree(rule, params, sampling, target, draft, tokens, parents, num_nodes, u, device):
+    d = draft if tree_needs_draft(rule) else None
+    cpu = OPS.verify_tree(target, d, tokens, parents, num_nodes, u, *sampling, rule, params)
+    gpu = OPS.verify_tree(*to_device(device, target, d, tokens, parents, num_nodes, u), *sampling, rule, params)
+    assert all(t.is_cuda for t in gpu)
+    return cpu, gpu
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("B", BATCHES)
+@pytest.mark.parametrize("V", VOCABS[:3])
+def test_cpu_cuda_agree_tree(cuda, V, B, dtype):
+    """verify_tree: every tree rule on random ragged trees gives the CPU's tokens, accepted
+    lengths and accepted nodes with the same uniforms (plain, every filter, temperature 0)."""
+    inputs = tree_logit_inputs(B, 9, V, dtype, seed=3 * V + B)
+    for sampling in TREE_SAMPLINGS:
+        for rule, params in TREE_RULES:
+            cpu, gpu = _run_both_tree(rule, params, sampling, *inputs, cuda)
+            assert_tree_agree(rule, params, cpu, gpu, *inputs, sampling)
+
+
+def test_cpu_cuda_agree_tree_many_rejections_and_wide_trees(cuda):
+    """Wide nodes drafted from an unrelated draft (several rejections per node: the R and D
+    updates run repeatedly), and one tree of 200 nodes per row (long children lists)."""
+    inputs = tree_logit_inputs(64, 16, 9, torch.float32, seed=5, max_children=6, related=False)
+    for rule in ("specinfer", "rrs", "deterministic"):
+        cpu, gpu = _run_both_tree(rule, [], (1.0, 0, 1.0, 0.0), *inputs, cuda)
+        assert_tree_agree(rule, [], cpu, gpu, *inputs, (1.0, 0, 1.0, 0.0))
+    inputs = tree_logit_inputs(3, 200, 1000, torch.bfloat16, seed=6, max_children=12)
+    for rule, params in TREE_RULES:
+        cpu, gpu = _run_both_tree(rule, params, (0.9, 0, 0.95, 0.0), *inputs, cuda)
+        assert_tree_agree(rule, params, cpu, gpu, *inputs, (0.9, 0, 0.95, 0.0))
+
+
+def test_tree_results_are_deterministic(cuda):
+    inputs = to_device(cuda, *tree_logit_inputs(17, 9, 32000, torch.bfloat16, seed=7))
+    first = OPS.verify_tree(*inputs, 0.8, 50, 0.9, 0.0, "rrs", [])
+    second = OPS.verify_tree(*inputs, 0.8, 50, 0.9, 0.0, "rrs", [])
+    assert all(torch.equal(a, b) for a, b in zip(first, second))
+
+
+@pytest.mark.parametrize("rule,families", [("specinfer", None), ("deterministic", None), ("rrs", "peaked"),
+                                           ("specinfer", "peaked")], ids=["specinfer", "deterministic", "rrs",
+                                                                          "specinfer-peaked"])
+def test_tree_lossless_chi_square_on_gpu(cuda, rule, families):
+    """The exact tree test of tests/test_tree_lossless.py (the completed tokens follow the
+    target's exact joint; chi-square over 10^5 trees drafted by the rule's scheme) with the
+    CUDA op."""
+    import test_tree_lossless as tl
+
+    tables, shape = tl._tables(tl.MIXED, tl.PEAKED if families else None)
+    fit = tl._op_fit(tables, shape, rule, tl.LOSSLESS[rule], seed=3, device=cuda)
+    assert fit.impossible == 0 and fit.pvalue > tl.PASS, f"{rule}: {fit}"
+
+
+@pytest.mark.parametrize("scheme,families", [("without_replacement", "peaked"), ("pruned_iid", None)],
+                         ids=["without_replacement", "pruned_by_own_probability"])
+def test_tree_lossless_test_rejects_broken_drafting_on_gpu(cuda, scheme, families):
+    """The same test rejects specinfer fed children drawn without replacement, or i.i.d.
+    children pruned by their own probability: it can fail on the GPU too."""
+    import test_tree_lossless as tl
+
+    tables, shape = tl._tables(tl.MIXED, tl.PEAKED if families else None)
+    fit = tl._op_fit(tables, shape, "specinfer", scheme, seed=3, device=cuda)
+    assert fit.pvalue < tl.FAIL, f"specinfer with {scheme} children passed on the GPU: {fit}"
+
+
+def test_tree_philox_and_graph(cuda):
+    """verify_tree_philox draws the Python Philox coins (b, c); captured in a CUDA graph with
+    offset.add_(1), every replay equals the CPU op at the next offset; a NaN row in the
+    captured inputs comes back as -1 (no status copy during capture)."""
+    B, N, V = 8, 9, 32000
+    target, draft, tokens, parents, num_nodes, _ = tree_logit_inputs(B, N, V, torch.bfloat16, seed=8)
+    t, d, x, par, n = to_device(cuda, target, draft, tokens, parents, num_nodes)
+    seed = torch.tensor([5], dtype=torch.int64, device=cuda)
+    offset = torch.tensor([0], dtype=torch.int64, device=cuda)
+    sampling = (0.8, 50, 0.9, 0.05)
+    graph, out = capture_with_offset(
+        lambda: OPS.verify_tree_philox(t, d, x, par, n, seed, offset, *sampling, "rrs", []), offset)
+    offset.fill_(10)
+    for k in range(3):
+        graph.replay()
+        torch.cuda.synchronize()
+        coins = philox_uniforms(5, 10 + k, B, N - 1)
+        cpu = OPS.verify_tree(target, draft, tokens, parents, num_nodes, coins, *sampling, "rrs", [])
+        assert_tree_agree("rrs", [], cpu, [o.clone() for o in out], target, draft, tokens, parents, num_nodes,
+                          coins, sampling)
+    t[3, 0, 7] = math.nan  # the root of row 3: every walk reads it
+    graph.replay()
+    torch.cuda.synchronize()
+    assert int(out[1][3]) == -1 and bool((out[0][3] == -1).all()) and bool((out[2][3] == -1).all())
+    assert bool((out[1][torch.arange(B, device=cuda) != 3] >= 0).all())
+
+
+@pytest.mark.parametrize("config", [("rrs", torch.float32, (0.7, 10, 0.9, 0.05)), ("greedy", torch.bfloat16,
+                                                                                    (0.0, 0, 1.0, 0.0)),
+                                    ("typical", torch.float16, (1.0, 0, 1.0, 0.0))], ids=lambda c: c[0])
+def test_opcheck_cuda_tree(cuda, config):
+    rule, dtype, sampling = config
+    target, draft, tokens, parents, num_nodes, u = to_device(cuda, *tree_logit_inputs(3, 6, 40, dtype, seed=1))
+    params = [0.09, 0.3, 0.0] if rule == "typical" else []
+    d = draft if tree_needs_draft(rule) else None
+    torch.library.opcheck(OPS.verify_tree.default, (target, d, tokens, parents, num_nodes, u, *sampling, rule, params))
+    seed, offset = torch.tensor([1], device=cuda), torch.tensor([2], device=cuda)
+    torch.library.opcheck(OPS.verify_tree_philox.default,
+                          (target, d, tokens, parents, num_nodes, seed, offset, *sampling, rule, params))
+
+
+@pytest.mark.parametrize("V", [111, 32000, 128256])
+def test_cpu_cuda_agree_processed_probs(cuda, V):
+    """processed_probs: the CPU's distribution (same support, float64 rounding) for every
+    filter, dtype and temperature 0; opcheck with CUDA inputs."""
+    g = torch.Generator().manual_seed(V)
+    logits = torch.randn(17, V, generator=g) * 3
+    logits[1, : V // 2] = -math.inf
+    for dtype in DTYPES:
+        x = logits.to(dtype)
+        for sampling in [(1.0, 0, 1.0, 0.0), (0.8, 50, 0.9, 0.05), (0.7, 0, 0.9, 0.0), (1.0, 0, 1.0, 0.2),
+                         (0.0, 0, 1.0, 0.0)]:
+            cpu = OPS.processed_probs(x, *sampling)
+            gpu = OPS.processed_probs(x.to(cuda), *sampling)
+            assert gpu.is_cuda
+            assert_processed_probs_agree(cpu, gpu, greedy=sampling[0] == 0.0)
+    torch.library.opcheck(OPS.processed_probs.default, (logits[:3].to(cuda), 0.9, 3, 0.8, 0.0))

@@ -11,6 +11,10 @@ Checked against the CPU ops with the agreement rules of tests/cuda_agreement.py:
     whose lists overflow), the masked-sum normaliser, exact ties;
   * sample_logits, the Philox ops (and their capture mode: no raise, bad rows as -1), large
     gamma, an empty batch, zero-mass residuals;
+  * verify_tree / verify_tree_philox: every tree rule on random ragged trees (V = 7, 111,
+    32000; B = 1, 3, 17), temperature / top-k / top-p / min-p / temperature 0, every dtype,
+    wide nodes with many rejections, unread NaN rows, capture mode;
+  * processed_probs: the same distribution as the CPU op for every sampling setting and dtype;
   * every error a direct op call can raise (tests/op_error_cases.py): same type, same message.
 
 What the emulator cannot show: timing, real concurrency between blocks (the kernels never
@@ -29,7 +33,8 @@ import pytest
 import torch
 
 import op_error_cases
-from cuda_agreement import RULES, assert_agree, assert_samples_agree, logit_inputs, prob_inputs
+from cuda_agreement import (RULES, TREE_RULES, assert_agree, assert_processed_probs_agree, assert_samples_agree,
+                            assert_tree_agree, logit_inputs, prob_inputs, tree_logit_inputs, tree_needs_draft)
 
 OPS = torch.ops.specdecode
 
@@ -309,3 +314,167 @@ def test_emulated_philox_and_capture_mode(emu):
     good = emu.verify_logits_philox(target, draft, drafts, num, seed, offset, 1.0, 0, 1.0, 0.0, "token", [])
     keep = torch.arange(6) != 2
     assert torch.equal(tokens[keep], good[0][keep]) and torch.equal(accepted[keep], good[1][keep])
+
+
+# ------------------------------------------------------------------------------ token trees
+
+
+def _agree_tree(emu, rule, params, sampling, target, draft, tokens, parents, num_nodes, u):
+    d = draft if tree_needs_draft(rule) else None
+    cpu = OPS.verify_tree(target, d, tokens, parents, num_nodes, u, *sampling, rule, params)
+    dev = emu.verify_tree(target, d, tokens, parents, num_nodes, u, *sampling, rule, params)
+    assert_tree_agree(rule, params, cpu, dev, target, draft, tokens, parents, num_nodes, u, sampling)
+    return dev
+
+
+TREE_SAMPLINGS = [
+    (1.0, 0, 1.0, 0.0),     # plain
+    (0.7, 10, 0.9, 0.05),   # every filter
+    (1.3, 0, 0.95, 0.0),    # top-p alone
+    (0.0, 0, 1.0, 0.0),     # greedy walk
+]
+
+
+@pytest.mark.parametrize("B,N,V", [(1, 9, 7), (3, 13, 111), (17, 11, 111), (3, 7, 32000)], ids=lambda v: str(v))
+@pytest.mark.parametrize("sampling", TREE_SAMPLINGS, ids=lambda s: "T{}-k{}-p{}-m{}".format(*s))
+def test_emulated_tree_agrees(emu, sampling, B, N, V):
+    """verify_tree: every rule on random ragged trees, the device result equals the CPU's."""
+    inputs = tree_logit_inputs(B, N, V, torch.float32, seed=B * 100 + N + V, sampling=sampling)
+    for rule, params in TREE_RULES:
+        _agree_tree(emu, rule, params, sampling, *inputs)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64], ids=str)
+def test_emulated_tree_agrees_dtypes(emu, dtype):
+    inputs = tree_logit_inputs(5, 10, 111, dtype, seed=21, sampling=(0.8, 0, 1.0, 0.1))
+    for rule, params in TREE_RULES:
+        _agree_tree(emu, rule, params, (0.8, 0, 1.0, 0.1), *inputs)
+
+
+def test_emulated_tree_many_rejections(emu):
+    """Wide nodes (up to 6 children) drafted from an unrelated draft: children are often
+    rejected, so the residual updates (R, and D for rrs) run several times per node. Sharp
+    enough to tell rrs from specinfer (they differ from a node's second rejected child on): an
+    rrs kernel that skipped its D update would disagree with the CPU here."""
+    target, draft, tokens, parents, num_nodes, u = tree_logit_inputs(40, 16, 9, torch.float32, seed=5, max_children=6,
+                                                                     related=False)
+    plain = (1.0, 0, 1.0, 0.0)
+    for rule in ("specinfer", "rrs", "deterministic"):
+        _agree_tree(emu, rule, [], plain, target, draft, tokens, parents, num_nodes, u)
+    rrs = emu.verify_tree(target, draft, tokens, parents, num_nodes, u, *plain, "rrs", [])
+    specinfer = emu.verify_tree(target, draft, tokens, parents, num_nodes, u, *plain, "specinfer", [])
+    assert int((rrs[0] != specinfer[0]).any(1).sum()) >= 3
+    # multi-chunk rows (V = 20001, bfloat16, filters through the merge and fallback kernels)
+    inputs = tree_logit_inputs(2, 6, 20001, torch.bfloat16, seed=6, max_children=4, related=False,
+                               sampling=(0.9, 1000, 0.9, 0.0))
+    for rule, params in TREE_RULES:
+        _agree_tree(emu, rule, params, (0.9, 1000, 0.9, 0.0), *inputs)
+
+
+def test_emulated_tree_reads_only_the_walked_nodes(emu):
+    """NaN logits at nodes the walk never reaches (a rejected subtree, padding slots) raise on
+    neither side and the results agree; a NaN at a node it reaches raises the CPU's error."""
+    target, draft, tokens, parents, num_nodes, u = tree_logit_inputs(6, 8, 50, torch.float32, seed=9,
+                                                                     max_children=2)
+    num_nodes[:] = 7
+    parents[:, :7] = torch.tensor([-1, 0, 0, 1, 2, 3, 4])
+    tokens[:, :7] = torch.tensor([0, 11, 12, 13, 14, 15, 16])
+    u[:, 1] = 0.9999999  # node 1 (the first child) rejected unless p(x) / q(x) is ~1 or more
+    draft[torch.arange(6), 0, tokens[:, 1]] += 40.0  # q(x_1) ~ 1, p(x_1) small: rejected
+    u[:, 2] = 0.0  # node 2 accepted (p > 0)
+    target[:, 7] = math.nan  # padding
+    draft[:, 7] = math.nan
+    target[:, 3] = math.nan  # node 3: child of the rejected node 1
+    draft[:, 5] = math.nan
+    for rule, params in TREE_RULES:
+        if rule in ("greedy", "typical"):
+            continue  # their walks follow the target's argmax / threshold, not the coins
+        dev = _agree_tree(emu, rule, params, (1.0, 0, 1.0, 0.0), target, draft, tokens, parents, num_nodes, u)
+        assert bool((dev[2][:, 1] == 2).all()), dev[2]
+    bad = target.clone()
+    bad[2, 2, 3] = math.nan  # node 2: accepted, so the walk reads its distribution
+    cpu_error = dev_error = None
+    try:
+        OPS.verify_tree(bad, draft, tokens, parents, num_nodes, u, 1.0, 0, 1.0, 0.0, "specinfer", [])
+    except ValueError as exc:
+        cpu_error = str(exc)
+    try:
+        emu.verify_tree(bad, draft, tokens, parents, num_nodes, u, 1.0, 0, 1.0, 0.0, "specinfer", [])
+    except ValueError as exc:
+        dev_error = str(exc)
+    assert cpu_error is not None and cpu_error == dev_error and "row 2" in dev_error
+
+
+def test_emulated_tree_philox_and_capture_mode(emu):
+    """verify_tree_philox draws the CPU's coins; in capture mode a bad row comes back as -1
+    instead of raising, the good rows unchanged."""
+    target, draft, tokens, parents, num_nodes, _ = tree_logit_inputs(5, 9, 111, torch.float32, seed=12)
+    seed, offset = torch.tensor([-5]), torch.tensor([2**33 + 1])
+    for rule, params in TREE_RULES:
+        d = draft if tree_needs_draft(rule) else None
+        cpu = OPS.verify_tree_philox(target, d, tokens, parents, num_nodes, seed, offset, 0.9, 0, 1.0, 0.0, rule,
+                                     params)
+        dev = emu.verify_tree_philox(target, d, tokens, parents, num_nodes, seed, offset, 0.9, 0, 1.0, 0.0, rule,
+                                     params)
+        from stat_utils import philox_uniforms
+
+        coins = philox_uniforms(-5, 2**33 + 1, 5, 8)  # [B, N]: columns 0..N-1
+        assert_tree_agree(rule, params, cpu, dev, target, draft, tokens, parents, num_nodes, coins,
+                          (0.9, 0, 1.0, 0.0))
+    bad = target.clone()
+    bad[2, 0, 5] = math.nan
+    with pytest.raises(ValueError, match="row 2"):
+        emu.verify_tree_philox(bad, draft, tokens, parents, num_nodes, seed, offset, 1.0, 0, 1.0, 0.0, "rrs", [])
+    emu.capturing = True
+    try:
+        out = emu.verify_tree_philox(bad, draft, tokens, parents, num_nodes, seed, offset, 1.0, 0, 1.0, 0.0, "rrs", [])
+    finally:
+        emu.capturing = False
+    assert int(out[1][2]) == -1 and bool((out[0][2] == -1).all()) and bool((out[2][2] == -1).all())
+    good = emu.verify_tree_philox(target, draft, tokens, parents, num_nodes, seed, offset, 1.0, 0, 1.0, 0.0, "rrs", [])
+    keep = torch.arange(5) != 2
+    for o, g in zip(out, good):
+        assert torch.equal(o[keep], g[keep])
+
+
+def test_emulated_tree_root_only_and_coins_at_the_edges(emu):
+    """Root-only trees (y ~ p at once), chains of one child, and coins exactly 0 and just
+    below 1 (u * mass at the very top of the inverse CDF: the last positive token)."""
+    target, draft, tokens, parents, num_nodes, _ = tree_logit_inputs(4, 5, 60, torch.float64, seed=13)
+    target[1, :, 30:] = -math.inf
+    num_nodes[0] = 1
+    for coin in (0.0, 1.0 - 2.0**-53):
+        u = torch.full((4, 5), coin, dtype=torch.float64)
+        for rule, params in TREE_RULES:
+            _agree_tree(emu, rule, params, (0.9, 0, 0.9, 0.0), target, draft, tokens, parents, num_nodes, u)
+
+
+@pytest.mark.parametrize("B,N,V,max_children", [(4, 1, 50, 3), (3, 5, 1, 1), (5, 2, 2, 2), (20, 4, 3, 3),
+                                                (2, 300, 40, 20)],
+                         ids=["root-only-slots", "V1", "V2", "V3-every-token-a-child", "300-nodes"])
+def test_emulated_tree_edge_sizes(emu, B, N, V, max_children):
+    """One node slot (N = 1: every row a root), V = 1, 2 and 3 (with three children per node,
+    rejecting them all empties R and D: the fallback to p), one-hot p (top-k 1), and 300-node
+    trees with up to 20 children per node."""
+    inputs = tree_logit_inputs(B, N, V, torch.float32, seed=B + N + V, max_children=max_children, related=V > 3)
+    samplings = [(0.7, 3, 0.9, 0.05), (1.0, 0, 1.0, 0.0), (1.0, 1, 1.0, 0.0), (0.0, 0, 1.0, 0.0)]
+    for sampling in samplings[:1] if N > 100 else samplings:  # the large trees: one (filtered) setting
+        for rule, params in TREE_RULES:
+            _agree_tree(emu, rule, params, sampling, *inputs)
+
+
+# ------------------------------------------------------------------------------ processed_probs
+
+
+@pytest.mark.parametrize("V", [7, 111, 32000])
+def test_emulated_processed_probs(emu, V):
+    """processed_probs: the CPU's distribution for every sampling setting and dtype."""
+    g = torch.Generator().manual_seed(V + 1)
+    logits = torch.randn(3, V, generator=g) * 3
+    logits[1, : V // 2] = -math.inf
+    for dtype in (torch.float32, torch.bfloat16, torch.float16, torch.float64):
+        x = logits.to(dtype)
+        for sampling in SAMPLINGS:
+            cpu = OPS.processed_probs(x, *sampling)
+            dev = emu.processed_probs(x, *sampling)
+            assert_processed_probs_agree(cpu, dev, greedy=sampling[0] == 0.0)

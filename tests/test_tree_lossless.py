@@ -233,14 +233,17 @@ MIXED = (4, [3, 2], 1)  # mixed tables
 PEAKED = ("near_uniform", "random"), ("peaked",)  # full-support peaked drafts: without replacement works
 
 
-def _op_fit(tables: su.PrefixTables, shape, rule: str, scheme: str, seed: int, dtype=torch.float32) -> su.FitResult:
+def _op_fit(tables: su.PrefixTables, shape, rule: str, scheme: str, seed: int, dtype=torch.float32,
+            device: str | torch.device = "cpu") -> su.FitResult:
+    """The op on N_SAMPLES trees drafted by ``scheme``, run on ``device`` (tests/test_cuda.py
+    runs the same fit on the GPU), completed with the target and fitted to its exact joint."""
     gen = torch.Generator().manual_seed(seed)
     tree, p, q = tu.draft_tree_batch(tables, shape, scheme, N_SAMPLES, gen)
-    out = specdecode.verify_tree(p.log().to(dtype), q.log().to(dtype), tree, rule=rule,
-                                 generator=torch.Generator().manual_seed(seed + 1))
+    out = specdecode.verify_tree(p.log().to(dtype).to(device), q.log().to(dtype).to(device), tree.to(device),
+                                 rule=rule, generator=torch.Generator(device=device).manual_seed(seed + 1))
     depth = tu.shape_depth(shape)
-    assert out.tokens.shape == (N_SAMPLES, depth + 1)
-    seq = su.complete_with_target(tables, out.tokens, gen)
+    assert out.tokens.shape == (N_SAMPLES, depth + 1) and out.tokens.device.type == torch.device(device).type
+    seq = su.complete_with_target(tables, out.tokens.cpu(), gen)
     counts = torch.bincount(su.sequence_cells(seq, tables.V), minlength=tables.V ** (depth + 1))
     return su.goodness_of_fit(counts, su.exact_joint(tables.target, tables.V, depth + 1))
 

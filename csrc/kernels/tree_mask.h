@@ -14,8 +14,8 @@
 //                     tree mask row for a real node; for a padding node its own tree column only
 //                     (an all-masked query row would give NaN attention outputs).
 //
-// The validation helpers are host+device so the CUDA kernel (cuda/tree_mask.cu) checks exactly
-// what the CPU op checks.
+// The validation and link helpers are host+device so the CUDA kernels (cuda/tree_mask.cu,
+// cuda/tree_walk.cuh) check and link exactly as the CPU ops do.
 #pragma once
 
 #include <cstdint>
@@ -66,7 +66,7 @@ SPECDECODE_TREE_HD bool prefix_value_ok(MaskT v) {
 }
 
 // Structure check of one row (sequential; the CUDA kernel runs the same tests in parallel).
-inline int32_t check_tree_row(const int64_t* parents, int64_t num_nodes, int64_t max_nodes) {
+SPECDECODE_TREE_HD int32_t check_tree_row(const int64_t* parents, int64_t num_nodes, int64_t max_nodes) {
   if (!tree_num_nodes_ok(num_nodes, max_nodes)) return kTreeNumNodesOutOfRange;
   if (parents[0] != -1) return kTreeBadRoot;
   for (int64_t i = 1; i < num_nodes; ++i)
@@ -77,7 +77,7 @@ inline int32_t check_tree_row(const int64_t* parents, int64_t num_nodes, int64_t
 // depth, first_child and next_sibling of every slot of a VALID row (check_tree_row == kTreeOk).
 // Children lists come out in index order: walking the nodes backwards and pushing each one in
 // front of its parent's list leaves the lowest index first. O(N).
-inline void tree_links_row(const int64_t* parents, int64_t num_nodes, int64_t max_nodes, int64_t* depth,
+SPECDECODE_TREE_HD void tree_links_row(const int64_t* parents, int64_t num_nodes, int64_t max_nodes, int64_t* depth,
                            int64_t* first_child, int64_t* next_sibling) {
   for (int64_t i = 0; i < max_nodes; ++i) {
     depth[i] = 0;

@@ -42,12 +42,12 @@ namespace kernels {
 enum class TreeRule : int32_t { kGreedy = 0, kSpecInfer = 1, kRecursiveRejection = 2, kDeterministic = 3, kTypical = 4 };
 
 // Rules that read q (the draft's distribution at each node).
-inline bool tree_rule_needs_draft(TreeRule rule) {
+SPECDECODE_TREE_HD bool tree_rule_needs_draft(TreeRule rule) {
   return rule == TreeRule::kSpecInfer || rule == TreeRule::kRecursiveRejection;
 }
 
 // Rules whose drafting scheme makes siblings distinct, so a repeated sibling token is bad input.
-inline bool tree_rule_needs_distinct_siblings(TreeRule rule) {
+SPECDECODE_TREE_HD bool tree_rule_needs_distinct_siblings(TreeRule rule) {
   return rule == TreeRule::kRecursiveRejection || rule == TreeRule::kDeterministic;
 }
 
@@ -85,23 +85,25 @@ struct RunningTarget {
   double mass = 1.0;
 };
 
-inline bool usable_mass(double mass) { return mass > 0.0 && std::isfinite(mass); }
+// mass > 0 and finite (m - m is 0 exactly for a finite m, NaN for inf and NaN). Host and
+// device (the CUDA tree walk, cuda/tree_walk.cuh, uses the same functions).
+SPECDECODE_TREE_HD bool usable_mass(double mass) { return mass > 0.0 && mass - mass == 0.0; }
 
-// r[x] = max(r[x] / r_mass - d[x] / d_mass, 0) (d_mass 0: D is empty and only rescales R);
-// returns the new sequential mass. One O(V) pass.
+// One entry of norm(R) - norm(D) clipped at 0: max(r / r_mass - d / d_mass, 0), or r / r_mass
+// when D is empty (d_mass 0: it only rescales R).
+SPECDECODE_TREE_HD double clipped_difference(double r, double r_mass, double d, double d_mass) {
+  if (!(d_mass > 0.0)) return r / r_mass;
+  const double v = r / r_mass - d / d_mass;
+  return v > 0.0 ? v : 0.0;
+}
+
+// r[x] = clipped_difference(r[x], r_mass, d[x], d_mass) for every x; returns the new sequential
+// mass. One O(V) pass.
 inline double subtract_clip(double* r, double r_mass, const double* d, double d_mass, int64_t V) {
   double total = 0.0;
-  if (d_mass > 0.0) {
-    for (int64_t x = 0; x < V; ++x) {
-      const double v = r[x] / r_mass - d[x] / d_mass;
-      r[x] = v > 0.0 ? v : 0.0;
-      total += r[x];
-    }
-  } else {
-    for (int64_t x = 0; x < V; ++x) {
-      r[x] = r[x] / r_mass;
-      total += r[x];
-    }
+  for (int64_t x = 0; x < V; ++x) {
+    r[x] = clipped_difference(r[x], r_mass, d[x], d_mass);
+    total += r[x];
   }
   return total;
 }

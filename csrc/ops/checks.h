@@ -145,6 +145,15 @@ inline void check_sampling_params(double temperature, int64_t top_k, double top_
 }
 
 // logits [B, V] floating; uniforms [B] float64; same device (sample_logits).
+// processed_probs: logits [B, V] floating with V >= 1 (after check_sampling_params).
+inline void check_processed_probs_inputs(const at::Tensor& logits) {
+  TORCH_CHECK_VALUE(logits.dim() == 2, "logits: expected shape [B, V], got ", logits.sizes());
+  TORCH_CHECK_TYPE(is_supported_float(logits.scalar_type()),
+                   "logits: expected float32, float16, bfloat16 or float64, got ", logits.scalar_type());
+  TORCH_CHECK_VALUE(logits.size(1) >= 1, "logits: the vocabulary dimension V must be >= 1, got shape ",
+                    logits.sizes());
+}
+
 inline void check_sample_inputs(const at::Tensor& logits, const at::Tensor& uniforms) {
   check_given("logits", logits);
   check_given("uniforms", uniforms);

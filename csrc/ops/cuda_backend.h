@@ -1,6 +1,6 @@
-// The CUDA backend of the device op bodies (verify_device.h): device check and guard, the
-// current stream, graph-capture detection and the launcher's errors as messages. Host code
-// (g++), built only with CUDA.
+// The CUDA backend of the device op bodies (verify_device.h, tree_verify_device.h): device
+// check and guard, the current stream, graph-capture detection and the launchers' errors as
+// messages. Host code (g++), built only with CUDA.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -9,6 +9,7 @@
 #include <c10/util/Exception.h>
 #include <cuda_runtime.h>
 
+#include "kernels/cuda/tree_verify.cuh"
 #include "kernels/cuda/verify.cuh"
 
 namespace specdecode {
@@ -29,7 +30,18 @@ struct CudaBackend {
     return capture != cudaStreamCaptureStatusNone;
   }
   void launch(const char* op, const kernels::cuda::VerifyProblem& problem, void* scratch, size_t bytes) const {
-    const cudaError_t err = kernels::cuda::launch_verify(problem, scratch, bytes, stream());
+    check_launch(op, kernels::cuda::launch_verify(problem, scratch, bytes, stream()));
+  }
+  void launch_processed_probs(const char* op, const kernels::cuda::ProcessedProbsProblem& problem, void* scratch,
+                              size_t bytes) const {
+    check_launch(op, kernels::cuda::launch_processed_probs(problem, scratch, bytes, stream()));
+  }
+  void launch_tree(const char* op, const kernels::cuda::TreeVerifyProblem& problem, void* scratch,
+                   size_t bytes) const {
+    check_launch(op, kernels::cuda::launch_verify_tree(problem, scratch, bytes, stream()));
+  }
+  // A launcher's error as a message.
+  static void check_launch(const char* op, cudaError_t err) {
     TORCH_CHECK(err != cudaErrorInvalidValue, op,
                 ": the CUDA kernels rejected the problem description (an internal error: please report it)");
     TORCH_CHECK(err == cudaSuccess, op, ": CUDA kernel launch failed: ", cudaGetErrorString(err));

@@ -72,11 +72,7 @@ at::Tensor sample_logits_philox_cpu(const at::Tensor& logits, const at::Tensor& 
 at::Tensor processed_probs_cpu(const at::Tensor& logits, double temperature, int64_t top_k, double top_p,
                               double min_p) {
   check_sampling_params(temperature, top_k, top_p, min_p);
-  TORCH_CHECK_VALUE(logits.dim() == 2, "logits: expected shape [B, V], got ", logits.sizes());
-  TORCH_CHECK_TYPE(is_supported_float(logits.scalar_type()),
-                   "logits: expected float32, float16, bfloat16 or float64, got ", logits.scalar_type());
-  TORCH_CHECK_VALUE(logits.size(1) >= 1, "logits: the vocabulary dimension V must be >= 1, got shape ",
-                    logits.sizes());
+  check_processed_probs_inputs(logits);
   const int64_t B = logits.size(0), V = logits.size(1);
   at::Tensor probs = at::empty({B, V}, logits.options().dtype(at::kDouble));
   if (B == 0) return probs;

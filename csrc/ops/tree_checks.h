@@ -109,6 +109,14 @@ inline kernels::RuleParams parse_tree_rule_params(kernels::TreeRule rule, at::Ar
   return kernels::RuleParams{};
 }
 
+// verify_tree_philox, before anything else: one int64 seed and offset (check_philox_args),
+// parents [B, N] (the shape of the coins).
+inline void check_tree_philox_args(const at::Tensor& target_logits, const at::Tensor& parents,
+                                   const at::Tensor& philox_seed, const at::Tensor& philox_offset) {
+  check_philox_args(target_logits, philox_seed, philox_offset, "target_logits");
+  TORCH_CHECK_VALUE(parents.dim() == 2, "parents: expected shape [B, N], got ", parents.sizes());
+}
+
 struct TreeVerifyDims {
   int64_t batch;       // B
   int64_t max_nodes;   // N

@@ -10,6 +10,10 @@
 //   cudaStream_t stream() const;
 //   bool capturing() const;                                          // a CUDA graph is being captured
 //   void launch(const char* op, const kernels::cuda::VerifyProblem&, void* scratch, size_t bytes) const;
+//   void launch_processed_probs(const char* op, const kernels::cuda::ProcessedProbsProblem&, void* scratch,
+//                               size_t bytes) const;
+//   void launch_tree(const char* op, const kernels::cuda::TreeVerifyProblem&, void* scratch, size_t bytes) const;
+//     (the last one only for tree_verify_device.h)
 // csrc/ops/verify_cuda.cpp / sample_cuda.cpp instantiate them for CUDA; the test suite's CUDA
 // emulator (tests/cuda_emu) for CPU tensors.
 #pragma once
@@ -62,13 +66,40 @@ inline void raise_device_statuses(const char* op, const at::Tensor& status, cons
   for (int64_t b = 0; b < host.numel(); ++b) raise_row_status(op, b, s[b], target_name, draft_name);
 }
 
+// The kernels' scratch with the per-row int32 statuses in its tail (one allocation fewer per
+// call: host time matters for small batches).
+struct ScratchWithStatus {
+  at::Tensor scratch;  // bytes, on the device of `like`
+  at::Tensor status;   // [B] int32 view of the tail
+  void* kernel_scratch;  // the kernels' part (null when they need none)
+};
+
+inline ScratchWithStatus allocate_scratch(const at::Tensor& like, size_t kernel_bytes, int64_t B) {
+  const int64_t bytes = static_cast<int64_t>(kernel_bytes);
+  const int64_t status_at = (bytes + 255) / 256 * 256;
+  const int64_t status_bytes = B * static_cast<int64_t>(sizeof(int32_t));
+  ScratchWithStatus out;
+  out.scratch = at::empty({status_at + status_bytes}, like.options().dtype(at::kByte));
+  out.status = out.scratch.narrow(0, status_at, status_bytes).view(at::kInt);
+  out.kernel_scratch = bytes > 0 ? out.scratch.data_ptr() : nullptr;
+  return out;
+}
+
+// The sampling settings the kernels read; temperature 0 (greedy) becomes 1, as on the CPU.
+inline kernels::SamplingParams device_sampling(double temperature, int64_t top_k, double top_p, double min_p) {
+  kernels::SamplingParams sampling;
+  sampling.temperature = temperature > 0.0 ? temperature : 1.0;
+  sampling.top_k = top_k;
+  sampling.top_p = top_p;
+  sampling.min_p = min_p;
+  return sampling;
+}
+
 struct DeviceOutputs {
   at::Tensor tokens, accepted_len, status;
 };
 
 // Allocates outputs and scratch and runs the kernels. `target` and `draft` are contiguous.
-// The per-row statuses live in the scratch's tail (one allocation fewer per call: host time
-// matters for small batches).
 template <class Backend>
 DeviceOutputs launch_device(const Backend& backend, const char* op, kc::VerifyProblem problem,
                             const at::Tensor& target, const at::Tensor& draft, const at::Tensor& draft_tokens,
@@ -92,13 +123,11 @@ DeviceOutputs launch_device(const Backend& backend, const char* op, kc::VerifyPr
   }
   problem.out_tokens = out.tokens.data_ptr<int64_t>();
   problem.out_accepted_len = with_accepted ? out.accepted_len.data_ptr<int64_t>() : nullptr;
-  const int64_t kernel_bytes = static_cast<int64_t>(kc::verify_scratch_bytes(problem));
-  const int64_t status_at = (kernel_bytes + 255) / 256 * 256;
-  const at::Tensor scratch = at::empty({status_at + B * static_cast<int64_t>(sizeof(int32_t))},
-                                       target.options().dtype(at::kByte));
-  out.status = scratch.narrow(0, status_at, B * static_cast<int64_t>(sizeof(int32_t))).view(at::kInt);
+  const size_t kernel_bytes = kc::verify_scratch_bytes(problem);
+  const ScratchWithStatus scratch = allocate_scratch(target, kernel_bytes, B);
+  out.status = scratch.status;
   problem.out_status = B > 0 ? out.status.data_ptr<int32_t>() : nullptr;
-  backend.launch(op, problem, kernel_bytes > 0 ? scratch.data_ptr() : nullptr, static_cast<size_t>(kernel_bytes));
+  backend.launch(op, problem, scratch.kernel_scratch, kernel_bytes);
   return out;
 }
 
@@ -163,10 +192,7 @@ std::tuple<at::Tensor, at::Tensor> verify_logits_device(const Backend& backend, 
   problem.vocab = d.vocab_size;
   problem.rule = rule;
   problem.params = params;
-  problem.sampling.temperature = temperature > 0.0 ? temperature : 1.0;
-  problem.sampling.top_k = top_k;
-  problem.sampling.top_p = top_p;
-  problem.sampling.min_p = min_p;
+  problem.sampling = device_sampling(temperature, top_k, top_p, min_p);
   const DeviceOutputs out = launch_device(backend, "verify_logits", problem, target, draft, draft_tokens.contiguous(),
                                           num_draft_tokens.contiguous(), coins, {d.batch, d.gamma + 1});
   if (!coins.philox() || !backend.capturing())
@@ -228,10 +254,7 @@ at::Tensor sample_logits_device(const Backend& backend, const at::Tensor& logits
   problem.gamma = 0;
   problem.vocab = V;
   problem.greedy = temperature == 0.0;
-  problem.sampling.temperature = temperature > 0.0 ? temperature : 1.0;
-  problem.sampling.top_k = top_k;
-  problem.sampling.top_p = top_p;
-  problem.sampling.min_p = min_p;
+  problem.sampling = device_sampling(temperature, top_k, top_p, min_p);
   const DeviceOutputs out =
       launch_device(backend, "sample_logits", problem, x, at::Tensor(), at::Tensor(), at::Tensor(), coins, {B});
   if (!coins.philox() || !backend.capturing()) raise_device_statuses("sample_logits", out.status, "logits", "logits");
@@ -249,6 +272,34 @@ at::Tensor sample_logits_philox_device(const Backend& backend, const at::Tensor&
   coins.offset = philox_offset;
   const at::Tensor placeholder = philox_placeholder(logits, {logits.size(0)});
   return sample_logits_device(backend, logits, placeholder, coins, temperature, top_k, top_p, min_p);
+}
+
+// processed_probs: float64 [B, V], the CPU op's checks and messages.
+template <class Backend>
+at::Tensor processed_probs_device(const Backend& backend, const at::Tensor& logits, double temperature, int64_t top_k,
+                                  double top_p, double min_p) {
+  check_sampling_params(temperature, top_k, top_p, min_p);
+  check_processed_probs_inputs(logits);
+  const int64_t B = logits.size(0), V = logits.size(1);
+  if (B == 0) return at::empty({B, V}, logits.options().dtype(at::kDouble));
+  backend.check_device("logits", logits);
+  const auto guard = backend.guard(logits);
+  const at::Tensor x = logits.contiguous();
+  at::Tensor probs = at::empty({B, V}, x.options().dtype(at::kDouble));
+  kc::ProcessedProbsProblem problem;
+  problem.elem = elem_type_of(x);
+  problem.logits = x.data_ptr();
+  problem.batch = B;
+  problem.vocab = V;
+  problem.greedy = temperature == 0.0;
+  problem.sampling = device_sampling(temperature, top_k, top_p, min_p);
+  problem.out_probs = probs.data_ptr<double>();
+  const size_t kernel_bytes = kc::processed_probs_scratch_bytes(problem);
+  const ScratchWithStatus scratch = allocate_scratch(x, kernel_bytes, B);
+  problem.out_status = scratch.status.data_ptr<int32_t>();
+  backend.launch_processed_probs("processed_probs", problem, scratch.kernel_scratch, kernel_bytes);
+  raise_device_statuses("processed_probs", scratch.status, "logits", "logits");
+  return probs;
 }
 
 }  // namespace ops

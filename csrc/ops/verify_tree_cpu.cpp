@@ -125,8 +125,7 @@ TreeVerifyOutputs verify_tree_philox_cpu(const at::Tensor& target_logits,
                                          const at::Tensor& philox_offset, double temperature, int64_t top_k,
                                          double top_p, double min_p, c10::string_view rule_name,
                                          at::ArrayRef<double> rule_params) {
-  check_philox_args(target_logits, philox_seed, philox_offset, "target_logits");
-  TORCH_CHECK_VALUE(parents.dim() == 2, "parents: expected shape [B, N], got ", parents.sizes());
+  check_tree_philox_args(target_logits, parents, philox_seed, philox_offset);
   const int64_t B = parents.size(0), N = parents.size(1);
   const uint64_t seed = static_cast<uint64_t>(philox_seed.item<int64_t>());
   const uint64_t offset = static_cast<uint64_t>(philox_offset.item<int64_t>());

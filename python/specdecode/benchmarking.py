@@ -41,6 +41,25 @@ def time_call(fn: Callable[[], Any], *, repeats: int, warmup: int = 2, sync: Cal
     return times
 
 
+def capture_with_offset(fn: Callable[[], Any], offset: torch.Tensor) -> tuple[torch.cuda.CUDAGraph, Any]:
+    """A CUDA graph of one call of ``fn`` followed by ``offset.add_(1)`` (the Philox ops'
+    replay pattern), after one warm-up call on a side stream (lazy initialisation, allocator).
+    Returns the graph and the captured call's outputs (refreshed by every replay).
+
+    Shape: ``offset``: ``[1]`` int64 on the current CUDA device.
+    """
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outputs = fn()
+        offset.add_(1)
+    return graph, outputs
+
+
 def median(values: Sequence[float]) -> float:
     return float(statistics.median(values))
 

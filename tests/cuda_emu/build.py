@@ -16,7 +16,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 EMU_DIR = Path(__file__).resolve().parent
 # One wrapper per kernel translation unit: they compile in parallel.
-KERNEL_UNITS = ["verify_dispatch", "verify_f32", "verify_f16", "verify_bf16", "verify_f64"]
+KERNEL_UNITS = ["verify_dispatch", "verify_f32", "verify_f16", "verify_bf16", "verify_f64", "tree_verify",
+                "processed_probs"]
 SKIP_REASON = ""
 
 
@@ -55,7 +56,7 @@ def load(verbose: bool = False):
 
 
 class EmulatedOps:
-    """The six ops with torch.ops.specdecode's signatures, running the CUDA op bodies and
+    """The nine ops with torch.ops.specdecode's signatures, running the CUDA op bodies and
     kernels under the emulator on CPU tensors. ``capturing=True`` makes the Philox ops behave as
     during a CUDA-graph capture (no raise: bad rows come back as -1)."""
 
@@ -86,3 +87,16 @@ class EmulatedOps:
     def sample_logits_philox(self, logits, seed, offset, temperature, top_k, top_p, min_p):
         return self._m.sample_logits_philox(logits, seed, offset, float(temperature), int(top_k), float(top_p),
                                             float(min_p), self.capturing)
+
+    def processed_probs(self, logits, temperature, top_k, top_p, min_p):
+        return self._m.processed_probs(logits, float(temperature), int(top_k), float(top_p), float(min_p))
+
+    def verify_tree(self, target, draft, tokens, parents, num_nodes, uniforms, temperature, top_k, top_p, min_p, rule,
+                    params):
+        return self._m.verify_tree(target, draft, tokens, parents, num_nodes, uniforms, float(temperature), int(top_k),
+                                   float(top_p), float(min_p), rule, list(params))
+
+    def verify_tree_philox(self, target, draft, tokens, parents, num_nodes, seed, offset, temperature, top_k, top_p,
+                           min_p, rule, params):
+        return self._m.verify_tree_philox(target, draft, tokens, parents, num_nodes, seed, offset, float(temperature),
+                                          int(top_k), float(top_p), float(min_p), rule, list(params), self.capturing)

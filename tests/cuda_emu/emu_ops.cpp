@@ -1,5 +1,5 @@
-// Python bindings of the CUDA op bodies (csrc/ops/verify_device.h) running the CUDA kernels
-// under the emulator (cuda_emu.h) on CPU tensors: the same checks, messages, scratch layout,
+// Python bindings of the CUDA op bodies (csrc/ops/verify_device.h, tree_verify_device.h)
+// running the CUDA kernels under the emulator (cuda_emu.h) on CPU tensors: the same checks, messages, scratch layout,
 // kernels and status handling as the real CUDA ops, minus the GPU. Built on demand by
 // tests/cuda_emu/build.py; used by tests/test_cuda_emulation.py.
 #include <torch/extension.h>
@@ -10,6 +10,7 @@
 
 #include "kernels/common.h"
 #include "kernels/cuda/pipeline.cuh"
+#include "ops/tree_verify_device.h"
 #include "ops/verify_device.h"
 
 namespace {
@@ -26,7 +27,17 @@ struct EmuBackend {
   bool capturing() const { return capture; }
   void launch(const char* op, const specdecode::kernels::cuda::VerifyProblem& problem, void* scratch,
               size_t bytes) const {
-    const cudaError_t err = specdecode::kernels::cuda::launch_verify(problem, scratch, bytes, nullptr);
+    check(op, specdecode::kernels::cuda::launch_verify(problem, scratch, bytes, nullptr));
+  }
+  void launch_processed_probs(const char* op, const specdecode::kernels::cuda::ProcessedProbsProblem& problem,
+                              void* scratch, size_t bytes) const {
+    check(op, specdecode::kernels::cuda::launch_processed_probs(problem, scratch, bytes, nullptr));
+  }
+  void launch_tree(const char* op, const specdecode::kernels::cuda::TreeVerifyProblem& problem, void* scratch,
+                   size_t bytes) const {
+    check(op, specdecode::kernels::cuda::launch_verify_tree(problem, scratch, bytes, nullptr));
+  }
+  static void check(const char* op, cudaError_t err) {
     TORCH_CHECK(err == cudaSuccess, op, ": emulated launch failed with cudaError_t ", static_cast<int>(err));
   }
 };
@@ -72,6 +83,28 @@ at::Tensor sample_logits_philox(const at::Tensor& logits, const at::Tensor& seed
                                           min_p);
 }
 
+at::Tensor processed_probs(const at::Tensor& logits, double temperature, int64_t top_k, double top_p, double min_p) {
+  return ops::processed_probs_device(EmuBackend{}, logits, temperature, top_k, top_p, min_p);
+}
+
+using Triple = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
+
+Triple verify_tree(const at::Tensor& target, const std::optional<at::Tensor>& draft, const at::Tensor& tokens,
+                   const at::Tensor& parents, const at::Tensor& num_nodes, const at::Tensor& uniforms,
+                   double temperature, int64_t top_k, double top_p, double min_p, const std::string& rule,
+                   const std::vector<double>& params) {
+  return ops::verify_tree_device(EmuBackend{}, target, draft, tokens, parents, num_nodes, uniforms, ops::CoinTensors(),
+                                 temperature, top_k, top_p, min_p, rule, params);
+}
+
+Triple verify_tree_philox(const at::Tensor& target, const std::optional<at::Tensor>& draft, const at::Tensor& tokens,
+                          const at::Tensor& parents, const at::Tensor& num_nodes, const at::Tensor& seed,
+                          const at::Tensor& offset, double temperature, int64_t top_k, double top_p, double min_p,
+                          const std::string& rule, const std::vector<double>& params, bool capturing) {
+  return ops::verify_tree_philox_device(EmuBackend{capturing}, target, draft, tokens, parents, num_nodes, seed, offset,
+                                        temperature, top_k, top_p, min_p, rule, params);
+}
+
 // The device search for min-p's logit threshold, and an independent oracle: plain bisection over
 // the ordered float keys with the CPU's fast_exp_nonpositive (kernels/common.h).
 float min_p_threshold(float max_logit, float inv_temp, float min_e) {
@@ -114,6 +147,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("verify_logits_philox", &verify_logits_philox);
   m.def("sample_logits", &sample_logits);
   m.def("sample_logits_philox", &sample_logits_philox);
+  m.def("processed_probs", &processed_probs);
+  m.def("verify_tree", &verify_tree);
+  m.def("verify_tree_philox", &verify_tree_philox);
   m.def("min_p_threshold", &min_p_threshold);
   m.def("min_p_threshold_oracle", &min_p_threshold_oracle);
 }

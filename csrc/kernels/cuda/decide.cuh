@@ -55,24 +55,28 @@ __device__ PosState combine_chunk_stats(const Args<T>& a, int64_t unit) {
 
 // Collective: the final state of every position row b reads (targets 0..n, drafts 0..n-1),
 // written to a.states. Ends with a barrier, after which the block may read them.
+// The final state of one unit once the stats (and filter) kernels ran: the filter kernels'
+// state with its normaliser summed from the masked sums, or the combined chunk stats. Per
+// thread; also used by the tree and processed_probs kernels.
+template <typename T>
+__device__ PosState finish_state(const Args<T>& a, int64_t unit) {
+  if (!a.merged) return combine_chunk_stats(a, unit);
+  PosState s = a.states[unit];
+  if (s.status == kOk && (s.pending & kPendingNorm)) {
+    double total = 0.0;
+    for (int64_t c = 0; c < a.chunks; ++c) total += a.masked_sums[unit * a.chunks + c];
+    s.inv_norm = 1.0 / total;  // >= 1: the max is kept
+    s.pending = 0;
+  }
+  return s;
+}
+
 template <int BLOCK, typename T>
 __device__ void finish_states(const Args<T>& a, int64_t b, int64_t n) {
   const int64_t count = (n + 1) + (a.has_draft ? n : 0);
   for (int64_t k = threadIdx.x; k < count; k += BLOCK) {
     const int64_t unit = k <= n ? a.target_unit(b, k) : a.draft_unit(b, k - n - 1);
-    PosState s;
-    if (a.merged) {
-      s = a.states[unit];
-      if (s.status == kOk && (s.pending & kPendingNorm)) {
-        double total = 0.0;
-        for (int64_t c = 0; c < a.chunks; ++c) total += a.masked_sums[unit * a.chunks + c];
-        s.inv_norm = 1.0 / total;  // >= 1: the max is kept
-        s.pending = 0;
-      }
-    } else {
-      s = combine_chunk_stats(a, unit);
-    }
-    a.states[unit] = s;
+    a.states[unit] = finish_state(a, unit);
   }
   __syncthreads();  // the states are written (global memory, visible to the block after it)
 }

@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 
 #include "kernels/cuda/decide.cuh"
 #include "kernels/cuda/filters.cuh"
@@ -134,6 +135,19 @@ inline PipelinePlan plan_pipeline(const VerifyProblem& p) {
   return plan;
 }
 
+// run(static_cast<T*>(nullptr)) with T the element type `elem` names: the one dtype switch of
+// every launcher (verify_dispatch.cu, tree_verify.cu, processed_probs.cu).
+template <class Run>
+inline cudaError_t dispatch_elem(ElemType elem, Run run) {
+  switch (elem) {
+    case ElemType::kFloat32: return run(static_cast<float*>(nullptr));
+    case ElemType::kFloat16: return run(static_cast<__half*>(nullptr));
+    case ElemType::kBFloat16: return run(static_cast<__nv_bfloat16*>(nullptr));
+    case ElemType::kFloat64: return run(static_cast<double*>(nullptr));
+  }
+  return cudaErrorInvalidValue;
+}
+
 template <typename R>
 inline R* scratch_at(void* scratch, size_t offset) {
   return offset == PipelinePlan::kNone ? nullptr
@@ -168,13 +182,9 @@ inline cudaError_t launch_sampler(const Args<T>& a, const PipelinePlan& plan, cu
   return launch_items(sample2, a.B, kPassThreads, a, stream);
 }
 
+// The kernels' arguments of a problem whose scratch follows `plan`.
 template <typename T>
-cudaError_t run_pipeline(const VerifyProblem& p, void* scratch, size_t scratch_bytes, cudaStream_t stream) {
-  if (!problem_is_valid(p)) return cudaErrorInvalidValue;
-  if (p.batch == 0) return cudaSuccess;
-  const PipelinePlan plan = plan_pipeline(p);
-  if (scratch == nullptr || scratch_bytes < plan.bytes) return cudaErrorInvalidValue;
-
+inline Args<T> pipeline_args(const VerifyProblem& p, const PipelinePlan& plan, void* scratch) {
   Args<T> a;
   a.target = static_cast<const T*>(p.target);
   a.draft = plan.has_draft ? static_cast<const T*>(p.draft) : nullptr;
@@ -209,7 +219,15 @@ cudaError_t run_pipeline(const VerifyProblem& p, void* scratch, size_t scratch_b
   a.aggs = scratch_at<PosAgg>(scratch, plan.aggs);
   a.plans = scratch_at<RowPlan>(scratch, plan.plans);
   a.sample = scratch_at<SampleChunkSums>(scratch, plan.sample);
+  return a;
+}
 
+// The processed-distribution state of every unit the call reads (logits): the stats kernel,
+// then with filters the merge / exact-mass / fallback / masked-sum kernels. finish_state
+// (decide.cuh) completes a unit's state from what they wrote. Shared by the verification
+// pipeline, the tree kernels (tree_verify.cu) and processed_probs (processed_probs.cu).
+template <typename T>
+cudaError_t launch_state_kernels(const Args<T>& a, const PipelinePlan& plan, cudaStream_t stream) {
   cudaError_t err = cudaSuccess;
   if (plan.logits) {
     switch (plan.stats_mode) {
@@ -236,6 +254,19 @@ cudaError_t run_pipeline(const VerifyProblem& p, void* scratch, size_t scratch_b
     auto norm_kernel = masked_sum_kernel<kPassThreads, T, false>;
     if ((err = launch_items(norm_kernel, plan.units, kPassThreads, a, stream)) != cudaSuccess) return err;
   }
+  return cudaSuccess;
+}
+
+template <typename T>
+cudaError_t run_pipeline(const VerifyProblem& p, void* scratch, size_t scratch_bytes, cudaStream_t stream) {
+  if (!problem_is_valid(p)) return cudaErrorInvalidValue;
+  if (p.batch == 0) return cudaSuccess;
+  const PipelinePlan plan = plan_pipeline(p);
+  if (scratch == nullptr || scratch_bytes < plan.bytes) return cudaErrorInvalidValue;
+
+  const Args<T> a = pipeline_args<T>(p, plan, scratch);
+  cudaError_t err = launch_state_kernels(a, plan, stream);
+  if (err != cudaSuccess) return err;
   const bool decide1_final = !plan.position_pass && !plan.sampler;
   if (decide1_final) {
     auto kernel = decide1_kernel<kRowThreads, T, true>;

@@ -186,6 +186,10 @@ struct Args {
   PosAgg* aggs;             // [B, G+1, chunks]
   RowPlan* plans;           // [B]
   SampleChunkSums* sample;  // [B, sample_chunks]
+  // Set by the tree kernels (tree_walk.cuh) only: row b then needs target units
+  // 0..unit_counts[b]-1 (a tree's node slots; none when the count is outside [1, G+1]) and
+  // num_draft_tokens is not read.
+  const int64_t* unit_counts = nullptr;
 
   __host__ __device__ int64_t target_units() const { return B * (G + 1); }
   __host__ __device__ int64_t draft_units() const { return has_draft ? B * G : 0; }
@@ -215,6 +219,10 @@ __device__ __forceinline__ const T* unit_row(const Args<T>& a, const UnitId& u) 
 // n for row b, or -1 when num_draft_tokens[b] is out of [0, gamma] (the row then reads nothing).
 template <typename T>
 __device__ __forceinline__ int64_t row_num_draft(const Args<T>& a, int64_t b) {
+  if (a.unit_counts != nullptr) {
+    const int64_t count = a.unit_counts[b];
+    return (count >= 1 && count <= a.G + 1) ? count - 1 : -1;
+  }
   if (a.num_draft_tokens == nullptr) return 0;
   const int64_t n = a.num_draft_tokens[b];
   return (n >= 0 && n <= a.G) ? n : -1;

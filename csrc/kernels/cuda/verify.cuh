@@ -77,6 +77,27 @@ struct VerifyProblem {
   int32_t* out_status = nullptr;
 };
 
+// processed_probs: the processed distribution of logits [B, V] as float64 probabilities
+// out_probs [B, V] (every element written): temperature, top-k, top-p, min-p exactly as the
+// verification kernels process a row (the same state kernels), each row divided by its sum as
+// the CPU op does; `greedy` (temperature 0): one-hot on the argmax (ties to the lowest id).
+// out_status [B] int32: kOk, kNonFiniteLogit or kEmptyDistribution (that row's probabilities
+// are then unspecified). Defined in processed_probs.cu.
+struct ProcessedProbsProblem {
+  ElemType elem = ElemType::kFloat32;
+  const void* logits = nullptr;
+  int64_t batch = 0;  // B >= 0
+  int64_t vocab = 1;  // V >= 1
+  SamplingParams sampling;  // temperature > 0 unless `greedy`
+  bool greedy = false;
+  double* out_probs = nullptr;
+  int32_t* out_status = nullptr;
+};
+
+size_t processed_probs_scratch_bytes(const ProcessedProbsProblem& problem);
+cudaError_t launch_processed_probs(const ProcessedProbsProblem& problem, void* scratch, size_t scratch_bytes,
+                                   cudaStream_t stream);
+
 // Device scratch the call needs, in bytes (0 when B = 0). Pure host arithmetic on the sizes,
 // task, rule and sampling settings (the pointers need not be set yet).
 size_t verify_scratch_bytes(const VerifyProblem& problem);

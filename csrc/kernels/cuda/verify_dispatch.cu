@@ -19,13 +19,9 @@ size_t verify_scratch_bytes(const VerifyProblem& problem) {
 }
 
 cudaError_t launch_verify(const VerifyProblem& problem, void* scratch, size_t scratch_bytes, cudaStream_t stream) {
-  switch (problem.elem) {
-    case ElemType::kFloat32: return run_pipeline<float>(problem, scratch, scratch_bytes, stream);
-    case ElemType::kFloat16: return run_pipeline<__half>(problem, scratch, scratch_bytes, stream);
-    case ElemType::kBFloat16: return run_pipeline<__nv_bfloat16>(problem, scratch, scratch_bytes, stream);
-    case ElemType::kFloat64: return run_pipeline<double>(problem, scratch, scratch_bytes, stream);
-  }
-  return cudaErrorInvalidValue;
+  return dispatch_elem(problem.elem, [&](auto* tag) {
+    return run_pipeline<std::remove_pointer_t<decltype(tag)>>(problem, scratch, scratch_bytes, stream);
+  });
 }
 
 }  // namespace cuda

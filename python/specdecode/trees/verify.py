@@ -80,13 +80,14 @@ def _tree_uniforms(B: int, N: int, device: torch.device, generator: torch.Genera
 
 
 def _check_backend(device: torch.device) -> None:
-    """verify_tree has a CPU kernel (and a fake one); other devices need their own kernel."""
+    """verify_tree has a CPU kernel, a CUDA one in CUDA builds (and a fake one); other devices
+    need their own kernel."""
     if device.type in ("cpu", "meta"):
         return
     key = {"cuda": "CUDA"}.get(device.type, device.type.upper())
     if not torch._C._dispatch_has_kernel_for_dispatch_key("specdecode::verify_tree", key):
         raise NotImplementedError(
-            f"verify_tree: no {device.type} kernel yet (only CPU); move the logits and the tree to the CPU "
+            f"verify_tree: no {device.type} kernel in this build; move the logits and the tree to the CPU "
             "(target_logits.cpu(), tree.to('cpu')) and the outputs back"
         )
 
