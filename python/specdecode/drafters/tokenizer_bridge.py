@@ -298,9 +298,7 @@ class TokenizerBridgeDrafter(DrafterBase):
 
     def __init__(self, draft_model: torch.nn.Module, draft_tokenizer: Any, target_tokenizer: Any,
                  draft_tokens_per_step: int | None = None) -> None:
-        from specdecode.integrations.hf.compat import check_model
-
-        check_model("draft_model", draft_model)
+        facts.check_model("draft_model", draft_model)
         for arg, tok in (("draft_tokenizer", draft_tokenizer), ("target_tokenizer", target_tokenizer)):
             if not (callable(tok) and hasattr(tok, "decode") and hasattr(tok, "get_vocab")):
                 raise TypeError(f"{arg}: expected a Hugging Face tokenizer (callable, with decode and get_vocab), "

@@ -60,6 +60,26 @@ def unloaded_parameters(model: torch.nn.Module) -> list[str]:
     return found
 
 
+def check_model(name: str, model: Any) -> None:
+    """A decoder-only causal LM with real weights, or ``TypeError`` / ``ValueError`` naming ``name``."""
+    if not isinstance(model, torch.nn.Module) or not hasattr(model, "config"):
+        raise TypeError(
+            f"{name}: expected a Hugging Face causal LM (a torch.nn.Module with .config), got {type(model).__name__}"
+        )
+    if getattr(model.config, "is_encoder_decoder", False):
+        raise ValueError(
+            f"{name}: {type(model).__name__} is an encoder-decoder model; only decoder-only models are supported"
+        )
+    if not hasattr(model, "get_input_embeddings") or model.get_input_embeddings() is None:
+        raise ValueError(f"{name}: {type(model).__name__} has no input embeddings (get_input_embeddings() is None)")
+    meta = unloaded_parameters(model)  # offloaded weights (accelerate hooks) are loaded at each forward
+    if meta:
+        raise ValueError(
+            f"{name}: {len(meta)} parameter(s) are on the meta device (e.g. {meta[0]!r}): the weights were never "
+            "loaded; load the model with real weights (or call .to_empty() and load a state dict) before generating"
+        )
+
+
 def sliding_window(model: torch.nn.Module) -> int | None:
     """The model's sliding attention window in tokens, or None."""
     config = getattr(model, "config", None)

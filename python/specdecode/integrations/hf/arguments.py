@@ -12,8 +12,8 @@ from torch import Tensor
 
 from specdecode.drafters.base import Drafter
 from specdecode.drafters.model import ModelDrafter
-from specdecode.integrations.hf.compat import check_compatibility, check_model
-from specdecode.models.facts import vocab_rows
+from specdecode.integrations.hf.compat import check_compatibility
+from specdecode.models.facts import check_model, vocab_rows
 from specdecode.rules import builtin_rule_params, get_rule, is_chain_rule, rule_option_names
 from specdecode.trees.builders import make_tree_builder
 from specdecode.trees.rules import get_tree_rule, is_tree_rule, tree_rule_params

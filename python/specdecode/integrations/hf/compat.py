@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from specdecode.models.facts import unloaded_parameters, vocab_rows
+from specdecode.models.facts import check_model, vocab_rows
 
 # Vocabulary sizes may differ by at most this many rows (or this fraction of the smaller one)
 # when no tokenizers are given to prove that the difference is padding.
@@ -27,26 +27,6 @@ def _id_set(value: Any) -> set[int]:
     if isinstance(value, (list, tuple, set)):
         return {int(v) for v in value}
     return {int(value)}
-
-
-def check_model(name: str, model: Any) -> None:
-    """A decoder-only causal LM with real weights, or ``TypeError`` / ``ValueError`` naming ``name``."""
-    if not isinstance(model, torch.nn.Module) or not hasattr(model, "config"):
-        raise TypeError(
-            f"{name}: expected a Hugging Face causal LM (a torch.nn.Module with .config), got {type(model).__name__}"
-        )
-    if getattr(model.config, "is_encoder_decoder", False):
-        raise ValueError(
-            f"{name}: {type(model).__name__} is an encoder-decoder model; only decoder-only models are supported"
-        )
-    if not hasattr(model, "get_input_embeddings") or model.get_input_embeddings() is None:
-        raise ValueError(f"{name}: {type(model).__name__} has no input embeddings (get_input_embeddings() is None)")
-    meta = unloaded_parameters(model)  # offloaded weights (accelerate hooks) are loaded at each forward
-    if meta:
-        raise ValueError(
-            f"{name}: {len(meta)} parameter(s) are on the meta device (e.g. {meta[0]!r}): the weights were never "
-            "loaded; load the model with real weights (or call .to_empty() and load a state dict) before generating"
-        )
 
 
 def _tokenizer_vocab(name: str, tokenizer: Any) -> dict[str, int]:
