@@ -1,13 +1,18 @@
 #!/usr/bin/env bash
 # The README's test command: set up (scripts/setup.sh; skipped when the installed build already
-# matches this checkout), then run the whole test suite. Extra arguments go to pytest.
+# matches this checkout), then run the whole test suite in a random order (the seed is printed).
+# Extra arguments go to pytest.
 # pytest's exit code 5 ("no tests collected") counts as failure unless
 # SPECDECODE_ALLOW_NO_TESTS=1, so a broken collection can never look green.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-python3}"
 bash scripts/setup.sh --if-needed || exit 1
-"$PYTHON" -m pytest -q -ra "$@"
+# The suite runs in a random order (pytest-randomly); the seed is printed so that a failure can
+# be replayed in the same order: SPECDECODE_TEST_SEED=<seed> bash scripts/run_tests.sh
+seed="${SPECDECODE_TEST_SEED:-$("$PYTHON" -c 'import random; print(random.randrange(1, 2**31))')}"
+echo "test order: random, seed $seed (replay with SPECDECODE_TEST_SEED=$seed bash scripts/run_tests.sh)"
+"$PYTHON" -m pytest -q -ra --randomly-seed="$seed" "$@"
 status=$?
 if [ "$status" -eq 5 ]; then
   echo "pytest collected no tests"

@@ -161,10 +161,10 @@ def test_rows_finish_at_different_steps_and_layouts_are_reused():
     assert len(set(lengths)) >= 3 and out.stats.row_steps < 4 * out.stats.steps
     # Same shapes again (other prompts of another length in the same capacity bucket): the
     # layout is reused, and the state is fully reset.
-    assert len(static_loop._SESSIONS) == 2  # eos=[] and eos=... are two layouts
+    assert len(static_loop._SESSIONS[target]) == 2  # eos=[] and eos=... are two layouts
     ids2, mask2 = left_padded([7, 2, 9, 4], seed=8)
     out2 = static(target, draft, ids2, mask2, num_draft_tokens=3, eos_token_id=eos, max_new_tokens=24)
-    assert len(static_loop._SESSIONS) == 2
+    assert len(static_loop._SESSIONS[target]) == 2
     assert torch.equal(out2.sequences, hf_greedy(target, ids2, mask2, eos_token_id=eos, max_new_tokens=24))
     out3 = static(target, draft, ids, mask, num_draft_tokens=3, eos_token_id=eos, max_new_tokens=24)
     assert torch.equal(out3.sequences, out.sequences)
@@ -380,6 +380,6 @@ def test_capacity_is_bucketed():
     target, draft = make_pair("llama")
     ids = left_padded([6], seed=3)[0]
     static(target, draft, ids, num_draft_tokens=2, max_new_tokens=5)
-    (session,) = static_loop._SESSIONS.values()
+    (session,) = static_loop._SESSIONS[target].values()
     needed = 6 + 1 + 5 + 2
     assert session.state.capacity == math.ceil(needed / static_loop.CAPACITY_MULTIPLE) * static_loop.CAPACITY_MULTIPLE

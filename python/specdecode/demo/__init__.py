@@ -30,6 +30,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from specdecode.models.cache_io import cache_kwargs, returned_cache
+
 if TYPE_CHECKING:  # pragma: no cover
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
@@ -319,7 +321,7 @@ def decode_step_seconds(
     """Median wall time (seconds) of one single-token decode step with a KV cache.
 
     Prefills ``context_len`` tokens, then times ``steps`` calls
-    ``model(input_ids=<1 token>, past_key_values=cache)`` (after ``warmup`` untimed ones)
+    ``model(input_ids=<1 token>)`` with a KV cache (after ``warmup`` untimed ones)
     and returns the median per-step time over ``repeats`` such runs.
     """
     device = next(model.parameters()).device
@@ -329,15 +331,15 @@ def decode_step_seconds(
     for _ in range(repeats):
         ids = torch.randint(0, vocab, (1, context_len), generator=gen).to(device)
         out = model(input_ids=ids, use_cache=True)
-        past = out.past_key_values
+        past = returned_cache(out)
         tok = out.logits[:, -1:].argmax(-1)
         for _ in range(warmup):
-            out = model(input_ids=tok, past_key_values=past, use_cache=True)
-            past = out.past_key_values
+            out = model(input_ids=tok, **cache_kwargs(model, past))
+            past = returned_cache(out)
         t0 = time.perf_counter()
         for _ in range(steps):
-            out = model(input_ids=tok, past_key_values=past, use_cache=True)
-            past = out.past_key_values
+            out = model(input_ids=tok, **cache_kwargs(model, past))
+            past = returned_cache(out)
             tok = out.logits[:, -1:].argmax(-1)
         results.append((time.perf_counter() - t0) / steps)
     results.sort()

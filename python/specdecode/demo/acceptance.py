@@ -27,6 +27,8 @@ from typing import Any, Sequence
 
 import torch
 
+from specdecode.models.cache_io import cache_kwargs, returned_cache
+
 __all__ = ["AcceptanceEstimate", "estimate_acceptance"]
 
 
@@ -57,7 +59,7 @@ def _target_continuation(
 ) -> torch.Tensor:
     """Decode ``max_new_tokens`` tokens from ``target`` (greedy or sampled), with a KV cache."""
     out = target(input_ids=prompt_ids, use_cache=True)
-    past = out.past_key_values
+    past = returned_cache(out)
     logits = out.logits[:, -1, :].float()
     new_tokens = []
     for step in range(max_new_tokens):
@@ -69,8 +71,8 @@ def _target_continuation(
         new_tokens.append(nxt)
         if step + 1 == max_new_tokens:
             break
-        out = target(input_ids=nxt, past_key_values=past, use_cache=True)
-        past = out.past_key_values
+        out = target(input_ids=nxt, **cache_kwargs(target, past))
+        past = returned_cache(out)
         logits = out.logits[:, -1, :].float()
     return torch.cat(new_tokens, dim=1)
 

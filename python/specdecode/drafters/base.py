@@ -268,8 +268,10 @@ class StaticDrafter(Protocol):
     """A drafter that can run on the static decode path: fixed shapes, no host synchronisation
     while proposing (every step may be recorded once into a CUDA graph and replayed).
 
-    - ``static_key()``: what the drafter computes with (e.g. ``("model", id(model))``); graphs
-      captured for one key are replayed for another drafter with the same key.
+    - ``static_key()``: what the drafter computes with, as a hashable tuple that names models by
+      ``weakref.ref(model)`` (e.g. ``("model", weakref.ref(model))``), never by ``id()``, which
+      a new model can reuse; graphs captured for one key are replayed for another drafter with
+      an equal key, and a layout whose key names a freed model is dropped.
     - ``static_prefill(state, num_tokens)``: before the first step, outside any graph (may
       synchronise): prepare its buffers for ``state`` and absorb the committed prompt columns.
     - ``static_propose(state, num_tokens)``: exactly ``num_tokens`` drafts per row (finished

@@ -3,6 +3,8 @@ KV cache laid out on the engine's columns (same holes, same positions)."""
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 from torch import Tensor
 
@@ -162,7 +164,7 @@ class ModelDrafter(DrafterBase):
 
     # ------------------------------------------------------------------ static decode path
     def static_key(self) -> tuple:
-        return ("model", id(self.model))
+        return ("model", weakref.ref(self.model))
 
     def _static_inputs(self, state: StaticDraftState, first: Tensor, num_columns: int) -> tuple[Tensor, Tensor, Tensor]:
         from specdecode.models.static_cache import column_inputs

@@ -27,8 +27,8 @@ up front so that a whole step can be recorded once as CUDA graphs and replayed:
 ``decode_path="static"`` runs the phases eagerly (any device; this is what the CPU tests
 exercise), ``decode_path="graphed"`` records them as CUDA graphs on the first step and replays
 them (:mod:`specdecode.engine.graphs`). Graphs, caches and buffers are kept for the next
-generation with the same shapes (:data:`SESSION_CACHE_SIZE` most recent layouts; free them with
-:func:`clear_static_sessions`). With ``draft=None`` the same path decodes the target alone
+generation with the same shapes (the :data:`SESSION_CACHE_SIZE` most recent layouts per target,
+freed with their models; :func:`clear_static_sessions` frees them all). With ``draft=None`` the same path decodes the target alone
 (one target forward per token): the baseline the speculative gain is measured against.
 
 Not supported here (``ValueError``, use the eager path): Hugging Face logits processors,
@@ -40,6 +40,7 @@ ignore custom 4D attention masks, inputs with gaps in their attention mask (only
 from __future__ import annotations
 
 import time
+import weakref
 from collections import OrderedDict
 from typing import Any, Callable
 
@@ -58,18 +59,22 @@ from specdecode.rules import get_rule, is_chain_rule
 from specdecode.sampling import SamplingParams
 from specdecode.verify import verify_logits
 
-#: How many static layouts (caches, buffers, CUDA graphs) are kept for reuse.
+#: How many static layouts (caches, buffers, CUDA graphs) are kept for reuse, per target.
 SESSION_CACHE_SIZE = 8
 #: Cache capacities are rounded up to a multiple of this, so that prompts of similar lengths
 #: share one layout (and its graphs).
 CAPACITY_MULTIPLE = 16
 DECODE_PATHS = ("eager", "static", "graphed")
 
-_SESSIONS: OrderedDict[tuple, "_Session"] = OrderedDict()
+# The static layouts kept for reuse, per target. The table holds each target weakly, and a layout
+# holds no model between generations (its step functions reach the target through a weak
+# reference, the drafter through ``_Session.drafter`` only while a generation runs), so deleting
+# a model frees it and its layouts. A layout whose drafter's model is freed is dropped too.
+_SESSIONS: "weakref.WeakKeyDictionary[torch.nn.Module, OrderedDict[tuple, _Session]]" = weakref.WeakKeyDictionary()
 
 
 def clear_static_sessions() -> None:
-    """Free every kept static layout (caches, buffers and CUDA graphs)."""
+    """Free every kept static layout (caches, buffers and CUDA graphs) of every model."""
     _SESSIONS.clear()
 
 
@@ -177,9 +182,46 @@ def _mask_message(name: str, model: torch.nn.Module) -> str:
             "or use decode_path='eager'")
 
 
-def _weights_signature(model: torch.nn.Module) -> tuple:
-    params = list(model.parameters())
-    return (len(params), params[0].dtype, params[0].data_ptr(), params[-1].data_ptr()) if params else (0,)
+class _Weights:
+    """The parameters a layout was built for (its CUDA graphs read their addresses): each
+    parameter object, held weakly, with its storage address, dtype and shape when the layout was
+    built. It matches a model whose parameters are the same live objects, unchanged; a parameter
+    replaced, reassigned (``param.data = ...``) or moved means a new layout. Nothing is looked up
+    by an address: a dead parameter never matches."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self._params = [(weakref.ref(p), p.data_ptr(), p.dtype, tuple(p.shape)) for p in model.parameters()]
+
+    def match(self, model: torch.nn.Module) -> bool:
+        params = list(model.parameters())
+        return len(params) == len(self._params) and all(
+            ref() is p and p.data_ptr() == ptr and p.dtype == dtype and tuple(p.shape) == shape
+            for (ref, ptr, dtype, shape), p in zip(self._params, params))
+
+
+def _drop_when_freed(key: tuple, layouts: "OrderedDict[tuple, _Session]") -> None:
+    """Forget the layout ``key`` of ``layouts`` when a model it names (a weak reference in the
+    drafter's ``static_key``) is freed; ``layouts`` is held weakly too."""
+    table = weakref.ref(layouts)
+
+    def drop() -> None:
+        held = table()
+        if held is not None:
+            held.pop(key, None)
+
+    for part in _flatten(key):
+        if isinstance(part, weakref.ref) and part() is not None:
+            weakref.finalize(part(), drop)
+
+
+def _flatten(key: Any) -> list[Any]:
+    if isinstance(key, tuple):
+        return [leaf for part in key for leaf in _flatten(part)]
+    return [key]
+
+
+def _is_dead(key: tuple) -> bool:
+    return any(isinstance(part, weakref.ref) and part() is None for part in _flatten(key))
 
 
 # ---------------------------------------------------------------------- state
@@ -248,8 +290,10 @@ class _Session:
         self.eos = torch.tensor(s.eos_ids, dtype=torch.long, device=device) if s.eos_ids else None
         self.arange = torch.arange(gamma + 1, device=device)
         self.flag_host = torch.zeros(2, dtype=torch.bool, pin_memory=device.type == "cuda")
-        self.drafter: Any = None
+        self.drafter: Any = None  # set only while a generation runs
         self.program: StepProgram | None = None
+        self.target_weights: _Weights | None = None
+        self.draft_weights: _Weights | None = None
 
 
 # ---------------------------------------------------------------------- engine
@@ -290,25 +334,29 @@ class StaticEngine:
                              f"sliding window ({self.window}); use decode_path='eager'")
         capacity = -(-needed // CAPACITY_MULTIPLE) * CAPACITY_MULTIPLE
         session = self._session(B, capacity)
-        syncs = session.syncs
-        syncs.total = syncs.in_steps = 0
-        if input_ids.device != self.device and self.device.type == "cuda":
-            syncs.count()  # the prompt's copy to the device
-        input_ids = input_ids.to(self.device)
-        self._reset(session, input_ids, attention_mask, prompt_width)
-        self._prefill(session)
-        program = session.program
-        assert program is not None
-        program.reset_timings()
-        captures = program.captures
-        steps = self._decode(session, program)
-        host = syncs.fetch(torch.cat([session.counters, session.generated]))
-        program.collect_timings()
-        counters, generated = host[: session.counters.numel()], host[session.counters.numel():]
-        new = int(generated.max()) if B else 0
-        sequences = torch.cat([input_ids, session.out[:, :new]], 1)
-        self._record(session, counters, steps, program.captures - captures)
-        return sequences
+        session.drafter = self.drafter
+        try:
+            syncs = session.syncs
+            syncs.total = syncs.in_steps = 0
+            if input_ids.device != self.device and self.device.type == "cuda":
+                syncs.count()  # the prompt's copy to the device
+            input_ids = input_ids.to(self.device)
+            self._reset(session, input_ids, attention_mask, prompt_width)
+            self._prefill(session)
+            program = session.program
+            assert program is not None
+            program.reset_timings()
+            captures = program.captures
+            steps = self._decode(session, program)
+            host = syncs.fetch(torch.cat([session.counters, session.generated]))
+            program.collect_timings()
+            counters, generated = host[: session.counters.numel()], host[session.counters.numel():]
+            new = int(generated.max()) if B else 0
+            sequences = torch.cat([input_ids, session.out[:, :new]], 1)
+            self._record(session, counters, steps, program.captures - captures)
+            return sequences
+        finally:
+            session.drafter = None  # a kept layout holds no model between generations
 
     def _decode(self, session: _Session, program: StepProgram) -> int:
         """Run steps until every row has finished (checked every ``stop_check_every`` steps) or
@@ -347,19 +395,29 @@ class StaticEngine:
     # ------------------------------------------------------------------ setup
     def _session(self, batch: int, capacity: int) -> _Session:
         s = self.settings
-        key = (id(self.target), _weights_signature(self.target), self.drafter.static_key(), str(self.device), batch,
-               capacity, self.gamma, s.sampling, self.rule.name, tuple(sorted(s.rule_options.items())), s.vocab_size,
-               s.eos_ids, s.max_new_tokens, self.decode_path, self.phase_timing,
-               _weights_signature(getattr(self.drafter, "model", self.target)))
-        session = _SESSIONS.get(key)
+        key = (self.drafter.static_key(), str(self.device), batch, capacity, self.gamma, s.sampling, self.rule.name,
+               tuple(sorted(s.rule_options.items())), s.vocab_size, s.eos_ids, s.max_new_tokens, self.decode_path,
+               self.phase_timing)
+        layouts = _SESSIONS.get(self.target)
+        if layouts is None:
+            layouts = _SESSIONS[self.target] = OrderedDict()
+        for dead in [k for k in layouts if _is_dead(k)]:
+            del layouts[dead]
+        draft_model = getattr(self.drafter, "model", None)
+        session = layouts.get(key)
+        if session is not None and not (session.target_weights.match(self.target) and (
+                session.draft_weights is None or session.draft_weights.match(draft_model))):
+            session = None  # the weights moved or were replaced: the old layout's graphs read stale addresses
         if session is None:
             session = _Session(self, batch, capacity)
+            session.target_weights = _Weights(self.target)
+            session.draft_weights = _Weights(draft_model) if isinstance(draft_model, torch.nn.Module) else None
             session.program = self._program(session)
-            _SESSIONS[key] = session
-            while len(_SESSIONS) > SESSION_CACHE_SIZE:
-                _SESSIONS.popitem(last=False)
-        _SESSIONS.move_to_end(key)
-        session.drafter = self.drafter
+            layouts[key] = session
+            _drop_when_freed(key, layouts)
+            while len(layouts) > SESSION_CACHE_SIZE:
+                layouts.popitem(last=False)
+        layouts.move_to_end(key)
         return session
 
     def _reset(self, session: _Session, input_ids: Tensor, attention_mask: Tensor | None, prompt_width: int) -> None:
@@ -418,7 +476,10 @@ class StaticEngine:
 
     # ------------------------------------------------------------------ the step
     def _program(self, session: _Session) -> StepProgram:
-        engine = self
+        # The step functions outlive this engine (the layout is kept for the next generation):
+        # they hold the target weakly and find the drafter in the session, so they keep no model alive.
+        target_ref = weakref.ref(self.target)
+        logits_to_keep_ok, rule_name = self._logits_to_keep_ok, self.rule.name
         state = session.state
         gamma = self.gamma
         s = self.settings
@@ -436,8 +497,8 @@ class StaticEngine:
 
             columns, positions, mask = column_inputs(state.lengths, state.start, gamma + 1, state.capacity, dtype)
             session.cache.columns = columns
-            logits = facts.forward(engine.target, state.tokens.gather(1, columns), mask, positions, session.cache,
-                                   last_only=False, logits_to_keep_ok=engine._logits_to_keep_ok)
+            logits = facts.forward(target_ref(), state.tokens.gather(1, columns), mask, positions, session.cache,
+                                   last_only=False, logits_to_keep_ok=logits_to_keep_ok)
             scratch["target_logits"] = logits[:, :, : s.vocab_size].float().contiguous()
 
         def verify() -> None:
@@ -450,7 +511,7 @@ class StaticEngine:
                 remaining = s.max_new_tokens - session.generated
                 verified = torch.where(active, (remaining - 1).clamp(0, gamma), 0)
                 result = verify_logits(scratch["target_logits"], scratch["draft_logits"] if needs_q else None,
-                                       scratch["draft_tokens"], sampling=s.sampling, rule=engine.rule.name,
+                                       scratch["draft_tokens"], sampling=s.sampling, rule=rule_name,
                                        num_draft_tokens=verified, philox_seed=state.philox_seed,
                                        philox_offset=state.philox_offset, **s.rule_options)
                 state.philox_offset.add_(1)

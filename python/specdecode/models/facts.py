@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import inspect
+import weakref
 from typing import Any
 
 import torch
 from torch import Tensor
+
+from specdecode.models.cache_io import cache_kwargs
 
 
 def local_tensor(tensor: Tensor) -> Tensor:
@@ -153,8 +156,7 @@ def forward(model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor | 
         "input_ids": input_ids,
         "attention_mask": attention_mask,
         "position_ids": position_ids,
-        "past_key_values": cache,
-        "use_cache": True,
+        **cache_kwargs(model, cache),
     }
     if last_only and logits_to_keep_ok:
         kwargs["logits_to_keep"] = 1
@@ -162,18 +164,24 @@ def forward(model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor | 
     return logits[:, -1] if last_only else logits
 
 
-_TREE_MASK_SUPPORT: dict[int, bool] = {}
+# Per-model answers of the mask probe, kept with the model itself: a weak-keyed table forgets a
+# model's entry when the model is freed, so a later model can never inherit it (an ``id()`` can
+# be reused as soon as its object dies). Within one model the answer is keyed by what it depends
+# on: the attention implementation (``set_attn_implementation`` can change it) and the dtype.
+_TREE_MASK_SUPPORT: "weakref.WeakKeyDictionary[torch.nn.Module, dict[tuple, bool]]" = weakref.WeakKeyDictionary()
 
 
 def accepts_custom_4d_mask(model: torch.nn.Module) -> bool:
     """Whether ``model`` honours a custom 4D attention mask together with explicit position ids
-    (token trees and static caches need both). Probed once per model with two tiny forwards: a
-    query that may not see its predecessor must give the same logits as the sequence without
-    that predecessor."""
-    key = id(model)
-    if key not in _TREE_MASK_SUPPORT:
-        _TREE_MASK_SUPPORT[key] = _probe_tree_attention(model)
-    return _TREE_MASK_SUPPORT[key]
+    (token trees and static caches need both). Probed with two tiny forwards, once per model,
+    attention implementation and dtype: a query that may not see its predecessor must give the
+    same logits as the sequence without that predecessor."""
+    config = getattr(model, "config", None)
+    condition = (getattr(config, "_attn_implementation", None), str(getattr(model, "dtype", None)))
+    answers = _TREE_MASK_SUPPORT.setdefault(model, {})
+    if condition not in answers:
+        answers[condition] = _probe_tree_attention(model)
+    return answers[condition]
 
 
 def check_tree_attention(model: torch.nn.Module, name: str = "target") -> None:
@@ -200,9 +208,9 @@ def _probe_tree_attention(model: torch.nn.Module) -> bool:
         from specdecode.models.kv_cache import new_cache
 
         tree = model(input_ids=ids, attention_mask=mask, position_ids=torch.tensor([[0, 1, 1]], device=device),
-                     past_key_values=new_cache(), use_cache=True).logits[0, 2].float()
+                     **cache_kwargs(model, new_cache())).logits[0, 2].float()
         plain = model(input_ids=ids[:, [0, 2]], position_ids=torch.tensor([[0, 1]], device=device),
-                      past_key_values=new_cache(), use_cache=True).logits[0, 1].float()
+                      **cache_kwargs(model, new_cache())).logits[0, 1].float()
     except Exception:  # noqa: BLE001 - any failure means "not supported"
         return False
     return bool(torch.allclose(tree, plain, atol=1e-3 if dtype == torch.float32 else 5e-2, rtol=1e-3))

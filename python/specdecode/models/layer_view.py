@@ -57,12 +57,16 @@ def layer_subset_view(model: torch.nn.Module, layers: Sequence[int]) -> torch.nn
         layer = full[old_index]
         chosen.append(layer if new_index == old_index else _renumbered(layer, old_index, new_index))
 
-    configs: dict[int, Any] = {}
+    # Modules of one model may share a config object: they share its view too. A list searched by
+    # identity, not a dict keyed by id(): it lives for this call only, but identity needs no argument.
+    configs: list[tuple[Any, Any]] = []
 
     def view_config(config: Any) -> Any:
-        if id(config) not in configs:
-            configs[id(config)] = _subset_config(config, layers, total)
-        return configs[id(config)]
+        for original, view in configs:
+            if original is config:
+                return view
+        configs.append((config, _subset_config(config, layers, total)))
+        return configs[-1][1]
 
     root = _shallow_clone(model)
     parent = root
@@ -114,15 +118,17 @@ def _shallow_clone(module: torch.nn.Module) -> torch.nn.Module:
 def _renumbered(layer: torch.nn.Module, old_index: int, new_index: int) -> torch.nn.Module:
     """A clone of ``layer`` and all its submodules (parameters shared) in which every
     ``layer_idx`` equal to ``old_index`` becomes ``new_index``."""
-    clones: dict[int, torch.nn.Module] = {}
+    # original -> clone for modules shared within the layer; the entry keeps the original alive
+    # for this call, so its id() cannot be taken by another object meanwhile.
+    clones: dict[int, tuple[torch.nn.Module, torch.nn.Module]] = {}
     renumbered = 0
 
     def clone_tree(module: torch.nn.Module) -> torch.nn.Module:
         nonlocal renumbered
         if id(module) in clones:
-            return clones[id(module)]
+            return clones[id(module)][1]
         clone = _shallow_clone(module)
-        clones[id(module)] = clone
+        clones[id(module)] = (module, clone)
         for name, child in module._modules.items():
             if child is not None:
                 clone._modules[name] = clone_tree(child)

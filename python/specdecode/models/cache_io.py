@@ -1,0 +1,68 @@
+"""How a KV cache is handed to a Hugging Face model and read back from its output.
+
+transformers renamed the cache argument of a model's ``forward`` from ``past_key_values`` to
+``cache`` (5.24; the old name warns and is due to go in 5.40), and the output field with it.
+Older releases, and models loaded with remote code, know only ``past_key_values``. Every call
+the project makes with a cache goes through :func:`cache_kwargs` and :func:`returned_cache`, so
+the spelling is decided here, once per model class, from the signatures of its ``forward``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import weakref
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+#: The current name first: a forward that takes both is given the current one.
+CACHE_KEYWORDS = ("cache", "past_key_values")
+
+# model class -> its forward's cache keyword. Keyed by the class itself (weakly: a class defined
+# in a test or a notebook cell is freed with its last model), never by an id().
+_KEYWORD_BY_CLASS: "weakref.WeakKeyDictionary[type, str]" = weakref.WeakKeyDictionary()
+
+
+def _class_keyword(cls: type) -> str:
+    """The cache keyword of the first ``forward`` along ``cls``'s MRO that names one explicitly
+    (a subclass whose ``forward(*args, **kwargs)`` wraps its parent's takes the parent's name);
+    ``past_key_values`` when none does (the spelling every release accepts)."""
+    for klass in cls.__mro__:
+        forward = klass.__dict__.get("forward")
+        if forward is None:
+            continue
+        try:
+            names = inspect.signature(forward).parameters
+        except (TypeError, ValueError):
+            continue
+        for keyword in CACHE_KEYWORDS:
+            if keyword in names:
+                return keyword
+    return "past_key_values"
+
+
+def cache_keyword(model: torch.nn.Module) -> str:
+    """``"cache"`` or ``"past_key_values"``: the name ``model``'s forward takes its KV cache by."""
+    cls = type(model)
+    keyword = _KEYWORD_BY_CLASS.get(cls)
+    if keyword is None:
+        keyword = _KEYWORD_BY_CLASS[cls] = _class_keyword(cls)
+    return keyword
+
+
+def cache_kwargs(model: torch.nn.Module, cache: Any) -> dict[str, Any]:
+    """The keyword arguments that hand ``cache`` to ``model``'s forward (with ``use_cache=True``)."""
+    return {cache_keyword(model): cache, "use_cache": True}
+
+
+def returned_cache(output: Any) -> Any:
+    """The KV cache a forward returned: the output's ``cache`` field where it has one, else its
+    ``past_key_values`` (looked up as a field, never through a deprecated attribute)."""
+    for field in CACHE_KEYWORDS:
+        if isinstance(output, Mapping):
+            if field in output:
+                return output[field]
+        elif getattr(output, field, None) is not None:
+            return getattr(output, field)
+    raise ValueError(f"output: {type(output).__name__} holds no KV cache (no 'cache' or 'past_key_values' field)")
