@@ -20,7 +20,7 @@
 #               64 new tokens, 16 prompts for the greedy check)
 #   PY          the Python to use (default python3, the device image's PyTorch)
 # Optional wheels in .whl/ (carried with the call) are installed first into /tmp/site, e.g.
-# transformers==5.23.0 to test the transformers version the CPU CI uses (the image has 5.17).
+# transformers==5.24.0 to test the transformers version the CPU CI uses (the image has 5.17).
 set -u
 OUT=${OUT:-$PWD/gpu_out}
 mkdir -p "$OUT"
