@@ -165,13 +165,19 @@ class _Wrapper(_New):
 
 
 class _Neither(torch.nn.Module):
-    def forward(self, *args, **kwargs):
+    def forward(self, *args, **kwargs):  # passes everything on: the installed transformers' spelling
         return None
 
 
 @pytest.mark.parametrize("cls, keyword", [(_Old, "past_key_values"), (_New, "cache"), (_Wrapper, "cache"),
-                                          (_Neither, "past_key_values")])
+                                          (_Neither, None)])
 def test_cache_keyword_per_class(cls, keyword):
+    if keyword is None:
+        import inspect
+
+        from transformers import LlamaForCausalLM
+
+        keyword = "cache" if "cache" in inspect.signature(LlamaForCausalLM.forward).parameters else "past_key_values"
     model = cls()
     assert cache_io.cache_keyword(model) == keyword
     assert cache_io.cache_kwargs(model, "C") == {keyword: "C", "use_cache": True}

@@ -1,10 +1,12 @@
 """The Hugging Face model layer: facts about a causal LM (where its inputs go, its vocabulary,
-its sliding window, its decoder layers), one forward call with an explicit cache, the KV-cache
+its sliding window, its decoder layers), how a cache is handed to a model and read back
+(``cache=`` or ``past_key_values=``, per model class), one forward call with an explicit cache, the KV-cache
 operations the engine and the drafters share (crop, row selection, per-row column gather), and
 a view of a model that runs a subset of its decoder layers on the same weights.
 
 Nothing here knows about drafting or verification."""
 
+from specdecode.models.cache_io import cache_keyword, cache_kwargs, returned_cache
 from specdecode.models.facts import (
     accepts_logits_to_keep,
     decoder_layers,
@@ -22,6 +24,8 @@ from specdecode.models.layer_view import layer_subset_view
 
 __all__ = [
     "accepts_logits_to_keep",
+    "cache_keyword",
+    "cache_kwargs",
     "crop",
     "decoder_layers",
     "decoder_layers_path",
@@ -32,6 +36,7 @@ __all__ = [
     "layer_subset_view",
     "local_tensor",
     "new_cache",
+    "returned_cache",
     "select_rows",
     "sliding_window",
     "unloaded_parameters",

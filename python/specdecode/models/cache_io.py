@@ -9,6 +9,7 @@ the spelling is decided here, once per model class, from the signatures of its `
 
 from __future__ import annotations
 
+import functools
 import inspect
 import weakref
 from collections.abc import Mapping
@@ -26,8 +27,9 @@ _KEYWORD_BY_CLASS: "weakref.WeakKeyDictionary[type, str]" = weakref.WeakKeyDicti
 
 def _class_keyword(cls: type) -> str:
     """The cache keyword of the first ``forward`` along ``cls``'s MRO that names one explicitly
-    (a subclass whose ``forward(*args, **kwargs)`` wraps its parent's takes the parent's name);
-    ``past_key_values`` when none does (the spelling every release accepts)."""
+    (a subclass whose ``forward(*args, **kwargs)`` wraps its parent's takes the parent's name).
+    A model that names neither anywhere (a wrapper that passes everything on to a model it
+    holds) gets the spelling of the installed transformers, which the model it wraps takes."""
     for klass in cls.__mro__:
         forward = klass.__dict__.get("forward")
         if forward is None:
@@ -39,7 +41,19 @@ def _class_keyword(cls: type) -> str:
         for keyword in CACHE_KEYWORDS:
             if keyword in names:
                 return keyword
-    return "past_key_values"
+    return _installed_keyword()
+
+
+@functools.cache
+def _installed_keyword() -> str:
+    """``"cache"`` where the installed transformers' causal LMs take it, else ``"past_key_values"``."""
+    try:
+        from transformers import LlamaForCausalLM
+
+        names = inspect.signature(LlamaForCausalLM.forward).parameters
+    except (ImportError, TypeError, ValueError):
+        return "past_key_values"
+    return "cache" if "cache" in names else "past_key_values"
 
 
 def cache_keyword(model: torch.nn.Module) -> str:
