@@ -51,7 +51,10 @@ def _assistant_model_from_generate() -> Any:
     except ImportError:  # pragma: no cover - custom_generate is only called by transformers
         return None
     code = getattr(getattr(GenerationMixin.generate, "__wrapped__", GenerationMixin.generate), "__code__", None)
-    frame = sys._getframe(2)  # 0: this function, 1: custom_generate, 2: its caller
+    try:
+        frame = sys._getframe(2)  # 0: this function, 1: custom_generate, 2: its caller
+    except ValueError:  # no caller frame
+        return None
     if code is None or frame.f_code is not code:
         return None
     return frame.f_locals.get("assistant_model")
