@@ -11,7 +11,7 @@ import copy
 import pytest
 import torch
 from test_drafter_tokenizer_bridge import WORDS, permutation, permuted_model, permuted_tokenizer, word_tokenizer
-from test_generate_models import PAD, _one_thread, left_padded, make_pair  # noqa: F401
+from test_generate_models import PAD, _one_thread, left_padded, make_model, make_pair  # noqa: F401
 
 import specdecode
 from specdecode import custom_generate
@@ -249,3 +249,29 @@ def test_bad_generation_config_type_is_named(pair, batch):
         ours(target, draft, ids, mask, generation_config={"max_new_tokens": 3})
     with pytest.raises(TypeError, match="input_ids"):
         specdecode.generate(target, draft)
+
+
+def test_assistant_early_exit_is_the_layer_skip_drafter():
+    target = make_model("llama", layers=3)
+    ids = torch.tensor([[5, 9, 11, 4, 7]])
+    want = hf(target, ids)
+    assert torch.equal(hf(target, ids, assistant_early_exit=1), want)  # HF's own self-speculation
+    stats = specdecode.SpeculativeStats()
+    assert torch.equal(plug(target, ids, assistant_early_exit=1, speculative_stats=stats), want)
+    assert stats.drafter == specdecode.LayerSkipDrafter.name
+    out = specdecode.generate(target, input_ids=ids, assistant_early_exit=1, max_new_tokens=MAX_NEW, pad_token_id=PAD)
+    assert torch.equal(out.sequences, want) and out.stats.drafter == specdecode.LayerSkipDrafter.name
+
+
+def test_sampling_settings_of_a_generation_config_apply(pair, batch):
+    from transformers import GenerationConfig
+
+    target, draft = pair
+    ids, mask = batch
+    config = GenerationConfig(do_sample=True, temperature=0.7, top_k=5, max_new_tokens=6, pad_token_id=PAD)
+    out = specdecode.generate(target, draft, ids, mask, generation_config=config, output_scores=True,
+                              generator=torch.Generator().manual_seed(1))
+    assert out.sequences.shape[1] == ids.shape[1] + 6
+    assert all((torch.isfinite(s).sum(1) == 5).all() for s in out.scores)  # top_k=5 applied
+    greedy = specdecode.generate(target, draft, ids, mask, generation_config=config, do_sample=False)
+    assert torch.equal(greedy.sequences, hf(target, ids, mask, max_new_tokens=6))  # the keyword wins

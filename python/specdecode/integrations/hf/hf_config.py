@@ -11,6 +11,7 @@ three with :func:`prepare` (the target's own preparation methods), then calls
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -89,7 +90,13 @@ def prepare(model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor | 
     if generation_config is not None and not isinstance(generation_config, GenerationConfig):
         raise TypeError(f"generation_config: expected a transformers.GenerationConfig or None, "
                         f"got {type(generation_config).__name__}")
-    config, unused = model._prepare_generation_config(generation_config, **overrides)  # a deep copy
+    if generation_config is None:
+        config, unused = model._prepare_generation_config(None, **overrides)  # a new config
+    else:  # apply the overrides to a copy first (HF warns when a config comes with keywords)
+        config = copy.deepcopy(generation_config)
+        unused = config.update(**overrides)
+        config, more = model._prepare_generation_config(config)
+        unused.update(more)
     unused = {k: v for k, v in unused.items() if k not in ("output_attentions", "output_hidden_states")}
     if unused:
         raise TypeError(f"generate() got unexpected keyword arguments {sorted(unused)}")
