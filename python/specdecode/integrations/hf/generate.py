@@ -96,27 +96,51 @@ def generate(
     Shape:
         input_ids: ``[B, prompt_len]`` int64, left-padded for B > 1.
         attention_mask: ``[B, prompt_len]`` 0/1 or None (no padding).
-        returns: ``SpeculativeOutput(sequences [B, prompt_len + new], stats)``.
+        returns: ``SpeculativeOutput(sequences [B, prompt_len + new], stats, scores, logits)``;
+            ``scores`` / ``logits``: ``new`` tensors ``[B, V]`` with ``output_scores`` /
+            ``output_logits``, else None.
 
     ``draft`` is a Hugging Face causal LM sharing the target's tokenizer (wrapped in a
     :class:`~specdecode.drafters.ModelDrafter`) or any drafter: ``NgramDrafter``,
     ``LayerSkipDrafter``, ``TokenizerBridgeDrafter`` or your own
-    :class:`~specdecode.drafters.Drafter`. Sampling settings (``temperature``, ``top_k``,
-    ``top_p``, ``min_p``; ``do_sample=False`` is greedy) and the HF ``logits_processor`` apply
-    identically to target and draft. ``rule`` is any name from :func:`specdecode.list_rules`
-    (chains; default ``token``) or :func:`specdecode.trees.list_tree_rules` (trees; default: the
-    lossless rule of the tree's children scheme); its options are extra keywords (an unknown
-    keyword is a ``TypeError``). ``tree`` drafts a token tree instead of a chain:
-    ``"dynamic"`` (EAGLE-2, deterministic children), ``"sequoia"`` (optimal shape for the
-    acceptance measured as it runs, children drawn without replacement), ``"static"``, a
-    :class:`~specdecode.trees.TreeShape`, rank paths or a tree builder; ``num_nodes`` (root
-    included), ``tree_depth`` and ``tree_children`` (``"deterministic"``, ``"iid"``,
-    ``"without_replacement"``) shape it. ``eos_token_id`` /
-    ``pad_token_id`` default to the target's generation config; each row stops at EOS,
-    ``max_new_tokens`` or a stopping criterion and is then right-padded. ``streamer`` (batch 1)
-    receives the prompt, each step's tokens, then ``end()``. ``draft_schedule``: ``"constant"``,
-    ``"heuristic"``, ``"optimal"`` or a :class:`DraftSchedule`. ``generator`` drives every
-    random choice, so a seed fixes the output.
+    :class:`~specdecode.drafters.Drafter`. Hugging Face's names for the draft work too (give
+    one source only; two is a ``ValueError`` naming both): ``assistant_model=`` (a draft model;
+    with ``assistant_tokenizer=`` and ``tokenizer=``, a draft with another tokenizer through a
+    ``TokenizerBridgeDrafter``), ``prompt_lookup_num_tokens=k`` (an ``NgramDrafter`` drafting
+    ``k`` tokens, ``max_matching_ngram_size`` its longest n-gram) and
+    ``assistant_early_exit=k`` (a ``LayerSkipDrafter`` of the target's first ``k`` layers).
+
+    Every other keyword of ``model.generate`` means what it means there: ``generation_config``
+    (never modified) and any of its fields (``repetition_penalty``, ``min_new_tokens``,
+    ``no_repeat_ngram_size``, ``bad_words_ids``, ``stop_strings`` with ``tokenizer=``,
+    ``max_length``, ``max_time``, ``num_return_sequences``, ``output_scores``, ``output_logits``,
+    ...), ``logits_processor`` and ``stopping_criteria``: the target's own ``generate``
+    preparation builds the processors and criteria, so ``specdecode.generate`` and the
+    ``custom_generate`` plug-in share them; processors apply identically to target and draft
+    logits, criteria per row after every emitted token. What speculative decoding cannot honour
+    (``num_beams > 1``, contrastive search, ``output_attentions``, ...) is a ``ValueError``
+    naming it. Two defaults are specdecode's own, not the model's generation config: greedy
+    decoding with no sampling filter unless ``do_sample`` / ``temperature`` / ``top_k`` /
+    ``top_p`` / ``min_p`` (keywords, or fields of a ``generation_config`` you pass) say
+    otherwise, and ``max_new_tokens=128`` unless ``max_new_tokens`` or ``max_length`` is given.
+    The output is always a :class:`SpeculativeOutput` (``return_dict_in_generate`` is implied).
+    ``scores`` / ``logits`` are one teacher-forced target forward over the output, processed
+    per position as ``generate`` does (see :mod:`specdecode.integrations.hf.outputs`).
+
+    ``rule`` is any name from :func:`specdecode.list_rules` (chains; default ``token``) or
+    :func:`specdecode.trees.list_tree_rules` (trees; default: the lossless rule of the tree's
+    children scheme); its options are extra keywords (an unknown keyword is a ``TypeError``).
+    ``tree`` drafts a token tree instead of a chain: ``"dynamic"`` (EAGLE-2, deterministic
+    children), ``"sequoia"`` (optimal shape for the acceptance measured as it runs, children
+    drawn without replacement), ``"static"``, a :class:`~specdecode.trees.TreeShape`, rank
+    paths or a tree builder; ``num_nodes`` (root included), ``tree_depth`` and
+    ``tree_children`` (``"deterministic"``, ``"iid"``, ``"without_replacement"``) shape it.
+    ``eos_token_id`` / ``pad_token_id`` default to the target's generation config; each row
+    stops at EOS, ``max_new_tokens`` or a stopping criterion and is then right-padded.
+    ``streamer`` (batch 1) receives the prompt, each step's tokens, then ``end()``.
+    ``draft_schedule``: ``"constant"``, ``"heuristic"``, ``"optimal"`` or a
+    :class:`DraftSchedule`. ``num_draft_tokens`` (default 5) is the chain length.
+    ``generator`` drives every random choice, so a seed fixes the output.
 
     ``decode_path`` picks the engine: ``"eager"`` (default; everything above), ``"static"``
     (static KV caches, every step decided on the device, at most one host synchronisation per
