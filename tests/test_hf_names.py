@@ -275,3 +275,14 @@ def test_sampling_settings_of_a_generation_config_apply(pair, batch):
     assert all((torch.isfinite(s).sum(1) == 5).all() for s in out.scores)  # top_k=5 applied
     greedy = specdecode.generate(target, draft, ids, mask, generation_config=config, do_sample=False)
     assert torch.equal(greedy.sequences, hf(target, ids, mask, max_new_tokens=6))  # the keyword wins
+
+
+def test_num_return_sequences(pair, batch):
+    target, draft = pair
+    ids, mask = batch
+    out = ours(target, draft, ids, mask, do_sample=True, num_return_sequences=2, max_new_tokens=5,
+               generator=torch.Generator().manual_seed(2))
+    assert out.sequences.shape == (6, ids.shape[1] + 5)
+    assert torch.equal(out.sequences[::2, : ids.shape[1]], ids) and torch.equal(out.sequences[1::2, : ids.shape[1]], ids)
+    with pytest.raises(ValueError, match="num_return_sequences"):
+        ours(target, draft, ids, mask, num_return_sequences=2)

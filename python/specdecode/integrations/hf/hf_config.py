@@ -160,18 +160,12 @@ class Prepared:
     score_processors: Any
 
 
-def from_prepared(config: Any, processors: Any, criteria: Any, prompt_len: int,
-                  sampling: SamplingParams | None = None) -> Prepared:
-    """The engine's settings from ``generate``'s prepared config, processors and criteria.
-
-    ``sampling`` given: the processors hold no sampling warpers and this is the sampling
-    (``specdecode.generate``'s own sampling keywords); else they come from the warpers."""
-    others, warped = args.split_sampling_warpers(processors, bool(getattr(config, "do_sample", False)))
-    if sampling is None:
-        sampling = warped
-        score_processors = args.as_processor_list(processors)
-    else:
-        score_processors = _with_warpers(others, sampling)
+def from_prepared(config: Any, processors: Any, criteria: Any, prompt_len: int) -> Prepared:
+    """The engine's settings from ``generate``'s prepared config, processors and criteria:
+    the sampling warpers become the engine's sampling (verification applies them to target and
+    draft alike), EOS and max-length criteria its native stops."""
+    others, sampling = args.split_sampling_warpers(processors, bool(getattr(config, "do_sample", False)))
+    score_processors = args.as_processor_list(processors)
     stopping, max_length, eos_ids = args.split_stopping(criteria)
     eos_ids = sorted(set(eos_ids) | set(args.as_id_list("eos_token_id", getattr(config, "_eos_token_tensor", None))))
     pad = getattr(config, "_pad_token_tensor", None)
@@ -185,26 +179,3 @@ def from_prepared(config: Any, processors: Any, criteria: Any, prompt_len: int,
         )
     pad_id = eos_ids[0] if pad_id is None and eos_ids else (pad_id or 0)
     return Prepared(sampling, others, stopping, eos_ids, int(pad_id), max_new_tokens, score_processors)
-
-
-def _with_warpers(processors: Any, sampling: SamplingParams) -> Any:
-    """``processors`` followed by the warpers ``generate`` would add for ``sampling``."""
-    from transformers import LogitsProcessorList
-    from transformers.generation.logits_process import (
-        MinPLogitsWarper,
-        TemperatureLogitsWarper,
-        TopKLogitsWarper,
-        TopPLogitsWarper,
-    )
-
-    items = list(processors or [])
-    if not sampling.is_greedy:
-        if sampling.temperature != 1.0:
-            items.append(TemperatureLogitsWarper(sampling.temperature))
-        if sampling.top_k > 0:
-            items.append(TopKLogitsWarper(sampling.top_k))
-        if sampling.top_p < 1.0:
-            items.append(TopPLogitsWarper(sampling.top_p))
-        if sampling.min_p > 0.0:
-            items.append(MinPLogitsWarper(sampling.min_p))
-    return LogitsProcessorList(items) if items else None
