@@ -199,9 +199,10 @@ def generate(
     mask = args.check_input_ids(input_ids, attention_mask, pad_ids, vocab_limit, mask_required_for_pads=True)
     if max_new_tokens is not None:
         args.check_int("max_new_tokens", max_new_tokens, 1)
-    has_default_max_length = max_new_tokens is None and given("max_new_tokens") is None and given("max_length") is None
-    if has_default_max_length:
-        max_new_tokens = 128
+    if max_new_tokens is None and given("max_new_tokens") is None and given("max_length") is None:
+        max_new_tokens = 128  # specdecode.generate's own default
+    has_default_max_length = (given("max_length") is None
+                              and getattr(getattr(target, "generation_config", None), "max_length", None) is None)
     overrides = {**hf_kwargs, "return_dict_in_generate": True}
     for name, value in (("max_new_tokens", max_new_tokens), ("eos_token_id", eos_token_id),
                         ("pad_token_id", pad_token_id)):
@@ -216,6 +217,7 @@ def generate(
     config, processors, criteria = hf_config.prepare(
         target, ids, None if mask is None else mask.to(device), generation_config, overrides,
         logits_processor=logits_processor, stopping_criteria=stopping_criteria, tokenizer=tokenizer,
+        has_default_max_length=has_default_max_length,
     )
     copies = int(getattr(config, "num_return_sequences", None) or 1)
     if copies > 1:
