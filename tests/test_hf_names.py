@@ -286,3 +286,28 @@ def test_num_return_sequences(pair, batch):
     assert torch.equal(out.sequences[::2, : ids.shape[1]], ids) and torch.equal(out.sequences[1::2, : ids.shape[1]], ids)
     with pytest.raises(ValueError, match="num_return_sequences"):
         ours(target, draft, ids, mask, num_return_sequences=2)
+
+
+class _Collect:
+    def __init__(self):
+        self.chunks, self.ended = [], 0
+
+    def put(self, value):
+        self.chunks.append(value.flatten().tolist())
+
+    def end(self):
+        self.ended += 1
+
+
+def test_generates_streamer_reaches_the_plugin(pair):
+    target, draft = pair
+    ids = torch.tensor([[5, 9, 11, 4, 7]])
+    plain, mine = _Collect(), _Collect()
+    want = hf(target, ids, streamer=plain)
+    got = plug(target, ids, assistant_model=draft, streamer=mine)
+    assert torch.equal(got, want)
+    assert mine.chunks[0] == plain.chunks[0] == ids[0].tolist()  # the prompt, once
+    assert sum(mine.chunks[1:], []) == sum(plain.chunks[1:], []) == want[0, ids.shape[1]:].tolist()
+    assert mine.ended == plain.ended == 1
+    with pytest.raises(ValueError, match="streamer and speculative_streamer"):
+        plug(target, ids, assistant_model=draft, streamer=_Collect(), speculative_streamer=_Collect())

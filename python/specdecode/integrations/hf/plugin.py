@@ -39,25 +39,43 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def _assistant_model_from_generate() -> Any:
-    """The ``assistant_model`` given to ``model.generate``, which calls this plug-in directly.
+def _dropped_by_generate() -> dict[str, Any]:
+    """``assistant_model`` and ``streamer`` as given to ``model.generate``, which calls this
+    plug-in directly.
 
-    transformers (5.x) drops ``assistant_model`` before it calls a callable
-    ``custom_generate`` (it forwards only the callable's own keywords), yet it is an argument
-    of ``generate`` itself: read it from ``GenerationMixin.generate``'s frame, and only when
-    that is exactly the caller. None otherwise."""
+    transformers (5.x) drops both before it calls a callable ``custom_generate`` (it forwards
+    only the callable's own keywords), yet they are arguments of ``generate`` itself: read them
+    from ``GenerationMixin.generate``'s frame, and only when that is exactly the caller (an
+    empty dict otherwise)."""
     try:
         from transformers.generation.utils import GenerationMixin
     except ImportError:  # pragma: no cover - custom_generate is only called by transformers
-        return None
+        return {}
     code = getattr(getattr(GenerationMixin.generate, "__wrapped__", GenerationMixin.generate), "__code__", None)
     try:
         frame = sys._getframe(2)  # 0: this function, 1: custom_generate, 2: its caller
     except ValueError:  # no caller frame
-        return None
+        return {}
     if code is None or frame.f_code is not code:
-        return None
-    return frame.f_locals.get("assistant_model")
+        return {}
+    return {name: frame.f_locals.get(name) for name in ("assistant_model", "streamer")}
+
+
+class _AfterPrompt:
+    """``generate``'s streamer, which ``generate`` already gave the prompt: the engine's first
+    ``put`` (the prompt again) is dropped, everything after it passed on."""
+
+    def __init__(self, streamer: Any) -> None:
+        self.streamer = streamer
+        self.prompt_seen = False
+
+    def put(self, value: Any) -> None:
+        if self.prompt_seen:
+            self.streamer.put(value)
+        self.prompt_seen = True
+
+    def end(self) -> None:
+        self.streamer.end()
 
 
 def custom_generate(
@@ -112,17 +130,24 @@ def custom_generate(
     ``speculative_stats`` (a :class:`SpeculativeStats` to fill in place), ``target_tokenizer``,
     ``draft_tokenizer``.
 
-    transformers' ``generate`` does not forward its ``streamer``, ``tokenizer`` or
-    ``assistant_tokenizer`` to a callable ``custom_generate`` (and refuses ``stop_strings``
-    without a tokenizer before calling it): stream with ``speculative_streamer=``, stop on text
-    with ``stopping_criteria=[StopStringCriteria(tok, [...])]``, and draft with another
-    tokenizer through ``draft_model=TokenizerBridgeDrafter(...)``, or call
-    :func:`specdecode.generate`, which takes all of them under their own names. ``tokenizer``
-    and ``assistant_tokenizer`` are honoured when they do arrive (a direct call).
+    transformers' ``generate`` does not forward its ``assistant_model``, ``streamer``,
+    ``tokenizer`` or ``assistant_tokenizer`` to a callable ``custom_generate``. The first two
+    are read from ``generate``'s own call (``streamer``: ``generate`` gives it the prompt, the
+    plug-in each step's tokens, then ``end()``; ``speculative_streamer=`` still works). The
+    tokenizers are lost (and ``generate`` refuses ``stop_strings`` without one before calling
+    the plug-in): stop on text with ``stopping_criteria=[StopStringCriteria(tok, [...])]``, draft
+    with another tokenizer through ``draft_model=TokenizerBridgeDrafter(...)``, or call
+    :func:`specdecode.generate`, which takes them all. ``tokenizer`` and ``assistant_tokenizer``
+    are honoured when they do arrive (a direct call).
     """
     start = time.perf_counter()
+    dropped = _dropped_by_generate()
     if assistant_model is None:
-        assistant_model = _assistant_model_from_generate()
+        assistant_model = dropped.get("assistant_model")
+    if dropped.get("streamer") is not None:
+        if speculative_streamer is not None:
+            raise ValueError("streamer and speculative_streamer: both name a streamer; pass one")
+        speculative_streamer = _AfterPrompt(dropped["streamer"])
     if rule_options is not None and not isinstance(rule_options, dict):
         raise TypeError(f"rule_options: expected a dict or None, got {type(rule_options).__name__}")
     options = args.rule_options(rule, dict(rule_options or {}), "custom_generate", _KEYWORDS)
