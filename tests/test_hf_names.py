@@ -311,3 +311,29 @@ def test_generates_streamer_reaches_the_plugin(pair):
     assert mine.ended == plain.ended == 1
     with pytest.raises(ValueError, match="streamer and speculative_streamer"):
         plug(target, ids, assistant_model=draft, streamer=_Collect(), speculative_streamer=_Collect())
+
+
+@pytest.mark.parametrize("bad,error,match", [
+    (dict(repetition_penalty=-1.0), ValueError, "repetition_penalty"),
+    (dict(no_repeat_ngram_size=-2), ValueError, "no_repeat_ngram_size"),
+    (dict(min_new_tokens=-1), ValueError, "min_new_tokens"),
+    (dict(max_time="soon"), TypeError, "max_time"),
+    (dict(typical_p=2.0, do_sample=True), ValueError, "typical_p"),
+])
+def test_bad_generation_values_are_named(pair, batch, bad, error, match):
+    target, draft = pair
+    ids, mask = batch
+    with pytest.raises(error, match=match):
+        ours(target, draft, ids, mask, **bad)
+    if "repetition_penalty" not in bad:  # HF refuses that one itself, in its own words
+        with pytest.raises(error, match=match):
+            plug(target, ids, mask, assistant_model=draft, **bad)
+
+
+def test_trees_name_the_processors_they_cannot_take(pair, batch):
+    target, draft = pair
+    ids, mask = batch
+    with pytest.raises(ValueError, match="RepetitionPenaltyLogitsProcessor"):
+        ours(target, draft, ids, mask, tree="dynamic", num_nodes=6, repetition_penalty=1.2)
+    with pytest.raises(ValueError, match="RepetitionPenaltyLogitsProcessor"):
+        plug(target, ids, mask, assistant_model=draft, tree="dynamic", num_nodes=6, repetition_penalty=1.2)

@@ -227,6 +227,7 @@ def generate(
         input_ids = input_ids.repeat_interleave(copies, dim=0)
         mask = None if mask is None else mask.repeat_interleave(copies, dim=0)
     prepared = hf_config.from_prepared(config, processors, criteria, int(input_ids.shape[1]))
+    hf_config.check_tree(tree, prepared)
     settings = EngineSettings(
         sampling=prepared.sampling, rule=rule, rule_options=rule_options, max_new_tokens=prepared.max_new_tokens,
         eos_ids=prepared.eos_ids, pad_id=prepared.pad_id, processors=prepared.processors,

@@ -34,12 +34,37 @@ def generation_fields() -> frozenset[str]:
     return frozenset(n for n in names if not n.startswith("_") and n != "transformers_version")
 
 
+# Generation fields checked here, so a bad value is refused naming it (None: unset).
+_INT_FIELDS = {"max_length": 1, "min_length": 0, "min_new_tokens": 0, "no_repeat_ngram_size": 0,
+               "num_return_sequences": 1}
+_POSITIVE_FLOAT_FIELDS = ("repetition_penalty", "max_time", "typical_p")
+
+
+def check_values(config: Any) -> None:
+    """``TypeError`` / ``ValueError`` naming a generation field with a bad value."""
+    for name, minimum in _INT_FIELDS.items():
+        value = getattr(config, name, None)
+        if value is not None:
+            args.check_int(name, value, minimum)
+    for name in _POSITIVE_FLOAT_FIELDS:
+        value = getattr(config, name, None)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise TypeError(f"{name}: expected a float > 0, got {value!r}")
+        if not value > 0 or value == float("inf") or (name == "typical_p" and value > 1):
+            bound = "in (0, 1]" if name == "typical_p" else "> 0 and finite"
+            raise ValueError(f"{name}: expected a float {bound}, got {value}")
+
+
 def check_supported(config: Any) -> None:
     """``ValueError`` naming each generation setting speculative decoding cannot honour, and why.
 
     ``config`` is a prepared ``GenerationConfig`` (defaults filled in)."""
     def value(name: str) -> Any:
         return getattr(config, name, None)
+
+    check_values(config)
 
     if value("num_beams") not in (None, 1):
         raise ValueError(f"num_beams: beam search is not supported by speculative decoding (got {value('num_beams')}); "
@@ -179,3 +204,16 @@ def from_prepared(config: Any, processors: Any, criteria: Any, prompt_len: int) 
         )
     pad_id = eos_ids[0] if pad_id is None and eos_ids else (pad_id or 0)
     return Prepared(sampling, others, stopping, eos_ids, int(pad_id), max_new_tokens, score_processors)
+
+
+def check_tree(tree: Any, prepared: Prepared) -> None:
+    """Token trees take no logits processors (each node has its own context): a ``ValueError``
+    naming the processors, whether ``logits_processor=`` or generation arguments such as
+    ``repetition_penalty`` made them."""
+    if tree is not None and prepared.processors is not None and len(prepared.processors):
+        names = ", ".join(type(p).__name__ for p in prepared.processors)
+        raise ValueError(
+            f"tree: logits processors ({names}, from logits_processor= or generation arguments such as "
+            "repetition_penalty) are not supported with token trees; draft a chain (tree=None) to use them"
+        )
+

@@ -169,6 +169,7 @@ def custom_generate(
     if cache is not None and hasattr(cache, "get_seq_length") and cache.get_seq_length() > 0:
         raise ValueError("past_key_values: a pre-filled cache is not supported; both models' caches are built here")
     prepared = hf_config.from_prepared(config, logits_processor, stopping_criteria, int(input_ids.shape[1]))
+    hf_config.check_tree(tree, prepared)
     mask = args.check_input_ids(input_ids, model_kwargs.get("attention_mask"), [], vocab_limit,
                                 mask_required_for_pads=False)
     if speculative_stats is not None and not isinstance(speculative_stats, SpeculativeStats):
