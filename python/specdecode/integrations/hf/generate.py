@@ -190,13 +190,8 @@ def generate(
     drafter, vocab, vocab_limit = args.as_drafter(target, draft, target_tokenizer=target_tokenizer,
                                                   draft_tokenizer=draft_tokenizer, tree=builder)
     pad_token_id = given("pad_token_id", pad_token_id)
-    pad_guess = pad_token_id
-    if pad_guess is None:
-        pad_guess = getattr(getattr(target, "generation_config", None), "pad_token_id", None)
-    if pad_guess is None:
-        pad_guess = getattr(target.config, "pad_token_id", None)
-    pad_ids = args.as_id_list("pad_token_id", pad_guess)[:1]
-    mask = args.check_input_ids(input_ids, attention_mask, pad_ids, vocab_limit, mask_required_for_pads=True)
+    mask = args.check_input_ids(input_ids, attention_mask, _pad_ids(target, pad_token_id), vocab_limit,
+                                mask_required_for_pads=True)
     if max_new_tokens is not None:
         args.check_int("max_new_tokens", max_new_tokens, 1)
     if max_new_tokens is None and given("max_new_tokens") is None and given("max_length") is None:
@@ -246,3 +241,13 @@ def generate(
     scores, logits = scores_and_logits(target, sequences, mask, int(input_ids.shape[1]), prepared.score_processors,
                                        want_scores=bool(config.output_scores), want_logits=bool(config.output_logits))
     return SpeculativeOutput(sequences, stats, scores, logits)
+
+
+def _pad_ids(target: torch.nn.Module, pad_token_id: Any) -> list[int]:
+    """The pad id a prompt batch may hold (given, else the target's generation config or
+    config), as a list of at most one id."""
+    if pad_token_id is None:
+        pad_token_id = getattr(getattr(target, "generation_config", None), "pad_token_id", None)
+    if pad_token_id is None:
+        pad_token_id = getattr(target.config, "pad_token_id", None)
+    return args.as_id_list("pad_token_id", pad_token_id)[:1]
