@@ -283,7 +283,8 @@ def test_num_return_sequences(pair, batch):
     out = ours(target, draft, ids, mask, do_sample=True, num_return_sequences=2, max_new_tokens=5,
                generator=torch.Generator().manual_seed(2))
     assert out.sequences.shape == (6, ids.shape[1] + 5)
-    assert torch.equal(out.sequences[::2, : ids.shape[1]], ids) and torch.equal(out.sequences[1::2, : ids.shape[1]], ids)
+    prompts = out.sequences[:, : ids.shape[1]]
+    assert torch.equal(prompts[::2], ids) and torch.equal(prompts[1::2], ids)
     with pytest.raises(ValueError, match="num_return_sequences"):
         ours(target, draft, ids, mask, num_return_sequences=2)
 
