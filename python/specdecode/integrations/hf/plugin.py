@@ -10,8 +10,8 @@ settings. ``transformers`` is imported lazily, so importing specdecode stays che
 
 from __future__ import annotations
 
+import sys
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -22,40 +22,60 @@ from specdecode.engine.schedules import make_schedule
 from specdecode.engine.settings import EngineSettings
 from specdecode.engine.stats import SpeculativeStats
 from specdecode.integrations.hf import arguments as args
-
-_OUTPUT_CLASS: type | None = None
+from specdecode.integrations.hf import hf_config
+from specdecode.integrations.hf.drafter_sources import resolve_draft
+from specdecode.integrations.hf.outputs import output_class, scores_and_logits
 
 _KEYWORDS = (
-    "draft_model", "num_draft_tokens", "rule", "rule_options", "tree", "num_nodes", "tree_depth", "tree_children", "draft_schedule", "max_num_draft_tokens",
-    "generator", "speculative_streamer", "speculative_stats", "target_tokenizer", "draft_tokenizer",
+    "draft_model", "assistant_model", "tokenizer", "assistant_tokenizer", "num_draft_tokens", "rule", "rule_options",
+    "tree", "num_nodes", "tree_depth", "tree_children", "draft_schedule", "max_num_draft_tokens", "generator",
+    "speculative_streamer", "speculative_stats", "target_tokenizer", "draft_tokenizer",
 )
-
-
-def output_class() -> type:
-    """``SpeculativeDecoderOnlyOutput``: HF's ``GenerateDecoderOnlyOutput`` plus ``stats``
-    (built on first use so that importing specdecode does not import transformers)."""
-    global _OUTPUT_CLASS
-    if _OUTPUT_CLASS is None:
-        from transformers.generation.utils import GenerateDecoderOnlyOutput
-
-        @dataclass
-        class SpeculativeDecoderOnlyOutput(GenerateDecoderOnlyOutput):
-            """What ``model.generate(..., custom_generate=specdecode.custom_generate,
-            return_dict_in_generate=True)`` returns: ``sequences`` as usual, ``stats`` a
-            :class:`SpeculativeStats`. Scores, logits, attentions and hidden states are not
-            collected (None)."""
-
-            stats: SpeculativeStats | None = None
-
-        SpeculativeDecoderOnlyOutput.__module__ = __name__
-        _OUTPUT_CLASS = SpeculativeDecoderOnlyOutput
-    return _OUTPUT_CLASS
 
 
 def __getattr__(name: str) -> Any:
     if name == "SpeculativeDecoderOnlyOutput":
         return output_class()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _dropped_by_generate() -> dict[str, Any]:
+    """``assistant_model`` and ``streamer`` as given to ``model.generate``, which calls this
+    plug-in directly.
+
+    transformers (5.x) drops both before it calls a callable ``custom_generate`` (it forwards
+    only the callable's own keywords), yet they are arguments of ``generate`` itself: read them
+    from ``GenerationMixin.generate``'s frame, and only when that is exactly the caller (an
+    empty dict otherwise)."""
+    try:
+        from transformers.generation.utils import GenerationMixin
+    except ImportError:  # pragma: no cover - custom_generate is only called by transformers
+        return {}
+    code = getattr(getattr(GenerationMixin.generate, "__wrapped__", GenerationMixin.generate), "__code__", None)
+    try:
+        frame = sys._getframe(2)  # 0: this function, 1: custom_generate, 2: its caller
+    except ValueError:  # no caller frame
+        return {}
+    if code is None or frame.f_code is not code:
+        return {}
+    return {name: frame.f_locals.get(name) for name in ("assistant_model", "streamer")}
+
+
+class _AfterPrompt:
+    """``generate``'s streamer, which ``generate`` already gave the prompt: the engine's first
+    ``put`` (the prompt again) is dropped, everything after it passed on."""
+
+    def __init__(self, streamer: Any) -> None:
+        self.streamer = streamer
+        self.prompt_seen = False
+
+    def put(self, value: Any) -> None:
+        if self.prompt_seen:
+            self.streamer.put(value)
+        self.prompt_seen = True
+
+    def end(self) -> None:
+        self.streamer.end()
 
 
 def custom_generate(
@@ -65,7 +85,10 @@ def custom_generate(
     stopping_criteria: Any = None,
     generation_config: Any = None,
     draft_model: Any = None,
-    num_draft_tokens: int = 5,
+    assistant_model: Any = None,
+    tokenizer: Any = None,
+    assistant_tokenizer: Any = None,
+    num_draft_tokens: int | None = None,
     rule: str | None = None,
     rule_options: dict[str, Any] | None = None,
     tree: Any = None,
@@ -86,64 +109,84 @@ def custom_generate(
     Shape:
         input_ids: ``[B, prompt_len]`` (prepared by ``generate``, left-padded);
         returns ``[B, prompt_len + new]`` sequences, or with ``return_dict_in_generate=True`` an
-        output object with ``.sequences`` and ``.stats``.
+        output object with ``.sequences``, ``.scores`` / ``.logits`` (``output_scores`` /
+        ``output_logits``: one ``[B, V]`` tensor per generated token) and ``.stats``.
 
-    It honours ``max_new_tokens`` / ``max_length``, ``do_sample``, ``temperature``, ``top_k``,
-    ``top_p``, ``min_p``, EOS and pad ids, every other logits processor (applied to target and
-    draft logits alike) and every stopping criterion (per row). Extra keyword arguments of
-    ``generate`` understood here: ``draft_model`` (required: a draft model or any drafter),
+    ``generate`` prepares the generation config, logits processors and stopping criteria from
+    its own arguments (``max_new_tokens`` / ``max_length``, ``min_new_tokens``,
+    ``repetition_penalty``, ``no_repeat_ngram_size``, ``bad_words_ids``, ``max_time``, EOS and
+    pad ids, ``do_sample``, ``temperature``, ``top_k``, ``top_p``, ``min_p``, ...); every
+    processor applies to target and draft logits alike and every stopping criterion per row.
+    Settings speculative decoding cannot honour (beam search, contrastive search, attentions or
+    hidden states in the output, ...) are a ``ValueError`` naming them.
+
+    The draft: ``assistant_model`` (Hugging Face's name) or ``draft_model`` (a draft model or any
+    drafter), or ``prompt_lookup_num_tokens=k`` (an :class:`~specdecode.drafters.NgramDrafter`
+    drafting ``k`` tokens), or ``assistant_early_exit=k`` (a
+    :class:`~specdecode.drafters.LayerSkipDrafter`); exactly one. Other keywords:
     ``num_draft_tokens``, ``rule``, ``rule_options`` (a dict), ``tree``, ``num_nodes``,
-    ``tree_depth``, ``tree_children`` (token trees, as :func:`specdecode.generate`), ``draft_schedule``,
-    ``max_num_draft_tokens``, ``generator``, ``speculative_streamer``, ``speculative_stats`` (a
-    :class:`SpeculativeStats` to fill in place), ``target_tokenizer``, ``draft_tokenizer``.
-    ``generate`` does not forward its own ``streamer`` (nor ``tokenizer``) to a callable
-    ``custom_generate``, hence the ``speculative_*`` / ``*_tokenizer`` names.
+    ``tree_depth``, ``tree_children`` (token trees, as :func:`specdecode.generate`),
+    ``draft_schedule``, ``max_num_draft_tokens``, ``generator``, ``speculative_streamer``,
+    ``speculative_stats`` (a :class:`SpeculativeStats` to fill in place), ``target_tokenizer``,
+    ``draft_tokenizer``.
+
+    transformers' ``generate`` does not forward its ``assistant_model``, ``streamer``,
+    ``tokenizer`` or ``assistant_tokenizer`` to a callable ``custom_generate``. The first two
+    are read from ``generate``'s own call (``streamer``: ``generate`` gives it the prompt, the
+    plug-in each step's tokens, then ``end()``; ``speculative_streamer=`` still works). The
+    tokenizers are lost (and ``generate`` refuses ``stop_strings`` without one before calling
+    the plug-in): stop on text with ``stopping_criteria=[StopStringCriteria(tok, [...])]``, draft
+    with another tokenizer through ``draft_model=TokenizerBridgeDrafter(...)``, or call
+    :func:`specdecode.generate`, which takes them all. ``tokenizer`` and ``assistant_tokenizer``
+    are honoured when they do arrive (a direct call).
     """
     start = time.perf_counter()
-    if draft_model is None:
-        raise ValueError(
-            "draft_model: pass the draft model, e.g. model.generate(**inputs, "
-            "custom_generate=specdecode.custom_generate, draft_model=draft)"
-        )
+    dropped = _dropped_by_generate()
+    if assistant_model is None:
+        assistant_model = dropped.get("assistant_model")
+    if dropped.get("streamer") is not None:
+        if speculative_streamer is not None:
+            raise ValueError("streamer and speculative_streamer: both name a streamer; pass one")
+        speculative_streamer = _AfterPrompt(dropped["streamer"])
     if rule_options is not None and not isinstance(rule_options, dict):
         raise TypeError(f"rule_options: expected a dict or None, got {type(rule_options).__name__}")
     options = args.rule_options(rule, dict(rule_options or {}), "custom_generate", _KEYWORDS)
-    draft_model, builder = args.tree_settings(draft_model, tree, num_nodes, tree_depth, tree_children)
-    drafter, vocab, vocab_limit = args.as_drafter(model, draft_model, target_tokenizer=target_tokenizer,
-                                                  draft_tokenizer=draft_tokenizer, tree=builder)
     config = generation_config if generation_config is not None else model.generation_config
-    if getattr(config, "num_beams", 1) not in (None, 1):
-        raise ValueError(f"num_beams: beam search is not supported by speculative decoding (got {config.num_beams})")
+    hf_config.check_supported(config)
+    draft, num_draft_tokens = resolve_draft(
+        model, {"draft_model": draft_model, "assistant_model": assistant_model}, num_draft_tokens=num_draft_tokens,
+        tokenizer=tokenizer, assistant_tokenizer=assistant_tokenizer,
+        prompt_lookup_num_tokens=getattr(config, "prompt_lookup_num_tokens", None),
+        max_matching_ngram_size=getattr(config, "max_matching_ngram_size", None),
+        assistant_early_exit=getattr(config, "assistant_early_exit", None),
+    )
+    draft, builder = args.tree_settings(draft, tree, num_nodes, tree_depth, tree_children)
+    drafter, vocab, vocab_limit = args.as_drafter(model, draft, target_tokenizer=target_tokenizer,
+                                                  draft_tokenizer=draft_tokenizer, tree=builder)
     if model_kwargs.get("inputs_embeds") is not None:
         raise ValueError("inputs_embeds: not supported; pass input_ids")
     cache = model_kwargs.get("past_key_values")
     if cache is not None and hasattr(cache, "get_seq_length") and cache.get_seq_length() > 0:
         raise ValueError("past_key_values: a pre-filled cache is not supported; both models' caches are built here")
-    processors, sampling = args.split_sampling_warpers(logits_processor, bool(config.do_sample))
-    stopping, max_length, eos_ids = args.split_stopping(stopping_criteria)
-    eos_ids = sorted(set(eos_ids) | set(args.as_id_list("eos_token_id", getattr(config, "_eos_token_tensor", None))))
-    pad = getattr(config, "_pad_token_tensor", None)
-    pad_id = int(pad.flatten()[0]) if isinstance(pad, Tensor) else config.pad_token_id
-    if max_length is None:
-        max_length = config.max_length
-    max_new_tokens = int(max_length) - int(input_ids.shape[1])
-    if max_new_tokens < 1:
-        raise ValueError(
-            f"max_new_tokens: the prompt ({input_ids.shape[1]} tokens) leaves no room under max_length={max_length}"
-        )
+    prepared = hf_config.from_prepared(config, logits_processor, stopping_criteria, int(input_ids.shape[1]))
+    hf_config.check_tree(tree, prepared)
     mask = args.check_input_ids(input_ids, model_kwargs.get("attention_mask"), [], vocab_limit,
                                 mask_required_for_pads=False)
-    args.check_int("num_draft_tokens", num_draft_tokens, 1)
     if speculative_stats is not None and not isinstance(speculative_stats, SpeculativeStats):
         raise TypeError(f"speculative_stats: expected a SpeculativeStats or None, got {type(speculative_stats).__name__}")
     settings = EngineSettings(
-        sampling=sampling, rule=rule, rule_options=options, max_new_tokens=max_new_tokens, eos_ids=eos_ids,
-        pad_id=eos_ids[0] if pad_id is None and eos_ids else (pad_id or 0), processors=processors,
-        stopping=stopping, streamer=speculative_streamer, generator=generator, vocab_size=vocab,
+        sampling=prepared.sampling, rule=rule, rule_options=options, max_new_tokens=prepared.max_new_tokens,
+        eos_ids=prepared.eos_ids, pad_id=prepared.pad_id, processors=prepared.processors,
+        stopping=prepared.stopping, streamer=speculative_streamer, generator=generator, vocab_size=vocab,
         schedule=make_schedule(draft_schedule, num_draft_tokens, max_num_draft_tokens),
     )
     with torch.no_grad():
         sequences, stats = run_engine(model, drafter, input_ids, mask, settings, speculative_stats, start_time=start)
-    if getattr(config, "return_dict_in_generate", False):
-        return output_class()(sequences=sequences, stats=stats)
-    return sequences
+    if not getattr(config, "return_dict_in_generate", False):
+        return sequences
+    scores, logits = scores_and_logits(
+        model, sequences, mask, int(input_ids.shape[1]), prepared.score_processors,
+        want_scores=bool(getattr(config, "output_scores", False)),
+        want_logits=bool(getattr(config, "output_logits", False)),
+    )
+    return output_class()(sequences=sequences, scores=scores, logits=logits, stats=stats)
