@@ -200,3 +200,18 @@ def test_draft_larger_than_target_gets_a_warning(pair):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         check_compatibility(target, draft)  # the right order: silent
+
+
+def test_plugin_refuses_a_prefilled_cache_under_either_name():
+    """generate hands the cache to the plug-in under the installed release's name (``cache``
+    from transformers 5.24, ``past_key_values`` before): a pre-filled one is refused either way."""
+    from specdecode.models import cache_keyword, cache_kwargs, new_cache, returned_cache
+
+    target, draft = make_pair("llama")
+    ids = torch.tensor([[3, 4, 5]])
+    filled = returned_cache(target(input_ids=ids[:, :2], **cache_kwargs(target, new_cache())))
+    keyword = cache_keyword(target)
+    with pytest.raises(ValueError, match=f"{keyword}: a pre-filled cache"):
+        target.generate(ids, attention_mask=torch.ones_like(ids), custom_generate=custom_generate,
+                        draft_model=draft, max_new_tokens=3, do_sample=False, pad_token_id=0,
+                        **{keyword: filled})

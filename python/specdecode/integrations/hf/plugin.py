@@ -25,6 +25,7 @@ from specdecode.integrations.hf import arguments as args
 from specdecode.integrations.hf import hf_config
 from specdecode.integrations.hf.drafter_sources import resolve_draft
 from specdecode.integrations.hf.outputs import output_class, scores_and_logits
+from specdecode.models.cache_io import CACHE_KEYWORDS
 
 _KEYWORDS = (
     "draft_model", "assistant_model", "tokenizer", "assistant_tokenizer", "num_draft_tokens", "rule", "rule_options",
@@ -165,9 +166,10 @@ def custom_generate(
                                                   draft_tokenizer=draft_tokenizer, tree=builder)
     if model_kwargs.get("inputs_embeds") is not None:
         raise ValueError("inputs_embeds: not supported; pass input_ids")
-    cache = model_kwargs.get("past_key_values")
-    if cache is not None and hasattr(cache, "get_seq_length") and cache.get_seq_length() > 0:
-        raise ValueError("past_key_values: a pre-filled cache is not supported; both models' caches are built here")
+    for keyword in CACHE_KEYWORDS:  # generate's model kwargs hold the cache under the installed release's name
+        cache = model_kwargs.get(keyword)
+        if cache is not None and hasattr(cache, "get_seq_length") and cache.get_seq_length() > 0:
+            raise ValueError(f"{keyword}: a pre-filled cache is not supported; both models' caches are built here")
     prepared = hf_config.from_prepared(config, logits_processor, stopping_criteria, int(input_ids.shape[1]))
     hf_config.check_tree(tree, prepared)
     mask = args.check_input_ids(input_ids, model_kwargs.get("attention_mask"), [], vocab_limit,
