@@ -23,6 +23,8 @@ from test_generate_models import PAD, _one_thread, left_padded, make_model, make
 from test_generate_sampling import K, PROMPT, V, chi_square_p, exact_joint
 
 import specdecode.engine.static_loop as static_loop
+import specdecode.engine.static_state as static_state
+import specdecode.engine.step_phases as step_phases
 import specdecode.models.static_cache as static_cache
 from specdecode import LayerSkipDrafter, generate
 from specdecode.drafters import DrafterBase
@@ -275,10 +277,10 @@ def _break_coin_reuse(monkeypatch):
     """Broken: the sampler never advances the Philox offset, so drafts and verification share coins."""
 
     def sample(self, logits):
-        return static_loop.ops.sample_logits_philox(logits, self.philox_seed, self.philox_offset,
-                                                    *self.sampling.op_args())
+        return static_state.ops.sample_logits_philox(logits, self.philox_seed, self.philox_offset,
+                                                     *self.sampling.op_args())
 
-    monkeypatch.setattr(static_loop.StaticState, "sample", sample)
+    monkeypatch.setattr(static_state.StaticState, "sample", sample)
 
 
 def _break_stale_columns(monkeypatch):
@@ -296,12 +298,12 @@ def _break_stale_columns(monkeypatch):
 
 def _break_bonus_position(monkeypatch):
     """Broken: the bonus token is drawn from p_gamma instead of p_{gamma+1}."""
-    original = static_loop.verify_logits
+    original = step_phases.verify_logits
 
     def shifted(target_logits, *args, **kwargs):
         return original(torch.cat([target_logits[:, :-1], target_logits[:, -2:-1]], 1), *args, **kwargs)
 
-    monkeypatch.setattr(static_loop, "verify_logits", shifted)
+    monkeypatch.setattr(step_phases, "verify_logits", shifted)
 
 
 @pytest.mark.parametrize("broken", ["coin_reuse", "stale_columns", "bonus_position"])
