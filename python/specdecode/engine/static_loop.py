@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import Tensor
@@ -346,8 +346,8 @@ class StaticEngine:
             state.tokens.scatter_(1, state.lengths[:, None], torch.where(continuing[:, None], next_token, current))
             session.counters.add_(step_counters(active, accepted, verified, keep, idx[:gamma]))  # on the device
 
-        phases = ([("draft", draft)] if gamma > 0 else []) + [("target", score), ("verify", verify),
-                                                              ("bookkeeping", commit)]
+        phases: list[tuple[str, Callable[[], None]]] = [("draft", draft)] if gamma > 0 else []
+        phases += [("target", score), ("verify", verify), ("bookkeeping", commit)]
         return StepProgram(phases, self.device, graphed=self.decode_path == "graphed",
                            phase_timing=self.phase_timing, syncs=session.syncs)
 
