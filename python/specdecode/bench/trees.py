@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from specdecode import vocabulary as words
-from specdecode.benchmarking import (Column, base_parser, environment, format_table, median, time_call,
+from specdecode.bench.harness import (Column, base_parser, environment, format_table, median, time_call,
                                      write_results)
 
 
