@@ -11,7 +11,10 @@
    criteria), the batch layout advances (rejected columns become holes), the target's cache is
    cropped, the drafter is told what was kept, finished rows leave, holes are re-packed.
 
-The batch layout is described in :mod:`specdecode.engine.batch`.
+The batch layout is described in :mod:`specdecode.engine.batch`. What this loop shares with the
+static path (:mod:`specdecode.engine.static_loop`) is in :mod:`~specdecode.engine.step_phases`
+(scored logits, chain verification), :mod:`~specdecode.engine.stopping` (EOS and length cuts) and
+:mod:`~specdecode.engine.accounting` (statistics).
 """
 
 from __future__ import annotations
@@ -20,8 +23,8 @@ import torch
 from torch import Tensor
 
 from specdecode.drafters.base import CommitUpdate, Drafter, Proposal, check_proposal
-from specdecode.engine import accounting
-from specdecode.engine.accounting import count_prefill, count_syncs, count_tree_step, label_run, name_of
+from specdecode.engine.accounting import (add_step_counters, count_prefill, count_syncs, count_tree_step, label_run,
+                                          name_of, step_counters, timed_run)
 from specdecode.engine.batch import BatchState
 from specdecode.engine.draft_view import DraftView
 from specdecode.engine.processors import ProcessorRunner
@@ -36,6 +39,7 @@ from specdecode.sampling import sample_logits
 from specdecode.trees import TokenTree, list_tree_rules, tree_attention_mask, verify_tree
 from specdecode.trees.builders import LOSSLESS_RULE
 from specdecode.trees.rules import LOSSLESS_CHILDREN, is_tree_rule
+
 
 class SpeculativeEngine:
     """Runs speculative generations of ``target`` with ``drafter`` under ``settings``.
@@ -210,8 +214,8 @@ class SpeculativeEngine:
     def _count(self, gamma: int, accepted_h: Tensor, keep_h: Tensor, verified_h: Tensor) -> None:
         """Add one step (host tensors) to the statistics; ``gamma`` 0 for plain and tree steps."""
         active = torch.ones(accepted_h.shape, dtype=torch.bool)
-        counters = accounting.step_counters(active, accepted_h, verified_h, keep_h, torch.arange(gamma))
-        accounting.add_step_counters(self.stats, counters.tolist(), gamma)
+        counters = step_counters(active, accepted_h, verified_h, keep_h, torch.arange(gamma))
+        add_step_counters(self.stats, counters.tolist(), gamma)
         self.stats.num_draft_tokens_history.append(gamma)
 
     def _repack(self, force: bool = False) -> Tensor | None:
@@ -359,5 +363,5 @@ def run_engine(target: torch.nn.Module, drafter: Drafter, input_ids: Tensor, att
                start_time: float | None = None) -> tuple[Tensor, SpeculativeStats]:
     """Generate with a fresh :class:`SpeculativeEngine`; returns ``(sequences, stats)``
     (:func:`~specdecode.engine.accounting.timed_run` says how ``stats.total_time`` counts)."""
-    return accounting.timed_run(lambda: SpeculativeEngine(target, drafter, settings, stats), input_ids,
-                                attention_mask, stats, start_time)
+    return timed_run(lambda: SpeculativeEngine(target, drafter, settings, stats), input_ids, attention_mask, stats,
+                     start_time)

@@ -34,7 +34,11 @@ generation with the same shapes (:data:`SESSION_CACHE_SIZE` most recent layouts;
 Not supported here (``ValueError``, use the eager path): Hugging Face logits processors,
 stopping criteria, streamers, adaptive draft schedules, token trees, Python rules, drafters
 without :class:`~specdecode.drafters.StaticDrafter`, sharded or offloaded models, models that
-ignore custom 4D attention masks, inputs with gaps in their attention mask (only left padding).
+ignore custom 4D attention masks, inputs with gaps in their attention mask (only left padding);
+:mod:`~specdecode.engine.static_checks` refuses them up front. The buffers a drafter reads are
+:class:`~specdecode.engine.static_state.StaticState`; the step's tensor work shared with the eager
+loop is in :mod:`~specdecode.engine.step_phases`, :mod:`~specdecode.engine.stopping` and
+:mod:`~specdecode.engine.accounting`.
 """
 
 from __future__ import annotations
@@ -46,8 +50,8 @@ from typing import Any, Callable
 import torch
 from torch import Tensor
 
-from specdecode.engine import accounting
-from specdecode.engine.accounting import add_step_counters, count_prefill, count_syncs, label_run, step_counters
+from specdecode.engine.accounting import (add_step_counters, count_prefill, count_syncs, label_run, num_counters,
+                                          step_counters, timed_run)
 from specdecode.engine.graphs import StepProgram
 from specdecode.engine.settings import EngineSettings
 from specdecode.engine.static_checks import check_static_path
@@ -111,7 +115,7 @@ class _Session:
         self.generated = torch.zeros(batch, dtype=torch.long, device=device)
         self.finished = torch.zeros(batch, dtype=torch.bool, device=device)
         self.all_finished = torch.zeros((), dtype=torch.bool, device=device)
-        self.counters = torch.zeros(accounting.num_counters(gamma), dtype=torch.long, device=device)
+        self.counters = torch.zeros(num_counters(gamma), dtype=torch.long, device=device)
         self.eos = torch.tensor(s.eos_ids, dtype=torch.long, device=device) if s.eos_ids else None
         self.arange = torch.arange(gamma + 1, device=device)
         self.flag_host = torch.zeros(2, dtype=torch.bool, pin_memory=device.type == "cuda")
@@ -322,7 +326,7 @@ class StaticEngine:
                                       verified, engine.rule, s, philox_seed=state.philox_seed,
                                       philox_offset=state.philox_offset)
                 state.philox_offset.add_(1)
-                state._count_op_sync()
+                state.count_op_sync()
                 tokens, accepted = result.tokens, result.accepted_len
             scratch["tokens"], scratch["accepted"], scratch["verified"] = tokens, accepted, verified
 
@@ -380,7 +384,7 @@ def run_static_engine(target: torch.nn.Module, drafter: Any, input_ids: Tensor, 
                       start_time: float | None = None) -> tuple[Tensor, SpeculativeStats]:
     """Generate with a :class:`StaticEngine`; returns ``(sequences, stats)``
     (:func:`~specdecode.engine.accounting.timed_run` says how ``stats.total_time`` counts)."""
-    return accounting.timed_run(
+    return timed_run(
         lambda: StaticEngine(target, drafter, settings, stats, decode_path=decode_path,
                              stop_check_every=stop_check_every, phase_timing=phase_timing),
         input_ids, attention_mask, stats, start_time)

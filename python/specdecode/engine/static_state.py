@@ -44,19 +44,23 @@ class StaticState:
     sampling = property(lambda self: self._sampling)
 
     def sample(self, logits: Tensor) -> Tensor:
+        """One token per row from ``logits [B, V]``: the argmax when greedy, else drawn with the
+        coins of the generation's Philox counter, which advances on the device."""
         if self._sampling.is_greedy:
             return logits.argmax(-1)
         tokens = ops.sample_logits_philox(logits, self.philox_seed, self.philox_offset, *self._sampling.op_args())
         self.philox_offset.add_(1)
-        self._count_op_sync()
+        self.count_op_sync()
         return tokens.clamp_min(0)  # a bad row (only possible inside a graph) must not index out of range
 
-    def _count_op_sync(self) -> None:
-        # Outside graph capture the CUDA Philox ops copy their per-row statuses to the host.
+    def count_op_sync(self) -> None:
+        """Count the host synchronisation of a CUDA Philox op just run: outside graph capture it
+        copies its per-row statuses to the host."""
         if self._device.type == "cuda" and not torch.cuda.is_current_stream_capturing():
             self.syncs.count()
 
     def buffer(self, name: str, factory: Callable[[], Any]) -> Any:
+        """The drafter's persistent buffer ``name``, made by ``factory`` on first use."""
         if name not in self._store:
             self._store[name] = factory()
         return self._store[name]
