@@ -22,7 +22,7 @@ import torch
 import specdecode
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from torch_baselines import torch_block, torch_token  # noqa: E402
-from specdecode.benchmarking import base_parser, environment, format_table, median, time_call, write_results
+from specdecode.bench.harness import base_parser, environment, format_table, median, time_call, write_results
 from specdecode.reference import verify_logits_reference
 
 FULL_SHAPES = [(1, 5, 32000), (8, 8, 32000), (32, 8, 128256)]

@@ -121,7 +121,7 @@ SAMPLINGS = {"plain": (0.8, 0, 1.0, 0.0), "filters": (0.8, 50, 0.9, 0.05)}
 
 def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     import specdecode
-    from specdecode.benchmarking import capture_with_offset, environment, format_table, write_results
+    from specdecode.bench.harness import capture_with_offset, environment, format_table, write_results
 
     if not torch.cuda.is_available():
         raise SystemExit("cuda_verify_bench: no CUDA device available (this benchmark runs on the GPU only)")
@@ -248,7 +248,7 @@ def goal_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from specdecode.benchmarking import base_parser
+    from specdecode.bench.harness import base_parser
 
     parser = base_parser(__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda", choices=["cuda"])

@@ -1,4 +1,4 @@
-"""``python -m specdecode bench --device ...`` (specdecode.bench_gpu): the CPU smoke run of the
+"""``python -m specdecode bench --device ...`` (specdecode.bench.gpu): the CPU smoke run of the
 GPU benchmark exercises every method, the static path and the greedy check, and writes its
 CSV/JSON; ``--device cuda`` without a GPU is refused with a clear message."""
 

@@ -93,7 +93,7 @@ def test_misuse_is_refused_before_any_model_loads(argv: list[str], named: str, a
                                                   capsys: pytest.CaptureFixture[str]) -> None:
     """Bad values stop the command at parse time, with the API's message: loading a model
     here would fail the test."""
-    import specdecode.bench_generate as bench
+    import specdecode.bench.generate as bench
     import specdecode.demo as demo_module
     from specdecode.cli import main
 
@@ -129,7 +129,7 @@ def test_help_shows_defaults_without_markup(capsys: pytest.CaptureFixture[str]) 
         if argv == ["bench", "--help"]:
             assert "(default: 8; --quick: 2)" in text
     # every option of the demo and the benchmark explains itself
-    from specdecode.bench_generate import build_parser
+    from specdecode.bench.generate import build_parser
 
     for action in build_parser()._actions:
         assert action.help, action.option_strings

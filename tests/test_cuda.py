@@ -44,7 +44,7 @@ import pytest
 import torch
 
 import specdecode
-from specdecode.benchmarking import capture_with_offset
+from specdecode.bench.harness import capture_with_offset
 from specdecode.reference import VerifyOutput
 
 import op_error_cases

@@ -18,6 +18,7 @@ from test_generate_models import PAD, _one_thread, left_padded, make_pair  # noq
 from test_generate_sampling import K, PROMPT, V, chi_square_p, exact_joint
 
 import specdecode.engine.static_loop as static_loop
+import specdecode.engine.static_state as static_state
 from specdecode import generate
 
 pytestmark = pytest.mark.cuda
@@ -143,10 +144,10 @@ def test_broken_graphed_sampling_fails(cuda, gpu_pair, monkeypatch):
     target, draft, joint = gpu_pair
 
     def sample(self, logits):
-        return static_loop.ops.sample_logits_philox(logits, self.philox_seed, self.philox_offset,
-                                                    *self.sampling.op_args())
+        return static_state.ops.sample_logits_philox(logits, self.philox_seed, self.philox_offset,
+                                                     *self.sampling.op_args())
 
-    monkeypatch.setattr(static_loop.StaticState, "sample", sample)
+    monkeypatch.setattr(static_state.StaticState, "sample", sample)
     samples, _ = _sample(target, draft, "token", n=8000)
     assert chi_square_p(samples, joint) < 1e-6
 

@@ -20,6 +20,7 @@ import torch
 from test_generate_models import PAD, _one_thread, left_padded, make_pair  # noqa: F401
 
 import specdecode
+import specdecode.engine.static_layouts as static_layouts
 import specdecode.engine.static_loop as static_loop
 from specdecode.models import cache_io, facts
 
@@ -108,12 +109,12 @@ def test_static_layouts_do_not_keep_models_alive():
     target, draft = make_pair("llama")
     _static(target, draft, num_draft_tokens=3)
     _static(target, None)
-    assert len(static_loop._SESSIONS[target]) == 2
+    assert len(static_layouts.kept_layouts(target)) == 2
     target_ref, draft_ref = weakref.ref(target), weakref.ref(draft)
     del target, draft
     gc.collect()
     assert target_ref() is None and draft_ref() is None
-    assert all(ref is not target_ref for ref in static_loop._SESSIONS.keyrefs())
+    assert all(ref is not target_ref for ref in static_layouts._LAYOUTS.keyrefs())
 
 
 def test_a_freed_drafts_layouts_are_dropped():
@@ -121,27 +122,27 @@ def test_a_freed_drafts_layouts_are_dropped():
     _, other = make_pair("gpt2", seed=1)
     _static(target, draft, num_draft_tokens=2)
     _static(target, other, num_draft_tokens=2)
-    assert len(static_loop._SESSIONS[target]) == 2
+    assert len(static_layouts.kept_layouts(target)) == 2
     draft_ref = weakref.ref(draft)
     del draft
     gc.collect()
     assert draft_ref() is None
-    assert len(static_loop._SESSIONS[target]) == 1
+    assert len(static_layouts.kept_layouts(target)) == 1
     static_loop.clear_static_sessions()
 
 
 def test_layout_is_rebuilt_when_weights_are_replaced():
     target, draft = make_pair("llama")
     first = _static(target, draft, num_draft_tokens=2).sequences
-    (layout,) = static_loop._SESSIONS[target].values()
+    (layout,) = static_layouts.kept_layouts(target)
     again = _static(target, draft, num_draft_tokens=2).sequences
     assert torch.equal(first, again)
-    assert list(static_loop._SESSIONS[target].values()) == [layout]  # same weights: reused
+    assert list(static_layouts.kept_layouts(target)) == [layout]  # same weights: reused
     with torch.no_grad():
         for param in target.parameters():
             param.data = param.data * 1.5  # same Parameter objects, new storage
     replaced = _static(target, draft, num_draft_tokens=2).sequences
-    (rebuilt,) = static_loop._SESSIONS[target].values()
+    (rebuilt,) = static_layouts.kept_layouts(target)
     assert rebuilt is not layout
     ids, mask = left_padded([4, 6], seed=3)
     expected = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=6, pad_token_id=PAD)

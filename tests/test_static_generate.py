@@ -22,7 +22,10 @@ import torch
 from test_generate_models import PAD, _one_thread, left_padded, make_model, make_pair  # noqa: F401
 from test_generate_sampling import K, PROMPT, V, chi_square_p, exact_joint
 
+import specdecode.engine.static_layouts as static_layouts
 import specdecode.engine.static_loop as static_loop
+import specdecode.engine.static_state as static_state
+import specdecode.engine.step_phases as step_phases
 import specdecode.models.static_cache as static_cache
 from specdecode import LayerSkipDrafter, generate
 from specdecode.drafters import DrafterBase
@@ -161,10 +164,10 @@ def test_rows_finish_at_different_steps_and_layouts_are_reused():
     assert len(set(lengths)) >= 3 and out.stats.row_steps < 4 * out.stats.steps
     # Same shapes again (other prompts of another length in the same capacity bucket): the
     # layout is reused, and the state is fully reset.
-    assert len(static_loop._SESSIONS[target]) == 2  # eos=[] and eos=... are two layouts
+    assert len(static_layouts.kept_layouts(target)) == 2  # eos=[] and eos=... are two layouts
     ids2, mask2 = left_padded([7, 2, 9, 4], seed=8)
     out2 = static(target, draft, ids2, mask2, num_draft_tokens=3, eos_token_id=eos, max_new_tokens=24)
-    assert len(static_loop._SESSIONS[target]) == 2
+    assert len(static_layouts.kept_layouts(target)) == 2
     assert torch.equal(out2.sequences, hf_greedy(target, ids2, mask2, eos_token_id=eos, max_new_tokens=24))
     out3 = static(target, draft, ids, mask, num_draft_tokens=3, eos_token_id=eos, max_new_tokens=24)
     assert torch.equal(out3.sequences, out.sequences)
@@ -275,10 +278,10 @@ def _break_coin_reuse(monkeypatch):
     """Broken: the sampler never advances the Philox offset, so drafts and verification share coins."""
 
     def sample(self, logits):
-        return static_loop.ops.sample_logits_philox(logits, self.philox_seed, self.philox_offset,
-                                                    *self.sampling.op_args())
+        return static_state.ops.sample_logits_philox(logits, self.philox_seed, self.philox_offset,
+                                                     *self.sampling.op_args())
 
-    monkeypatch.setattr(static_loop.StaticState, "sample", sample)
+    monkeypatch.setattr(static_state.StaticState, "sample", sample)
 
 
 def _break_stale_columns(monkeypatch):
@@ -296,12 +299,12 @@ def _break_stale_columns(monkeypatch):
 
 def _break_bonus_position(monkeypatch):
     """Broken: the bonus token is drawn from p_gamma instead of p_{gamma+1}."""
-    original = static_loop.verify_logits
+    original = step_phases.verify_logits
 
     def shifted(target_logits, *args, **kwargs):
         return original(torch.cat([target_logits[:, :-1], target_logits[:, -2:-1]], 1), *args, **kwargs)
 
-    monkeypatch.setattr(static_loop, "verify_logits", shifted)
+    monkeypatch.setattr(step_phases, "verify_logits", shifted)
 
 
 @pytest.mark.parametrize("broken", ["coin_reuse", "stale_columns", "bonus_position"])
@@ -380,6 +383,6 @@ def test_capacity_is_bucketed():
     target, draft = make_pair("llama")
     ids = left_padded([6], seed=3)[0]
     static(target, draft, ids, num_draft_tokens=2, max_new_tokens=5)
-    (session,) = static_loop._SESSIONS[target].values()
+    (session,) = static_layouts.kept_layouts(target)
     needed = 6 + 1 + 5 + 2
     assert session.state.capacity == math.ceil(needed / static_loop.CAPACITY_MULTIPLE) * static_loop.CAPACITY_MULTIPLE

@@ -50,8 +50,8 @@ def demo(args: argparse.Namespace) -> dict[str, Any]:
 
     import specdecode
     from specdecode import vocabulary as words
-    from specdecode.bench_generate import load_pair
-    from specdecode.benchmarking import Column, format_table, table_width
+    from specdecode.bench.generate import load_pair
+    from specdecode.bench.harness import Column, format_table, table_width
 
     target, draft, tokenizer, name = load_pair(args.pair, args.target, args.draft)
     mode = "greedy (temperature 0)" if args.temperature == 0 else f"sampling at temperature {args.temperature:g}"
@@ -141,16 +141,16 @@ def main(argv: list[str] | None = None) -> None:
     args, rest = parser.parse_known_args(argv)
     if args.command == "bench":
         if any(a == "--device" or a.startswith("--device=") for a in rest):
-            from specdecode.bench_gpu import main as gpu_main
+            from specdecode.bench.gpu import main as gpu_main
 
             gpu_main(rest, prog="python -m specdecode bench --device")
             return
         if "--trees" in rest:
-            from specdecode.bench_trees import main as trees_main
+            from specdecode.bench.trees import main as trees_main
 
             trees_main([a for a in rest if a != "--trees"], prog="python -m specdecode bench --trees")
             return
-        from specdecode.bench_generate import main as bench_main
+        from specdecode.bench.generate import main as bench_main
 
         bench_main(rest, prog="python -m specdecode bench")
     elif args.command == "info":

@@ -11,95 +11,34 @@
    criteria), the batch layout advances (rejected columns become holes), the target's cache is
    cropped, the drafter is told what was kept, finished rows leave, holes are re-packed.
 
-The batch layout is described in :mod:`specdecode.engine.batch`.
+The batch layout is described in :mod:`specdecode.engine.batch`. What this loop shares with the
+static path (:mod:`specdecode.engine.static_loop`) is in :mod:`~specdecode.engine.step_phases`
+(scored logits, chain verification), :mod:`~specdecode.engine.stopping` (EOS and length cuts) and
+:mod:`~specdecode.engine.accounting` (statistics).
 """
 
 from __future__ import annotations
 
-import time
-
 import torch
 from torch import Tensor
 
-from specdecode.drafters.base import CommitUpdate, Drafter, Proposal, check_proposal, point_mass_logits
+from specdecode.drafters.base import CommitUpdate, Drafter, Proposal, check_proposal
+from specdecode.engine.accounting import (add_step_counters, count_prefill, count_syncs, count_tree_step, label_run,
+                                          name_of, step_counters, timed_run)
 from specdecode.engine.batch import BatchState
+from specdecode.engine.draft_view import DraftView
 from specdecode.engine.processors import ProcessorRunner
 from specdecode.engine.settings import EngineSettings
 from specdecode.engine.stats import Clock, SpeculativeStats
+from specdecode.engine.step_phases import scored_logits, verify_chain
+from specdecode.engine.stopping import emitted_lengths, finished_rows, output_columns, verify_budget
 from specdecode.engine.syncs import HostSyncs
 from specdecode.models import facts, kv_cache
 from specdecode.rules import get_rule, is_chain_rule
-from specdecode.sampling import SamplingParams, sample_logits
+from specdecode.sampling import sample_logits
 from specdecode.trees import TokenTree, list_tree_rules, tree_attention_mask, verify_tree
 from specdecode.trees.builders import LOSSLESS_RULE
 from specdecode.trees.rules import LOSSLESS_CHILDREN, is_tree_rule
-from specdecode.verify import verify_logits
-
-
-class DraftView:
-    """The :class:`~specdecode.drafters.DraftState` the engine hands to its drafter."""
-
-    def __init__(self, batch: BatchState, settings: EngineSettings, processors: ProcessorRunner,
-                 clock: Clock) -> None:
-        self._batch, self._settings, self._processors, self._clock = batch, settings, processors, clock
-
-    @property
-    def tokens(self) -> Tensor:
-        return self._batch.tokens
-
-    @property
-    def attention_mask(self) -> Tensor:
-        return self._batch.mask
-
-    @property
-    def positions(self) -> Tensor:
-        return self._batch.positions
-
-    @property
-    def num_columns(self) -> int:
-        return self._batch.pending + 1
-
-    @property
-    def has_holes(self) -> bool:
-        return self._batch.holes
-
-    @property
-    def row_ids(self) -> Tensor:
-        return self._batch.rows
-
-    @property
-    def batch_size(self) -> int:
-        return self._batch.num_active
-
-    @property
-    def vocab_size(self) -> int:
-        return self._settings.vocab_size
-
-    @property
-    def device(self) -> torch.device:
-        return self._batch.device
-
-    @property
-    def sampling(self) -> SamplingParams:
-        return self._settings.sampling
-
-    @property
-    def generator(self) -> torch.Generator | None:
-        return self._settings.generator
-
-    def contexts(self) -> list[Tensor]:
-        return self._batch.contexts()
-
-    def uniforms(self, *shape: int) -> Tensor:
-        gen = self._settings.generator
-        device = gen.device if gen is not None else self._batch.device
-        return torch.rand(shape, dtype=torch.float64, device=device, generator=gen).to(self._batch.device)
-
-    def process_draft_logits(self, logits: Tensor, drafted: Tensor) -> Tensor:
-        return self._processors.process(logits, drafted)
-
-    def clock(self) -> float:
-        return self._clock()
 
 
 class SpeculativeEngine:
@@ -151,11 +90,8 @@ class SpeculativeEngine:
         self.cache = kv_cache.new_cache()
         self.eos = torch.tensor(s.eos_ids, dtype=torch.long, device=self.device) if s.eos_ids else None
         self.drafter.reset()
-        stats.rule = self.rule.name if self.rule is not None else (s.rule or "token")
-        stats.drafter = getattr(self.drafter, "name", type(self.drafter).__name__)
-        stats.batch_size = self.batch.batch
-        stats.draft_schedule = getattr(s.schedule, "name", type(s.schedule).__name__)
-        stats.decode_path = "eager"
+        label_run(stats, rule=self.rule.name if self.rule is not None else (s.rule or "token"), drafter=self.drafter,
+                  batch_size=self.batch.batch, schedule=name_of(s.schedule), decode_path="eager")
         if s.streamer is not None:
             s.streamer.put(self.syncs.fetch(self.batch.sequences[:, : self.batch.prompt_len]))
         try:
@@ -172,8 +108,7 @@ class SpeculativeEngine:
             self.drafter.reset()
             new = self.syncs.integer(self.batch.generated.max()) if self.batch.batch else 0
         finally:
-            stats.host_syncs += self.syncs.total
-            stats.step_host_syncs += self.syncs.in_steps
+            count_syncs(stats, self.syncs)
         return self.batch.sequences[:, : self.batch.prompt_len + new]
 
     # ------------------------------------------------------------------ phases
@@ -184,11 +119,7 @@ class SpeculativeEngine:
         t0 = self.clock()
         facts.forward(self.target, b.tokens[:, : b.pending], b.attention(b.pending), b.positions[:, : b.pending],
                       self.cache, last_only=True, logits_to_keep_ok=self._logits_to_keep_ok)
-        dt = self.clock() - t0
-        self.stats.target_calls += 1
-        self.stats.target_prefill_calls += 1
-        self.stats.target_time += dt
-        self.stats.target_prefill_time += dt
+        count_prefill(self.stats, self.clock() - t0)
 
     def _plan(self) -> tuple[int, Tensor]:
         """Draft tokens for this step and each row's remaining budget ``[b]``."""
@@ -232,7 +163,7 @@ class SpeculativeEngine:
         logits = facts.forward(self.target, b.tokens[:, p: p + k + 1], b.attention(p + k + 1),
                                b.positions[:, p: p + k + 1], self.cache, last_only=False,
                                logits_to_keep_ok=self._logits_to_keep_ok)
-        logits = logits[:, :, : s.vocab_size].to(device=self.device, dtype=torch.float32)
+        logits = scored_logits(logits, s.vocab_size, self.device)
         if self.processors.processors is not None:
             logits = torch.stack([self.processors.process(logits[:, i], draft_tokens[:, :i] if k else None)
                                   for i in range(k + 1)], 1)
@@ -253,21 +184,14 @@ class SpeculativeEngine:
             self.stats.verify_time += self.clock() - t0
             return tokens, zeros, zeros
         k = proposal.num_tokens
-        verified = (remaining - 1).clamp(0, k)
+        verified = verify_budget(remaining, k)
         if proposal.num_draft_tokens is not None:
             verified = torch.minimum(verified, proposal.num_draft_tokens)
-        draft_logits = None
         if self.rule is None:
             raise ValueError(f"rule: {s.rule!r} is a tree rule, but the drafter proposed a chain; use a chain rule "
                              "(specdecode.list_rules()) or draft a tree")
-        if self.rule.needs_draft_probs or not self.rule.builtin:
-            draft_logits = proposal.draft_logits
-            if draft_logits is None:
-                draft_logits = point_mass_logits(proposal.draft_tokens, s.vocab_size)
-        result = verify_logits(
-            target_logits.contiguous(), draft_logits, proposal.draft_tokens, sampling=s.sampling, rule=self.rule.name,
-            num_draft_tokens=verified, uniforms=self.view.uniforms(n, k + 1), **s.rule_options,
-        )
+        result = verify_chain(target_logits, proposal.draft_tokens, proposal.draft_logits, verified, self.rule, s,
+                              uniforms=self.view.uniforms(n, k + 1))
         if self.device.type == "cuda" and self.rule.builtin:
             self.syncs.count()  # the CUDA op copies its per-row statuses to the host to raise bad input
         self.stats.verify_time += self.clock() - t0
@@ -276,46 +200,23 @@ class SpeculativeEngine:
     def _emit(self, tokens: Tensor, accepted_len: Tensor, remaining: Tensor) -> tuple[Tensor, Tensor]:
         """Write each row's new tokens to the outputs; returns kept counts and finished rows."""
         b, s = self.batch, self.settings
-        width = tokens.shape[1]
-        idx = torch.arange(width, device=self.device)
-        keep = accepted_len + 1
-        finished = torch.zeros(b.num_active, dtype=torch.bool, device=self.device)
-        if self.eos is not None:
-            is_eos = torch.isin(tokens, self.eos) & (idx[None, :] < keep[:, None])
-            has_eos = is_eos.any(1)
-            keep = torch.where(has_eos, is_eos.to(torch.int8).argmax(1) + 1, keep)
-            finished = has_eos
-        keep = torch.minimum(keep, remaining)
+        idx = torch.arange(tokens.shape[1], device=self.device)
+        keep, finished = emitted_lengths(tokens, accepted_len, remaining, self.eos, idx)
         generated = b.generated[b.rows]
-        cols = torch.where(idx[None, :] < keep[:, None], b.prompt_len + generated[:, None] + idx[None, :],
-                           b.width - 1)
+        cols = output_columns(keep, b.prompt_len + generated, idx, b.width - 1)
         b.sequences[b.rows[:, None].expand_as(cols), cols] = tokens
         if self.processors.stopping is not None:
             keep, stopped = self.processors.check_stopping(keep)
             finished = finished | stopped
         b.generated[b.rows] = generated + keep
-        finished = finished | (generated + keep >= s.max_new_tokens)
-        return keep, finished
+        return keep, finished_rows(finished, generated + keep, s.max_new_tokens)
 
     def _count(self, gamma: int, accepted_h: Tensor, keep_h: Tensor, verified_h: Tensor) -> None:
-        stats = self.stats
-        stats.steps += 1
-        stats.row_steps += int(accepted_h.numel())
-        stats.new_tokens += int(keep_h.sum())
-        stats.num_draft_tokens_history.append(gamma)
-        if gamma == 0:
-            return
-        stats.drafted_tokens += int(verified_h.sum())
-        stats.accepted_tokens += int(accepted_h.sum())
-        stats.rejections += int((accepted_h < verified_h).sum())
-        while len(stats.position_drafted) < gamma:
-            stats.position_drafted.append(0)
-            stats.position_accepted.append(0)
-        positions = torch.arange(gamma)
-        for i, (d, a) in enumerate(zip((verified_h[:, None] > positions).sum(0).tolist(),
-                                       (accepted_h[:, None] > positions).sum(0).tolist())):
-            stats.position_drafted[i] += d
-            stats.position_accepted[i] += a
+        """Add one step (host tensors) to the statistics; ``gamma`` 0 for plain and tree steps."""
+        active = torch.ones(accepted_h.shape, dtype=torch.bool)
+        counters = step_counters(active, accepted_h, verified_h, keep_h, torch.arange(gamma))
+        add_step_counters(self.stats, counters.tolist(), gamma)
+        self.stats.num_draft_tokens_history.append(gamma)
 
     def _repack(self, force: bool = False) -> Tensor | None:
         order = self.batch.repack_order(force)
@@ -368,7 +269,7 @@ class SpeculativeEngine:
         dtype = getattr(self.target, "dtype", torch.float32)
         logits = facts.forward(self.target, tree.tokens, masks.additive_mask(dtype), masks.positions, self.cache,
                                last_only=False, logits_to_keep_ok=self._logits_to_keep_ok)
-        logits = logits[:, :, : s.vocab_size].to(device=self.device, dtype=torch.float32)
+        logits = scored_logits(logits, s.vocab_size, self.device)
         self.stats.target_calls += 1
         self.stats.target_time += self.clock() - t0
         return logits
@@ -380,49 +281,11 @@ class SpeculativeEngine:
         tree = proposal.tree
         rule = self._tree_rule(proposal)
         options = s.rule_options if rule == s.rule else {}
-        result = verify_tree(target_logits.contiguous(), proposal.draft_logits, tree, rule=rule, sampling=s.sampling,
+        result = verify_tree(target_logits, proposal.draft_logits, tree, rule=rule, sampling=s.sampling,
                              uniforms=self.view.uniforms(tree.batch_size, tree.max_nodes), **options)
         self.stats.tree_rule = rule
         self.stats.verify_time += self.clock() - t0
         return result.tokens, result.accepted_len, result.accepted_nodes
-
-    def _count_tree(self, tree: TokenTree, accepted_h: Tensor, nodes_h: Tensor) -> None:
-        """Acceptance by depth and by child rank (what Sequoia's shape is planned from)."""
-        stats = self.stats
-        parents, num, depth = (self.syncs.fetch(t) for t in (tree.parents, tree.num_nodes, tree.depth))
-        N = parents.shape[1]
-        index = torch.arange(N)
-        real = index[None, :] < num[:, None]
-        same = (parents[:, :, None] == parents[:, None, :]) & real[:, None, :] & (index[None, None, :] < index[None, :, None])
-        rank = same.sum(2)  # rank of each node among its siblings
-        children = ((parents[:, None, :] == index[None, :, None]) & real[:, None, :]).sum(2)  # [b, N]
-        for row in range(parents.shape[0]):
-            tau = int(accepted_h[row])
-            path = nodes_h[row, : tau + 1].tolist()
-            max_depth = int((depth[row] * real[row]).max())
-            for d in range(max_depth):
-                _bump(stats.position_drafted, d)
-                if d < tau:
-                    _bump(stats.position_accepted, d)
-                else:
-                    _grow(stats.position_accepted, d)
-            for j in range(tau):
-                r = int(rank[row, path[j + 1]])
-                for q in range(r + 1):
-                    _bump(stats.rank_tried, q)
-                _bump(stats.rank_accepted, r)
-            stop = path[-1]
-            for q in range(int(children[row, stop])):
-                _bump(stats.rank_tried, q)
-            if int(children[row, stop]) > 0:
-                stats.rejections += 1
-            stats.drafted_tokens += int(num[row]) - 1
-            stats.accepted_tokens += tau
-        for lst in (stats.rank_tried, stats.rank_accepted):
-            _grow(lst, max(len(stats.rank_tried), len(stats.rank_accepted)) - 1)
-        observe = getattr(getattr(self.drafter, "tree", None), "observe", None)
-        if observe is not None:
-            observe(stats.rank_tried, stats.rank_accepted)
 
     # ------------------------------------------------------------------ one step
     def _step(self) -> bool:
@@ -451,7 +314,10 @@ class SpeculativeEngine:
         accepted_h, keep_h, finished_h, verified_h = host[0], host[1], host[2].bool(), host[3]
         if tree is not None:
             self._count(0, accepted_h, keep_h, verified_h)
-            self._count_tree(tree, accepted_h, self.syncs.fetch(nodes))
+            count_tree_step(stats, tree, accepted_h, self.syncs.fetch(nodes), self.syncs)
+            observe = getattr(getattr(self.drafter, "tree", None), "observe", None)
+            if observe is not None:  # a tree shape planned from the acceptance so far
+                observe(stats.rank_tried, stats.rank_accepted)
         else:
             self._count(k, accepted_h, keep_h, verified_h)
         if s.streamer is not None:
@@ -492,28 +358,10 @@ class SpeculativeEngine:
         return True
 
 
-def _grow(values: list[int], index: int) -> None:
-    while len(values) <= index:
-        values.append(0)
-
-
-def _bump(values: list[int], index: int) -> None:
-    _grow(values, index)
-    values[index] += 1
-
-
 def run_engine(target: torch.nn.Module, drafter: Drafter, input_ids: Tensor, attention_mask: Tensor | None,
                settings: EngineSettings, stats: SpeculativeStats | None = None, *,
                start_time: float | None = None) -> tuple[Tensor, SpeculativeStats]:
-    """Generate with a fresh :class:`SpeculativeEngine`; returns ``(sequences, stats)``.
-    ``stats.total_time`` grows by the time since ``start_time`` (a ``time.perf_counter()`` value
-    taken when the caller started checking its arguments), or since now: a ``stats`` passed in
-    accumulates over calls like every other counter."""
-    if stats is not None and not isinstance(stats, SpeculativeStats):
-        raise TypeError(f"stats: expected a SpeculativeStats or None, got {type(stats).__name__}")
-    engine = SpeculativeEngine(target, drafter, settings, stats)
-    start = time.perf_counter() if start_time is None else start_time
-    total_before = engine.stats.total_time
-    sequences = engine.generate(input_ids, attention_mask)
-    engine.stats.total_time = total_before + (engine.clock() - start)
-    return sequences, engine.stats
+    """Generate with a fresh :class:`SpeculativeEngine`; returns ``(sequences, stats)``
+    (:func:`~specdecode.engine.accounting.timed_run` says how ``stats.total_time`` counts)."""
+    return timed_run(lambda: SpeculativeEngine(target, drafter, settings, stats), input_ids, attention_mask, stats,
+                     start_time)

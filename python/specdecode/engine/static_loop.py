@@ -27,56 +27,48 @@ up front so that a whole step can be recorded once as CUDA graphs and replayed:
 ``decode_path="static"`` runs the phases eagerly (any device; this is what the CPU tests
 exercise), ``decode_path="graphed"`` records them as CUDA graphs on the first step and replays
 them (:mod:`specdecode.engine.graphs`). Graphs, caches and buffers are kept for the next
-generation with the same shapes (the :data:`SESSION_CACHE_SIZE` most recent layouts per target,
-freed with their models; :func:`clear_static_sessions` frees them all). With ``draft=None`` the same path decodes the target alone
+generation with the same shapes (:mod:`specdecode.engine.static_layouts`: the
+:data:`SESSION_CACHE_SIZE` most recent layouts per target, freed with their models;
+:func:`clear_static_sessions` frees them all). With ``draft=None`` the same path decodes the target alone
 (one target forward per token): the baseline the speculative gain is measured against.
 
 Not supported here (``ValueError``, use the eager path): Hugging Face logits processors,
 stopping criteria, streamers, adaptive draft schedules, token trees, Python rules, drafters
 without :class:`~specdecode.drafters.StaticDrafter`, sharded or offloaded models, models that
-ignore custom 4D attention masks, inputs with gaps in their attention mask (only left padding).
+ignore custom 4D attention masks, inputs with gaps in their attention mask (only left padding);
+:mod:`~specdecode.engine.static_checks` refuses them up front. The buffers a drafter reads are
+:class:`~specdecode.engine.static_state.StaticState`; the step's tensor work shared with the eager
+loop is in :mod:`~specdecode.engine.step_phases`, :mod:`~specdecode.engine.stopping` and
+:mod:`~specdecode.engine.accounting`.
 """
 
 from __future__ import annotations
 
 import time
 import weakref
-from collections import OrderedDict
 from typing import Any, Callable
 
 import torch
 from torch import Tensor
 
-from specdecode._ops import ops
-from specdecode.drafters.base import StaticDrafter
+from specdecode.engine.accounting import (add_step_counters, count_prefill, count_syncs, label_run, num_counters,
+                                          step_counters, timed_run)
 from specdecode.engine.graphs import StepProgram
-from specdecode.engine.schedules import ConstantSchedule, DraftSchedule
 from specdecode.engine.settings import EngineSettings
+from specdecode.engine.static_checks import check_static_path
+from specdecode.engine.static_layouts import SESSION_CACHE_SIZE, clear_static_sessions, keep_layout, kept_layout
+from specdecode.engine.static_state import StaticState
 from specdecode.engine.stats import SpeculativeStats
+from specdecode.engine.step_phases import scored_logits, verify_chain
+from specdecode.engine.stopping import emitted_lengths, finished_rows, output_columns, verify_budget
 from specdecode.engine.syncs import HostSyncs
 from specdecode.models import facts
-from specdecode.rules import get_rule, is_chain_rule
-from specdecode.sampling import SamplingParams
-from specdecode.verify import verify_logits
+from specdecode.rules import get_rule
 
-#: How many static layouts (caches, buffers, CUDA graphs) are kept for reuse, per target.
-SESSION_CACHE_SIZE = 8
 #: Cache capacities are rounded up to a multiple of this, so that prompts of similar lengths
 #: share one layout (and its graphs).
 CAPACITY_MULTIPLE = 16
 DECODE_PATHS = ("eager", "static", "graphed")
-
-# The static layouts kept for reuse, per target. The table holds each target weakly, and a layout
-# holds no model between generations (its step functions reach the target through a weak
-# reference, the drafter through ``_Session.drafter`` only while a generation runs), so deleting
-# a model frees it and its layouts. A layout whose drafter's model is freed is dropped too.
-_SESSIONS: "weakref.WeakKeyDictionary[torch.nn.Module, OrderedDict[tuple, _Session]]" = weakref.WeakKeyDictionary()
-
-
-def clear_static_sessions() -> None:
-    """Free every kept static layout (caches, buffers and CUDA graphs) of every model."""
-    _SESSIONS.clear()
-
 
 class TargetOnly:
     """The "drafter" of plain decoding on the static path: no drafts; each step is one target
@@ -94,183 +86,7 @@ class TargetOnly:
         raise RuntimeError("TargetOnly proposes nothing")
 
 
-# ---------------------------------------------------------------------- checks
-def _has_cuda_kernel(op: str) -> bool:
-    try:
-        return bool(torch._C._dispatch_has_kernel_for_dispatch_key(f"specdecode::{op}", "CUDA"))
-    except Exception:  # noqa: BLE001 - an unknown op or an old torch: no kernel
-        return False
-
-
-def _single_device(model: torch.nn.Module, name: str) -> torch.device:
-    devices = set()
-    for param in model.parameters():
-        if type(param).__name__ == "DTensor" or hasattr(param, "to_local"):
-            raise ValueError(f"{name}: tensor-parallel (DTensor) models are not supported on the static decode path; "
-                             "use decode_path='eager'")
-        devices.add(param.device)
-    for module in model.modules():
-        if getattr(module, "_hf_hook", None) is not None:
-            raise ValueError(f"{name}: models dispatched by accelerate (device_map, offload) are not supported on "
-                             "the static decode path; use decode_path='eager'")
-    if len(devices) != 1:
-        raise ValueError(f"{name}: the static decode path needs every parameter on one device, got "
-                         f"{sorted(str(d) for d in devices)}; use decode_path='eager'")
-    return devices.pop()
-
-
-def check_static_path(target: torch.nn.Module, drafter: Any, settings: EngineSettings, decode_path: str) -> int:
-    """Refuse what the static path cannot do, with a ``ValueError`` naming the argument;
-    returns gamma (0 for the target alone)."""
-    if decode_path not in ("static", "graphed"):
-        raise ValueError(f"decode_path: expected one of {DECODE_PATHS}, got {decode_path!r}")
-    where = f"decode_path={decode_path!r}"
-    for name, value in (("logits_processor", settings.processors), ("stopping_criteria", settings.stopping),
-                        ("streamer", settings.streamer)):
-        if value is not None:
-            raise ValueError(f"{name}: not supported with {where} (it needs the host at every token); "
-                             "use decode_path='eager'")
-    device = _single_device(target, "target")
-    if isinstance(drafter, TargetOnly):
-        gamma = 0
-    else:
-        if not isinstance(drafter, StaticDrafter):
-            raise ValueError(
-                f"draft: {type(drafter).__name__} cannot draft on the static decode path (it needs static_key, "
-                "static_prefill and static_propose: ModelDrafter and LayerSkipDrafter have them); use "
-                "decode_path='eager'"
-            )
-        if getattr(drafter, "tree", None) is not None:
-            raise ValueError(f"tree: token trees are not supported with {where} yet; draft a chain (tree=None) or "
-                             "use decode_path='eager'")
-        if type(settings.schedule) not in (ConstantSchedule, DraftSchedule):
-            raise ValueError(f"draft_schedule: only the constant schedule runs with {where} (every step has one "
-                             f"shape), got {getattr(settings.schedule, 'name', type(settings.schedule).__name__)!r}")
-        gamma = settings.schedule.initial
-        model = getattr(drafter, "model", None)
-        if isinstance(model, torch.nn.Module):
-            draft_device = _single_device(model, "draft")
-            if draft_device != device:
-                raise ValueError(f"draft: the static decode path needs the draft on the target's device ({device}), "
-                                 f"got {draft_device}")
-            if not facts.accepts_custom_4d_mask(model):
-                raise ValueError(_mask_message("draft", model))
-    rule = settings.rule or "token"
-    if not is_chain_rule(rule):
-        raise ValueError(f"rule: {rule!r} is not a chain rule; {where} verifies chains")
-    if not get_rule(rule).builtin:
-        raise ValueError(f"rule: {rule!r} is a Python rule; {where} needs a compiled rule (its coins come from "
-                         "Philox on the device)")
-    if not facts.accepts_custom_4d_mask(target):
-        raise ValueError(_mask_message("target", target))
-    if decode_path == "graphed":
-        if device.type != "cuda":
-            raise ValueError(f"decode_path: 'graphed' records CUDA graphs and needs a CUDA device, but the target is "
-                             f"on {device}; decode_path='static' runs the same steps without graphs")
-        missing = [op for op in ("verify_logits_philox",) + (() if settings.sampling.is_greedy else
-                                                             ("sample_logits_philox",)) if not _has_cuda_kernel(op)]
-        if missing:
-            raise ValueError(f"decode_path: 'graphed' needs the CUDA kernels of {', '.join(missing)}, which this "
-                             "build of specdecode lacks (python -m specdecode info)")
-    return gamma
-
-
-def _mask_message(name: str, model: torch.nn.Module) -> str:
-    impl = getattr(getattr(model, "config", None), "_attn_implementation", None)
-    return (f"{name}: {type(model).__name__} (attention implementation {impl!r}) does not honour a custom 4D attention "
-            "mask with position ids, which static caches need; load it with attn_implementation='sdpa' or 'eager', "
-            "or use decode_path='eager'")
-
-
-class _Weights:
-    """The parameters a layout was built for (its CUDA graphs read their addresses): each
-    parameter object, held weakly, with its storage address, dtype and shape when the layout was
-    built. It matches a model whose parameters are the same live objects, unchanged; a parameter
-    replaced, reassigned (``param.data = ...``) or moved means a new layout. Nothing is looked up
-    by an address: a dead parameter never matches."""
-
-    def __init__(self, model: torch.nn.Module) -> None:
-        self._params = [(weakref.ref(p), p.data_ptr(), p.dtype, tuple(p.shape)) for p in model.parameters()]
-
-    def match(self, model: torch.nn.Module) -> bool:
-        params = list(model.parameters())
-        return len(params) == len(self._params) and all(
-            ref() is p and p.data_ptr() == ptr and p.dtype == dtype and tuple(p.shape) == shape
-            for (ref, ptr, dtype, shape), p in zip(self._params, params))
-
-
-def _drop_when_freed(key: tuple, layouts: "OrderedDict[tuple, _Session]") -> None:
-    """Forget the layout ``key`` of ``layouts`` when a model it names (a weak reference in the
-    drafter's ``static_key``) is freed; ``layouts`` is held weakly too."""
-    table = weakref.ref(layouts)
-
-    def drop() -> None:
-        held = table()
-        if held is not None:
-            held.pop(key, None)
-
-    for part in _flatten(key):
-        if isinstance(part, weakref.ref) and part() is not None:
-            weakref.finalize(part(), drop)
-
-
-def _flatten(key: Any) -> list[Any]:
-    if isinstance(key, tuple):
-        return [leaf for part in key for leaf in _flatten(part)]
-    return [key]
-
-
-def _is_dead(key: tuple) -> bool:
-    return any(isinstance(part, weakref.ref) and part() is None for part in _flatten(key))
-
-
 # ---------------------------------------------------------------------- state
-class StaticState:
-    """The persistent buffers of one static layout (the drafter's
-    :class:`~specdecode.drafters.StaticDraftState`)."""
-
-    def __init__(self, batch: int, capacity: int, vocab_size: int, sampling: SamplingParams, device: torch.device,
-                 syncs: HostSyncs) -> None:
-        self._batch, self._capacity, self._vocab, self._sampling, self._device = (
-            batch, capacity, vocab_size, sampling, device)
-        self.syncs = syncs
-        self.prompt_width = 0
-        self._tokens = torch.zeros((batch, capacity), dtype=torch.long, device=device)
-        self._lengths = torch.zeros(batch, dtype=torch.long, device=device)
-        self._start = torch.zeros(batch, dtype=torch.long, device=device)
-        self.philox_seed = torch.zeros(1, dtype=torch.long, device=device)
-        self.philox_offset = torch.zeros(1, dtype=torch.long, device=device)
-        self._store: dict[str, Any] = {}
-
-    tokens = property(lambda self: self._tokens)
-    lengths = property(lambda self: self._lengths)
-    start = property(lambda self: self._start)
-    capacity = property(lambda self: self._capacity)
-    prompt_columns = property(lambda self: self.prompt_width - 1)
-    batch_size = property(lambda self: self._batch)
-    vocab_size = property(lambda self: self._vocab)
-    device = property(lambda self: self._device)
-    sampling = property(lambda self: self._sampling)
-
-    def sample(self, logits: Tensor) -> Tensor:
-        if self._sampling.is_greedy:
-            return logits.argmax(-1)
-        tokens = ops.sample_logits_philox(logits, self.philox_seed, self.philox_offset, *self._sampling.op_args())
-        self.philox_offset.add_(1)
-        self._count_op_sync()
-        return tokens.clamp_min(0)  # a bad row (only possible inside a graph) must not index out of range
-
-    def _count_op_sync(self) -> None:
-        # Outside graph capture the CUDA Philox ops copy their per-row statuses to the host.
-        if self._device.type == "cuda" and not torch.cuda.is_current_stream_capturing():
-            self.syncs.count()
-
-    def buffer(self, name: str, factory: Callable[[], Any]) -> Any:
-        if name not in self._store:
-            self._store[name] = factory()
-        return self._store[name]
-
-
 class _Session:
     """One static layout: state, target cache, output buffers, counters and the step program."""
 
@@ -286,14 +102,12 @@ class _Session:
         self.generated = torch.zeros(batch, dtype=torch.long, device=device)
         self.finished = torch.zeros(batch, dtype=torch.bool, device=device)
         self.all_finished = torch.zeros((), dtype=torch.bool, device=device)
-        self.counters = torch.zeros(6 + 2 * gamma, dtype=torch.long, device=device)
+        self.counters = torch.zeros(num_counters(gamma), dtype=torch.long, device=device)
         self.eos = torch.tensor(s.eos_ids, dtype=torch.long, device=device) if s.eos_ids else None
         self.arange = torch.arange(gamma + 1, device=device)
         self.flag_host = torch.zeros(2, dtype=torch.bool, pin_memory=device.type == "cuda")
         self.drafter: Any = None  # set only while a generation runs
         self.program: StepProgram | None = None
-        self.target_weights: _Weights | None = None
-        self.draft_weights: _Weights | None = None
 
 
 # ---------------------------------------------------------------------- engine
@@ -306,8 +120,11 @@ class StaticEngine:
                  phase_timing: bool = False) -> None:
         self.target, self.drafter, self.settings = target, drafter, settings
         self.stats = stats if stats is not None else SpeculativeStats()
+        if decode_path not in ("static", "graphed"):
+            raise ValueError(f"decode_path: expected one of {DECODE_PATHS}, got {decode_path!r}")
         self.decode_path = decode_path
-        self.gamma = check_static_path(target, drafter, settings, decode_path)
+        self.gamma = check_static_path(target, None if isinstance(drafter, TargetOnly) else drafter, settings,
+                                       decode_path)
         if isinstance(stop_check_every, bool) or not isinstance(stop_check_every, int) or stop_check_every < 1:
             raise ValueError(f"stop_check_every: expected an int >= 1, got {stop_check_every!r}")
         self.stop_check_every = stop_check_every
@@ -358,6 +175,11 @@ class StaticEngine:
         finally:
             session.drafter = None  # a kept layout holds no model between generations
 
+    def clock(self) -> float:
+        """The host clock: the static path needs no device synchronisation to time a whole
+        generation, whose last act is reading its results on the host."""
+        return time.perf_counter()
+
     def _decode(self, session: _Session, program: StepProgram) -> int:
         """Run steps until every row has finished (checked every ``stop_check_every`` steps) or
         ``max_new_tokens`` steps ran (the most any row needs: each step emits >= 1 token per
@@ -398,26 +220,12 @@ class StaticEngine:
         key = (self.drafter.static_key(), str(self.device), batch, capacity, self.gamma, s.sampling, self.rule.name,
                tuple(sorted(s.rule_options.items())), s.vocab_size, s.eos_ids, s.max_new_tokens, self.decode_path,
                self.phase_timing)
-        layouts = _SESSIONS.get(self.target)
-        if layouts is None:
-            layouts = _SESSIONS[self.target] = OrderedDict()
-        for dead in [k for k in layouts if _is_dead(k)]:
-            del layouts[dead]
-        draft_model = getattr(self.drafter, "model", None)
-        session = layouts.get(key)
-        if session is not None and not (session.target_weights.match(self.target) and (
-                session.draft_weights is None or session.draft_weights.match(draft_model))):
-            session = None  # the weights moved or were replaced: the old layout's graphs read stale addresses
+        models = (self.target, getattr(self.drafter, "model", None))
+        session = kept_layout(self.target, key, models)
         if session is None:
             session = _Session(self, batch, capacity)
-            session.target_weights = _Weights(self.target)
-            session.draft_weights = _Weights(draft_model) if isinstance(draft_model, torch.nn.Module) else None
             session.program = self._program(session)
-            layouts[key] = session
-            _drop_when_freed(key, layouts)
-            while len(layouts) > SESSION_CACHE_SIZE:
-                layouts.popitem(last=False)
-        layouts.move_to_end(key)
+            keep_layout(self.target, key, models, session)
         return session
 
     def _reset(self, session: _Session, input_ids: Tensor, attention_mask: Tensor | None, prompt_width: int) -> None:
@@ -460,11 +268,7 @@ class StaticEngine:
         session.cache.columns = columns
         facts.forward(self.target, state.tokens[:, :width], mask, positions, session.cache, last_only=True,
                       logits_to_keep_ok=self._logits_to_keep_ok)
-        dt = time.perf_counter() - t0
-        stats.target_calls += 1
-        stats.target_prefill_calls += 1
-        stats.target_time += dt
-        stats.target_prefill_time += dt
+        count_prefill(stats, time.perf_counter() - t0)
         t0 = time.perf_counter()
         self.drafter.static_prefill(state, self.gamma)
         stats.draft_prefill_time += time.perf_counter() - t0
@@ -479,12 +283,11 @@ class StaticEngine:
         # The step functions outlive this engine (the layout is kept for the next generation):
         # they hold the target weakly and find the drafter in the session, so they keep no model alive.
         target_ref = weakref.ref(self.target)
-        logits_to_keep_ok, rule_name = self._logits_to_keep_ok, self.rule.name
+        logits_to_keep_ok, rule, device = self._logits_to_keep_ok, self.rule, self.device
         state = session.state
         gamma = self.gamma
         s = self.settings
         dtype = self._dtype(self.target)
-        needs_q = self.rule.needs_draft_probs
         scratch: dict[str, Tensor] = {}
 
         def draft() -> None:
@@ -499,7 +302,7 @@ class StaticEngine:
             session.cache.columns = columns
             logits = facts.forward(target_ref(), state.tokens.gather(1, columns), mask, positions, session.cache,
                                    last_only=False, logits_to_keep_ok=logits_to_keep_ok)
-            scratch["target_logits"] = logits[:, :, : s.vocab_size].float().contiguous()
+            scratch["target_logits"] = scored_logits(logits, s.vocab_size, device)
 
         def verify() -> None:
             active = ~session.finished
@@ -508,14 +311,12 @@ class StaticEngine:
                 accepted = torch.zeros_like(session.generated)
                 verified = accepted
             else:
-                remaining = s.max_new_tokens - session.generated
-                verified = torch.where(active, (remaining - 1).clamp(0, gamma), 0)
-                result = verify_logits(scratch["target_logits"], scratch["draft_logits"] if needs_q else None,
-                                       scratch["draft_tokens"], sampling=s.sampling, rule=rule_name,
-                                       num_draft_tokens=verified, philox_seed=state.philox_seed,
-                                       philox_offset=state.philox_offset, **s.rule_options)
+                verified = torch.where(active, verify_budget(s.max_new_tokens - session.generated, gamma), 0)
+                result = verify_chain(scratch["target_logits"], scratch["draft_tokens"], scratch["draft_logits"],
+                                      verified, rule, s, philox_seed=state.philox_seed,
+                                      philox_offset=state.philox_offset)
                 state.philox_offset.add_(1)
-                state._count_op_sync()
+                state.count_op_sync()
                 tokens, accepted = result.tokens, result.accepted_len
             scratch["tokens"], scratch["accepted"], scratch["verified"] = tokens, accepted, verified
 
@@ -523,19 +324,12 @@ class StaticEngine:
             tokens, accepted, verified = scratch["tokens"], scratch["accepted"], scratch["verified"]
             idx = session.arange
             active = ~session.finished
-            remaining = s.max_new_tokens - session.generated
-            keep = accepted + 1
-            has_eos = torch.zeros_like(active)
-            if session.eos is not None:
-                is_eos = torch.isin(tokens, session.eos) & (idx[None, :] < keep[:, None])
-                has_eos = is_eos.any(1)
-                keep = torch.where(has_eos, is_eos.to(torch.int8).argmax(1) + 1, keep)
-            keep = torch.where(active, torch.minimum(keep, remaining), 0)
-            columns = torch.where(idx[None, :] < keep[:, None], session.generated[:, None] + idx[None, :],
-                                  session.width - 1)
-            session.out.scatter_(1, columns, tokens.clamp_min(0))
+            keep, has_eos = emitted_lengths(tokens, accepted, s.max_new_tokens - session.generated, session.eos, idx)
+            keep = torch.where(active, keep, 0)
+            session.out.scatter_(1, output_columns(keep, session.generated, idx, session.width - 1),
+                                 tokens.clamp_min(0))
             session.generated.add_(keep)
-            done = active & (has_eos | (session.generated >= s.max_new_tokens))
+            done = active & finished_rows(has_eos, session.generated, s.max_new_tokens)
             continuing = active & ~done
             session.finished.logical_or_(done)
             torch.all(session.finished, out=session.all_finished)
@@ -544,17 +338,10 @@ class StaticEngine:
             next_token = tokens.gather(1, accepted[:, None]).clamp_min(0)
             current = state.tokens.gather(1, state.lengths[:, None])
             state.tokens.scatter_(1, state.lengths[:, None], torch.where(continuing[:, None], next_token, current))
-            # statistics, on the device
-            acc = torch.where(active, accepted, 0)
-            position = idx[None, :gamma]
-            session.counters.add_(torch.cat([
-                torch.stack([active.any().long(), active.sum(), keep.sum(), verified.sum(), acc.sum(),
-                             (active & (acc < verified)).sum()]),
-                (verified[:, None] > position).sum(0), (acc[:, None] > position).sum(0),
-            ]))
+            session.counters.add_(step_counters(active, accepted, verified, keep, idx[:gamma]))  # on the device
 
-        phases = ([("draft", draft)] if gamma > 0 else []) + [("target", score), ("verify", verify),
-                                                              ("bookkeeping", commit)]
+        phases: list[tuple[str, Callable[[], None]]] = [("draft", draft)] if gamma > 0 else []
+        phases += [("target", score), ("verify", verify), ("bookkeeping", commit)]
         return StepProgram(phases, self.device, graphed=self.decode_path == "graphed",
                            phase_timing=self.phase_timing, syncs=session.syncs)
 
@@ -564,34 +351,19 @@ class StaticEngine:
         assert program is not None
         c = counters.tolist()
         steps = c[0]
-        stats.rule = self.rule.name
-        stats.drafter = getattr(self.drafter, "name", type(self.drafter).__name__)
-        stats.batch_size = session.state.batch_size
-        stats.draft_schedule = "constant"
-        stats.decode_path = self.decode_path
-        stats.steps += steps
-        stats.row_steps += c[1]
-        stats.new_tokens += c[2]
+        label_run(stats, rule=self.rule.name, drafter=self.drafter, batch_size=session.state.batch_size,
+                  schedule="constant", decode_path=self.decode_path)
+        add_step_counters(stats, c, gamma)
         stats.target_calls += steps
         stats.draft_calls += steps * gamma + (1 if gamma and session.state.prompt_columns > 1 else 0)
         if gamma:
-            stats.drafted_tokens += c[3]
-            stats.accepted_tokens += c[4]
-            stats.rejections += c[5]
             stats.num_draft_tokens_history.extend([gamma] * steps)
-            while len(stats.position_drafted) < gamma:
-                stats.position_drafted.append(0)
-                stats.position_accepted.append(0)
-            for i in range(gamma):
-                stats.position_drafted[i] += c[6 + i]
-                stats.position_accepted[i] += c[6 + gamma + i]
         seconds = program.seconds
         stats.draft_time += seconds.get("draft", 0.0)
         stats.target_time += seconds.get("target", 0.0)
         stats.verify_time += seconds.get("verify", 0.0)
         stats.bookkeeping_time += seconds.get("bookkeeping", 0.0)
-        stats.host_syncs += session.syncs.total
-        stats.step_host_syncs += session.syncs.in_steps
+        count_syncs(stats, session.syncs)
         stats.graph_captures += captures
         stats.decode_steps_run += steps_run
 
@@ -600,14 +372,9 @@ def run_static_engine(target: torch.nn.Module, drafter: Any, input_ids: Tensor, 
                       settings: EngineSettings, stats: SpeculativeStats | None = None, *, decode_path: str = "static",
                       stop_check_every: int = 1, phase_timing: bool = False,
                       start_time: float | None = None) -> tuple[Tensor, SpeculativeStats]:
-    """Generate with a :class:`StaticEngine`; returns ``(sequences, stats)``. ``stats.total_time``
-    counts from ``start_time`` (``time.perf_counter()`` when the caller started), or from now."""
-    if stats is not None and not isinstance(stats, SpeculativeStats):
-        raise TypeError(f"stats: expected a SpeculativeStats or None, got {type(stats).__name__}")
-    start = time.perf_counter() if start_time is None else start_time
-    engine = StaticEngine(target, drafter, settings, stats, decode_path=decode_path,
-                          stop_check_every=stop_check_every, phase_timing=phase_timing)
-    total_before = engine.stats.total_time
-    sequences = engine.generate(input_ids, attention_mask)
-    engine.stats.total_time = total_before + (time.perf_counter() - start)
-    return sequences, engine.stats
+    """Generate with a :class:`StaticEngine`; returns ``(sequences, stats)``
+    (:func:`~specdecode.engine.accounting.timed_run` says how ``stats.total_time`` counts)."""
+    return timed_run(
+        lambda: StaticEngine(target, drafter, settings, stats, decode_path=decode_path,
+                             stop_check_every=stop_check_every, phase_timing=phase_timing),
+        input_ids, attention_mask, stats, start_time)

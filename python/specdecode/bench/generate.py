@@ -38,7 +38,7 @@ import torch
 from specdecode import cli_args
 from specdecode import vocabulary as words
 from specdecode.analysis import expected_speedup
-from specdecode.benchmarking import Column, base_parser, environment, format_table, time_call, write_results
+from specdecode.bench.harness import Column, base_parser, environment, format_table, time_call, write_results
 
 BASELINES = ("target alone", "HF assisted", "HF prompt lookup")
 # --clock: wall time, or the benchmark thread's CPU time (CPU runs with --threads 1 only: on a
@@ -323,7 +323,7 @@ def report(rows: list[dict[str, Any]], pair_name: str, gamma: int, c: float) -> 
     ]
     import textwrap
 
-    from specdecode.benchmarking import table_width
+    from specdecode.bench.harness import table_width
 
     wrapped = [textwrap.fill(n, width=table_width(), subsequent_indent="  ") for n in notes]
     return "\n\n".join([format_table(rows, columns, title=f"pair: {pair_name}"),

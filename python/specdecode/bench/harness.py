@@ -1,4 +1,5 @@
-"""Shared benchmark harness (used by every script in ``benchmarks/``): timing with warm-up and medians, a table that fits 100 columns, CSV/JSON.
+"""Shared benchmark harness (used by the :mod:`specdecode.bench` modules and every script in
+``benchmarks/``): timing with warm-up and medians, a table that fits 100 columns, CSV/JSON.
 
 Machines here are noisy, so every benchmark reports medians and ratios against a baseline
 measured in the same run; absolute times mean little.

@@ -46,7 +46,7 @@ from typing import Any, Callable
 import torch
 
 from specdecode.analysis import expected_speedup
-from specdecode.benchmarking import base_parser, environment, format_table, write_results
+from specdecode.bench.harness import base_parser, environment, format_table, write_results
 
 METHODS = ("target HF", "target graphed", "HF assisted", "eager chain", "graphed chain", "eager tree")
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}

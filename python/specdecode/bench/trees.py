@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from specdecode import vocabulary as words
-from specdecode.benchmarking import (Column, base_parser, environment, format_table, median, time_call,
+from specdecode.bench.harness import (Column, base_parser, environment, format_table, median, time_call,
                                      write_results)
 
 
@@ -87,7 +87,7 @@ def run(args: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
 
 def _verify_cost(target: torch.nn.Module, args: Any) -> list[dict[str, Any]]:
     """verify_tree at N = 32 (deterministic and rrs rules) vs one target forward over 32 nodes."""
-    from specdecode.models import kv_cache
+    from specdecode.models import cache_kwargs, kv_cache
     from specdecode.trees import TokenTree, tree_attention_mask, verify_tree
 
     N, prefix = 32, 128
@@ -108,11 +108,11 @@ def _verify_cost(target: torch.nn.Module, args: Any) -> list[dict[str, Any]]:
     with torch.no_grad():
         def forward() -> None:
             cache = kv_cache.new_cache()
-            target(input_ids=ids, past_key_values=cache, use_cache=True)
+            target(input_ids=ids, **cache_kwargs(target, cache))
             masks = tree_attention_mask(tree, torch.ones(1, prefix, dtype=torch.bool))
             start = time.perf_counter()
             target(input_ids=tokens, attention_mask=masks.additive_mask(), position_ids=masks.positions,
-                   past_key_values=cache, use_cache=True)
+                   **cache_kwargs(target, cache))
             forward.seconds.append(time.perf_counter() - start)
 
         forward.seconds = []  # type: ignore[attr-defined]

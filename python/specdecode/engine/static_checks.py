@@ -1,0 +1,106 @@
+"""What the static decode path (:mod:`specdecode.engine.static_loop`) cannot do, refused up
+front with a ``ValueError`` that names the argument and says what to use instead (mostly
+``decode_path='eager'``): host work at every token (processors, stopping criteria, streamers),
+changing shapes (adaptive schedules, token trees), Python rules, drafters without
+:class:`~specdecode.drafters.StaticDrafter`, models spread over devices or ignoring custom 4D
+attention masks, and CUDA graphs without CUDA or without the compiled kernels.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from specdecode.drafters.base import StaticDrafter
+from specdecode.engine.schedules import ConstantSchedule, DraftSchedule
+from specdecode.engine.settings import EngineSettings
+from specdecode.models import facts
+from specdecode.rules import get_rule, is_chain_rule
+
+
+def _has_cuda_kernel(op: str) -> bool:
+    try:
+        return bool(torch._C._dispatch_has_kernel_for_dispatch_key(f"specdecode::{op}", "CUDA"))
+    except Exception:  # noqa: BLE001 - an unknown op or an old torch: no kernel
+        return False
+
+
+def _single_device(model: torch.nn.Module, name: str) -> torch.device:
+    devices = set()
+    for param in model.parameters():
+        if type(param).__name__ == "DTensor" or hasattr(param, "to_local"):
+            raise ValueError(f"{name}: tensor-parallel (DTensor) models are not supported on the static decode path; "
+                             "use decode_path='eager'")
+        devices.add(param.device)
+    for module in model.modules():
+        if getattr(module, "_hf_hook", None) is not None:
+            raise ValueError(f"{name}: models dispatched by accelerate (device_map, offload) are not supported on "
+                             "the static decode path; use decode_path='eager'")
+    if len(devices) != 1:
+        raise ValueError(f"{name}: the static decode path needs every parameter on one device, got "
+                         f"{sorted(str(d) for d in devices)}; use decode_path='eager'")
+    return devices.pop()
+
+
+def check_static_path(target: torch.nn.Module, drafter: Any | None, settings: EngineSettings,
+                      decode_path: str) -> int:
+    """Refuse what the static path cannot do for ``target`` with ``drafter`` (None: the target
+    alone) under ``settings`` and ``decode_path`` (``"static"`` or ``"graphed"``), with a
+    ``ValueError`` naming the argument; returns gamma (0 for the target alone)."""
+    where = f"decode_path={decode_path!r}"
+    for name, value in (("logits_processor", settings.processors), ("stopping_criteria", settings.stopping),
+                        ("streamer", settings.streamer)):
+        if value is not None:
+            raise ValueError(f"{name}: not supported with {where} (it needs the host at every token); "
+                             "use decode_path='eager'")
+    device = _single_device(target, "target")
+    if drafter is None:
+        gamma = 0
+    else:
+        if not isinstance(drafter, StaticDrafter):
+            raise ValueError(
+                f"draft: {type(drafter).__name__} cannot draft on the static decode path (it needs static_key, "
+                "static_prefill and static_propose: ModelDrafter and LayerSkipDrafter have them); use "
+                "decode_path='eager'"
+            )
+        if getattr(drafter, "tree", None) is not None:
+            raise ValueError(f"tree: token trees are not supported with {where} yet; draft a chain (tree=None) or "
+                             "use decode_path='eager'")
+        if type(settings.schedule) not in (ConstantSchedule, DraftSchedule):
+            raise ValueError(f"draft_schedule: only the constant schedule runs with {where} (every step has one "
+                             f"shape), got {getattr(settings.schedule, 'name', type(settings.schedule).__name__)!r}")
+        gamma = settings.schedule.initial
+        model = getattr(drafter, "model", None)
+        if isinstance(model, torch.nn.Module):
+            draft_device = _single_device(model, "draft")
+            if draft_device != device:
+                raise ValueError(f"draft: the static decode path needs the draft on the target's device ({device}), "
+                                 f"got {draft_device}")
+            if not facts.accepts_custom_4d_mask(model):
+                raise ValueError(_mask_message("draft", model))
+    rule = settings.rule or "token"
+    if not is_chain_rule(rule):
+        raise ValueError(f"rule: {rule!r} is not a chain rule; {where} verifies chains")
+    if not get_rule(rule).builtin:
+        raise ValueError(f"rule: {rule!r} is a Python rule; {where} needs a compiled rule (its coins come from "
+                         "Philox on the device)")
+    if not facts.accepts_custom_4d_mask(target):
+        raise ValueError(_mask_message("target", target))
+    if decode_path == "graphed":
+        if device.type != "cuda":
+            raise ValueError(f"decode_path: 'graphed' records CUDA graphs and needs a CUDA device, but the target is "
+                             f"on {device}; decode_path='static' runs the same steps without graphs")
+        missing = [op for op in ("verify_logits_philox",) + (() if settings.sampling.is_greedy else
+                                                             ("sample_logits_philox",)) if not _has_cuda_kernel(op)]
+        if missing:
+            raise ValueError(f"decode_path: 'graphed' needs the CUDA kernels of {', '.join(missing)}, which this "
+                             "build of specdecode lacks (python -m specdecode info)")
+    return gamma
+
+
+def _mask_message(name: str, model: torch.nn.Module) -> str:
+    impl = getattr(getattr(model, "config", None), "_attn_implementation", None)
+    return (f"{name}: {type(model).__name__} (attention implementation {impl!r}) does not honour a custom 4D attention "
+            "mask with position ids, which static caches need; load it with attn_implementation='sdpa' or 'eager', "
+            "or use decode_path='eager'")
