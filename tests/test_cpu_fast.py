@@ -51,9 +51,12 @@ def test_bfloat16_weights_widen_exactly():
     torch.testing.assert_close(OP(x, w, b), _expected(x, w.float(), b), rtol=1e-5, atol=1e-5)
 
 
-def test_non_contiguous_and_empty():
-    """Strided inputs give the contiguous result; zero rows, outputs or K are fine."""
+def test_leading_dimensions_non_contiguous_and_empty():
+    """Like F.linear, input [..., K] gives [..., N] (rows: the leading dimensions together);
+    strided inputs give the contiguous result; zero rows, outputs or K are fine."""
     x, w, b = _case(6, 40, 30)
+    torch.testing.assert_close(OP(x.view(2, 3, 40), w, b), OP(x, w, b).view(2, 3, 30))
+    torch.testing.assert_close(OP(x[0], w, b), OP(x[:1], w, b)[0])
     torch.testing.assert_close(OP(x.t().contiguous().t(), w.t().contiguous().t(), b), OP(x, w, b))
     assert OP(x[:, ::2], w[:, ::2], None).shape == (6, 30)
     assert OP(x[:0], w, b).shape == (0, 30)
@@ -93,8 +96,7 @@ BAD_INPUTS = [
     ("weight", TypeError, lambda x, w, b: (x, w.half(), b)),
     ("weight", TypeError, lambda x, w, b: (x, w.long(), b)),
     ("bias", TypeError, lambda x, w, b: (x, w, b.double())),
-    ("input", ValueError, lambda x, w, b: (x[0], w, b)),
-    ("input", ValueError, lambda x, w, b: (x[None], w, b)),
+    ("input", ValueError, lambda x, w, b: (x[0, 0], w, b)),
     ("weight", ValueError, lambda x, w, b: (x, w[:, :-1], b)),
     ("weight", ValueError, lambda x, w, b: (x, w[0], b)),
     ("bias", ValueError, lambda x, w, b: (x, w, b[:-1])),

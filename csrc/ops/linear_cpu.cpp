@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <vector>
 
 #include "kernels/skinny_linear.h"
 #include "ops/linear_cpu.h"
@@ -45,6 +46,8 @@ void run(const at::Tensor& x, const at::Tensor& w, const float* bias, at::Tensor
   });
 }
 
+// input [..., K] (any leading dimensions, like F.linear), weight [N, K], bias [N] or None
+// -> [..., N] float32.
 at::Tensor skinny_linear_cpu(const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
   TORCH_CHECK_TYPE(input.defined(), "input: expected a Tensor, got None");
   TORCH_CHECK_TYPE(weight.defined(), "weight: expected a Tensor, got None");
@@ -53,11 +56,10 @@ at::Tensor skinny_linear_cpu(const at::Tensor& input, const at::Tensor& weight, 
   TORCH_CHECK_TYPE(input.scalar_type() == at::kFloat, "input: expected dtype float32, got ", input.scalar_type());
   TORCH_CHECK_TYPE(weight.scalar_type() == at::kFloat || weight.scalar_type() == at::kBFloat16,
                    "weight: expected dtype float32 or bfloat16, got ", weight.scalar_type());
-  TORCH_CHECK_VALUE(input.dim() == 2, "input: expected shape [M, K], got ", input.dim(), " dimensions ",
-                    input.sizes());
+  TORCH_CHECK_VALUE(input.dim() >= 1, "input: expected shape [..., K] (at least one dimension), got a 0-dimensional tensor");
   TORCH_CHECK_VALUE(weight.dim() == 2, "weight: expected shape [N, K], got ", weight.dim(), " dimensions ",
                     weight.sizes());
-  const int64_t M = input.size(0), K = input.size(1), N = weight.size(0);
+  const int64_t K = input.size(-1), N = weight.size(0);
   TORCH_CHECK_VALUE(weight.size(1) == K, "weight: expected shape [N, K] with K = ", K,
                     " (input's last dimension), got ", weight.sizes());
   const bool has_bias = bias.has_value() && bias->defined();
@@ -67,16 +69,20 @@ at::Tensor skinny_linear_cpu(const at::Tensor& input, const at::Tensor& weight, 
     TORCH_CHECK_VALUE(bias->dim() == 1 && bias->size(0) == N, "bias: expected shape [N] = [", N, "], got ",
                       bias->sizes());
   }
-  at::Tensor y = at::empty({M, N}, input.options());
+  std::vector<int64_t> out_sizes(input.sizes().begin(), input.sizes().end());
+  out_sizes.back() = N;
+  at::Tensor y = at::empty(out_sizes, input.options());
+  const int64_t M = K > 0 ? input.numel() / K : c10::multiply_integers(input.sizes().begin(), input.sizes().end() - 1);
   if (M == 0 || N == 0) return y;
-  const at::Tensor x = input.contiguous();
+  const at::Tensor x = input.reshape({M, K}).contiguous();
   const at::Tensor w = weight.contiguous();
   const at::Tensor b = has_bias ? bias->contiguous() : at::Tensor();
   const float* b_ptr = has_bias ? b.data_ptr<float>() : nullptr;
+  at::Tensor y2 = y.view({M, N});
   if (w.scalar_type() == at::kFloat)
-    run<float>(x, w, b_ptr, y);
+    run<float>(x, w, b_ptr, y2);
   else
-    run<uint16_t>(x, w, b_ptr, y);
+    run<uint16_t>(x, w, b_ptr, y2);
   return y;
 }
 

@@ -60,26 +60,26 @@ class _SkinnyForward:
         self.max_rows = max_rows
 
     def applies(self, input: Tensor) -> bool:
-        """Whether a call with ``input`` takes the fast path (see the module docstring)."""
+        """Whether a call with ``input`` takes the fast path (see the module docstring). The
+        cheap, usually decisive checks come first: this runs on every call of the layer."""
         weight, bias = self.module.weight, self.module.bias
-        if torch.jit.is_tracing() or torch.jit.is_scripting() or torch.compiler.is_compiling():
+        if input.dtype != torch.float32 or weight.dtype != torch.float32 or not (input.is_cpu and weight.is_cpu):
             return False
-        if type(input) is not Tensor or type(weight) not in (Tensor, nn.Parameter):
+        if type(input) is not Tensor or type(weight) not in _PLAIN or weight.layout != torch.strided:
             return False  # tensor subclasses (FakeTensor, DTensor, ...) keep their own dispatch
-        if input.device.type != "cpu" or weight.device.type != "cpu" or input.dim() < 1:
-            return False
-        if input.dtype != torch.float32 or weight.dtype != torch.float32 or weight.layout != torch.strided:
-            return False
-        if not weight.is_contiguous() or weight.dim() != 2 or input.shape[-1] != weight.shape[1]:
-            return False
-        if bias is not None and (type(bias) not in (Tensor, nn.Parameter) or bias.dtype != torch.float32
-                                 or bias.device.type != "cpu"):
+        if bias is not None and (bias.dtype != torch.float32 or not bias.is_cpu or type(bias) not in _PLAIN):
             return False
         if torch.is_grad_enabled() and (input.requires_grad or weight.requires_grad
                                         or (bias is not None and bias.requires_grad)):
             return False
-        rows = input.numel() // max(1, input.shape[-1]) if input.shape[-1] else 0
-        return self.min_rows <= rows <= self.max_rows
+        if torch.jit.is_tracing() or torch.compiler.is_compiling():
+            return False
+        if weight.dim() != 2 or input.dim() < 1 or not weight.is_contiguous():
+            return False
+        in_features = weight.shape[1]
+        if in_features == 0 or input.shape[-1] != in_features:
+            return False
+        return self.min_rows <= input.numel() // in_features <= self.max_rows
 
     def __call__(self, input: Tensor) -> Tensor:
         """``nn.Linear.forward`` with the skinny-matrix op for few rows.
@@ -88,10 +88,13 @@ class _SkinnyForward:
             input [..., in_features] -> output [..., out_features]
         """
         module = self.module
-        if not self.applies(input):
-            return nn.Linear.forward(module, input)
-        out = ops.skinny_linear(input.reshape(-1, input.shape[-1]), module.weight, module.bias)
-        return out.view(*input.shape[:-1], out.shape[-1])
+        if self.applies(input):
+            return _skinny_linear(input, module.weight, module.bias)
+        return nn.Linear.forward(module, input)
+
+
+_PLAIN = (Tensor, nn.Parameter)
+_skinny_linear = ops.skinny_linear.default
 
 
 def _installable(module: nn.Module) -> bool:
