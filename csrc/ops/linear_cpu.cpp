@@ -28,10 +28,12 @@ void check_cpu(const char* name, const at::Tensor& t) {
 
 // Work of one block of kSkinnyColumnAlign output features, in multiply-adds plus a memory term
 // (reading the block's weights costs about as much as 8 rows of multiply-adds): tasks get at
-// least ~128k of it, so small layers stay on one thread.
+// least ~512k of it (some 20 µs on one core), so small layers (a 256 x 256 layer at a few rows)
+// stay on one thread: a parallel region costs a few µs on an idle machine, and a whole
+// scheduler time slice when another process holds a core.
 int64_t grain_blocks(int64_t M, int64_t K) {
   const int64_t work = kernels::kSkinnyColumnAlign * std::max<int64_t>(K, 1) * (M + 8);
-  return std::max<int64_t>(1, (int64_t{1} << 17) / work);
+  return std::max<int64_t>(1, (int64_t{1} << 19) / work);
 }
 
 template <typename WT>
