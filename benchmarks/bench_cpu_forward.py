@@ -16,8 +16,10 @@ slows them alike; medians and ratios against the eager baseline of the same run.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import importlib.util
+import io
 import os
 import time
 from typing import Any, Callable
@@ -36,20 +38,23 @@ PREFIX = 64
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
+CLOCK: Callable[[], float] = time.perf_counter
+
+
 def interleaved(cases: dict[str, tuple[Callable[[], None], Callable[[], Any]]], repeats: int,
                 warmup: int = 2) -> dict[str, float]:
-    """Median seconds of each case's call. cases: name -> (setup, call); each repeat runs every
-    case once (setup untimed, then the call timed), in an order that rotates between repeats."""
+    """Median seconds of each case's call by CLOCK. cases: name -> (setup, call); each repeat
+    runs every case once (setup untimed, then the call timed), in an order that rotates."""
     names = list(cases)
     times: dict[str, list[float]] = {name: [] for name in names}
     for i in range(warmup + repeats):
         for name in names[i % len(names):] + names[:i % len(names)]:
             setup, call = cases[name]
             setup()
-            start = time.perf_counter()
+            start = CLOCK()
             call()
             if i >= warmup:
-                times[name].append(time.perf_counter() - start)
+                times[name].append(CLOCK() - start)
     return {name: median(values) for name, values in times.items()}
 
 
@@ -101,7 +106,7 @@ def load_smollm2() -> torch.nn.Module | None:
     from specdecode.models.loading import quiet_loading
 
     hf_logging.disable_progress_bar()
-    with quiet_loading():
+    with quiet_loading(), contextlib.redirect_stderr(io.StringIO()):  # the GGUF reader's own bar
         model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=SMOLLM2_GGUF, dtype=torch.float32)
     return model.eval()
 
@@ -162,17 +167,25 @@ def main() -> None:
     parser.add_argument("--min-rows", type=int, default=specdecode.cpu.DEFAULT_MIN_ROWS,
                         help="accelerate(model, min_rows=...): fewest rows that take the fast path")
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
+    parser.add_argument("--clock", choices=["wall", "cpu"], default="wall",
+                        help="cpu: this thread's CPU time (time.thread_time; with --threads 1 only), "
+                             "which other processes on a busy machine disturb far less")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.clock == "cpu":
+        if torch.get_num_threads() != 1:
+            parser.error("--clock cpu counts this thread only: use it with --threads 1")
+        global CLOCK
+        CLOCK = time.thread_time
     if args.compile:
         import torch._inductor.config as inductor_config
 
         inductor_config.freezing = True
         torch._dynamo.config.recompile_limit = 64
-    meta = {**environment(), "isa": specdecode.build_info().get("cpu_isa"),
+    meta = {**environment(), "isa": specdecode.build_info().get("cpu_isa"), "clock": args.clock,
             "fast_path": specdecode.cpu.fast_path_report()}
-    print(f"torch {meta['torch']}, {meta['threads']} threads; fast path: {meta['fast_path']}")
+    print(f"torch {meta['torch']}, {meta['threads']} threads, {args.clock} clock; fast path: {meta['fast_path']}")
     if not args.skip_linear:
         rows = bench_linear(args)
         columns = ["layer", "M", "eager_us"] + [c for c in ("compiled_us", "compile_s", "mkldnn_us") if c in rows[0]]
