@@ -216,6 +216,24 @@ def test_falls_back_to_torch_where_not_safe():
         cpu.accelerate("not a model")
 
 
+def test_accelerated_context_decides_per_model():
+    """cpu.accelerated(target, draft): installs where can_accelerate says yes (not on a float64
+    model, skips None), removes on exit, even after an error, and leaves layers that were
+    accelerated before the block as they were."""
+    target, draft = make_pair("llama")
+    other = torch.nn.Linear(4, 4).double()
+    cpu.accelerate(draft)
+    with pytest.raises(RuntimeError, match="inside"):
+        with cpu.accelerated(target, draft, other, None) as handles:
+            assert cpu.is_accelerated(target) and not cpu.is_accelerated(other)
+            assert len(handles) == 1 and cpu.can_accelerate(draft) == (False, "already accelerated")
+            raise RuntimeError("inside")
+    assert not cpu.is_accelerated(target) and cpu.is_accelerated(draft)
+    with cpu.accelerated(target, enabled=False):
+        assert not cpu.is_accelerated(target)
+    cpu.restore(draft)
+
+
 def test_skips_replaced_forwards():
     """Layers whose forward was already replaced on the instance (offload hooks, wrappers) and
     nn.Linear subclasses with their own forward are left alone."""

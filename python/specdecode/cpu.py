@@ -16,13 +16,17 @@ attribute, deleted again on removal): parameters, buffers, state_dict and hooks 
 are. The fast forward runs the op only when it is safe: CPU tensors, float32 input, weight and
 bias, min_rows <= rows <= max_rows, no autograd graph being recorded, not under tracing or
 torch.compile; otherwise it calls ``nn.Linear.forward`` itself. Outputs differ from torch's
-only by float rounding (the same products, summed in another order).
+only by float rounding (the same products, summed in another order). Restore before pickling a
+whole model (``torch.save(model)``): the installed forwards would be pickled with it; a
+state_dict is unaffected.
 """
 
 from __future__ import annotations
 
+import contextlib
 import weakref
 from dataclasses import dataclass, field
+from typing import Iterator
 
 import torch
 from torch import Tensor, nn
@@ -34,6 +38,7 @@ __all__ = [
     "DEFAULT_MIN_ROWS",
     "FastPath",
     "accelerate",
+    "accelerated",
     "accelerated_layers",
     "can_accelerate",
     "eligible_layers",
@@ -198,8 +203,32 @@ def can_accelerate(model: nn.Module) -> tuple[bool, str]:
     if devices != {"cpu"}:
         return False, f"the model's parameters are on {', '.join(sorted(devices)) or 'no device'}, not only the CPU"
     if not eligible_layers(model):
+        if is_accelerated(model):
+            return False, "already accelerated"
         return False, "no plain nn.Linear layer with float32 weights"
     return True, "CPU float32 model with nn.Linear layers"
+
+
+@contextlib.contextmanager
+def accelerated(*models: nn.Module | None, enabled: bool | None = None) -> Iterator[list[FastPath]]:
+    """The fast path on ``models`` for the duration of a ``with`` block, then exactly what was
+    there before (layers accelerated by someone else stay accelerated).
+
+    ``enabled``: None (the default) accelerates each model that :func:`can_accelerate` accepts
+    (parameters all on the CPU, float32 nn.Linear layers), True accelerates every model's eligible
+    layers whatever it says, False nothing. ``None`` entries are skipped, so an optional draft
+    model can be passed as it is. Yields the handles installed.
+    """
+    handles: list[FastPath] = []
+    try:
+        if enabled is not False:
+            for model in models:
+                if model is not None and (enabled or can_accelerate(model)[0]):
+                    handles.append(accelerate(model))
+        yield handles
+    finally:
+        for handle in handles:
+            handle.remove()
 
 
 def fast_path_report() -> str:
