@@ -4,6 +4,7 @@
 #include <torch/version.h>
 
 #include "kernels/logit_loops.h"
+#include "ops/linear_cpu.h"
 
 namespace py = pybind11;
 
@@ -22,6 +23,8 @@ PYBIND11_MODULE(_C, m) {
     // The instruction set the CPU logit loops run with in this process (SPECDECODE_CPU_ISA
     // can narrow it; see kernels/logit_loops.h).
     info["cpu_isa"] = specdecode::kernels::logit_loops_isa();
+    // Whether the CPU fast path's skinny_linear runs its loop on torch's threads (OpenMP).
+    info["skinny_linear_parallel"] = specdecode::ops::skinny_linear_is_parallel();
     return info;
   });
 }

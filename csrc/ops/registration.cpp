@@ -77,4 +77,10 @@ TORCH_LIBRARY(specdecode, m) {
       "verify_tree_philox(Tensor target_logits, Tensor? draft_logits, Tensor tree_tokens, Tensor parents, "
       "Tensor num_nodes, Tensor philox_seed, Tensor philox_offset, float temperature, int top_k, float top_p, "
       "float min_p, str rule, float[] rule_params) -> (Tensor, Tensor, Tensor)");
+  // ---- CPU fast path for multi-token forwards (python/specdecode/cpu.py) -------------------
+  // y = input @ weight.T + bias for an input with few rows, each weight row read once: input
+  // [..., K] float32 (M rows: the product of the leading dimensions), weight [N, K] float32 or
+  // bfloat16, bias [N] float32 or None. Returns y [..., N] float32. CPU only; meant for
+  // M <= 32 (any M is computed, slower than BLAS above).
+  m.def("skinny_linear(Tensor input, Tensor weight, Tensor? bias) -> Tensor");
 }

@@ -10,6 +10,7 @@ implemented in compiled code and proven lossless by test.
 """
 
 from specdecode import _meta  # noqa: F401  (fake kernels for torch.compile)
+from specdecode import cpu  # noqa: F401  (the CPU fast path: specdecode.cpu.accelerate)
 from specdecode._ops import build_info
 from specdecode.analysis import (
     acceptance_rate,

@@ -220,3 +220,24 @@ def _verify_tree_philox_fake(
                                                         "parents": parents, "num_nodes": num_nodes,
                                                         "philox_seed": philox_seed, "philox_offset": philox_offset})
     return _verify_tree_outputs(target_logits, parents)
+
+
+# ------------------------------------------------------------------------- CPU fast path
+
+
+@torch.library.register_fake("specdecode::skinny_linear")
+def _skinny_linear_fake(input: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    """Shape: input [..., K], weight [N, K], bias [N] or None -> [..., N] float32."""
+    _check_given({"input": input, "weight": weight})
+    _check_same_device("input", input, {"weight": weight, "bias": bias})
+    torch._check_type(input.dtype == torch.float32, lambda: f"input: expected dtype float32, got {input.dtype}")
+    torch._check_type(weight.dtype in (torch.float32, torch.bfloat16),
+                      lambda: f"weight: expected dtype float32 or bfloat16, got {weight.dtype}")
+    torch._check_value(input.dim() >= 1, lambda: "input: expected shape [..., K], got a 0-dimensional tensor")
+    torch._check_value(weight.dim() == 2 and weight.shape[1] == input.shape[-1],
+                       lambda: f"weight: expected shape [N, K] with K = {input.shape[-1]}, got {tuple(weight.shape)}")
+    if bias is not None:
+        torch._check_type(bias.dtype == torch.float32, lambda: f"bias: expected dtype float32, got {bias.dtype}")
+        torch._check_value(bias.dim() == 1 and bias.shape[0] == weight.shape[0],
+                           lambda: f"bias: expected shape [N] = [{weight.shape[0]}], got {tuple(bias.shape)}")
+    return input.new_empty((*input.shape[:-1], weight.shape[0]))

@@ -40,6 +40,7 @@ def build_report() -> str:
              f"torch {torch.__version__}"]
     try:
         from specdecode._ops import build_info
+        from specdecode.cpu import fast_path_report
 
         info = build_info()
     except ImportError as exc:
@@ -49,6 +50,8 @@ def build_report() -> str:
         f"extension built with torch {info['torch_build_version']}, {info['compiler']}, "
         f"cxx11 ABI {info['cxx11_abi']}",
         f"CPU code path: {cpu_code_path(info)}",
+        textwrap.fill(f"CPU fast path: {fast_path_report()}", width=100, subsequent_indent="  ",
+                      break_on_hyphens=False, break_long_words=False),
         textwrap.fill(f"CUDA kernels: {cuda_status(info)}", width=100, subsequent_indent="  ",
                       break_on_hyphens=False, break_long_words=False),
         "ops (torch.ops.specdecode):",

@@ -1,0 +1,243 @@
+"""A CPU fast path for multi-token forwards: speculative decoding's verification forward (the
+target over a handful of tokens) and drafters that run several rows.
+
+On a CPU a small model's forward is bound by reading its weights, so a forward over 6 tokens
+should cost about what a one-token step costs. torch's ``F.linear`` does not get there with a
+few rows (it picks GEMM paths tuned for large matrices); ``torch.ops.specdecode.skinny_linear``
+reads each weight row once and multiplies every row of the input with it while it is in cache.
+
+>>> handle = specdecode.cpu.accelerate(model)     # model's nn.Linear layers use the fast path
+>>> specdecode.cpu.is_accelerated(model)
+True
+>>> handle.remove()                               # or specdecode.cpu.restore(model)
+
+``accelerate`` changes nothing but the ``forward`` of each eligible ``nn.Linear`` (an instance
+attribute, deleted again on removal): parameters, buffers, state_dict and hooks stay as they
+are. The fast forward runs the op only when it is safe: CPU tensors, float32 input, weight and
+bias, min_rows <= rows <= max_rows, no autograd graph being recorded, not under tracing or
+torch.compile; otherwise it calls ``nn.Linear.forward`` itself. Outputs differ from torch's
+only by float rounding (the same products, summed in another order). Restore before pickling a
+whole model (``torch.save(model)``): the installed forwards would be pickled with it; a
+state_dict is unaffected.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import weakref
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import torch
+from torch import Tensor, nn
+
+from specdecode._ops import build_info, ops
+
+__all__ = [
+    "DEFAULT_MAX_ROWS",
+    "DEFAULT_MIN_ROWS",
+    "FastPath",
+    "accelerate",
+    "accelerated",
+    "accelerated_layers",
+    "can_accelerate",
+    "eligible_layers",
+    "fast_path_report",
+    "is_accelerated",
+    "restore",
+]
+
+#: Most rows (tokens x batch) a call may have to take the fast path; above it torch's GEMM wins.
+DEFAULT_MAX_ROWS = 32
+#: Fewest rows: one-token decode steps take the fast path too (benchmarks/bench_cpu_forward.py:
+#: it beats torch's matrix-vector product there as well).
+DEFAULT_MIN_ROWS = 1
+
+
+class _SkinnyForward:
+    """The ``forward`` installed on one ``nn.Linear``: the fast path when it applies, else the
+    class's own forward. A small object (not a closure) so that copy.deepcopy and pickle of an
+    accelerated model carry it along, pointing at the copied layer."""
+
+    def __init__(self, module: nn.Linear, min_rows: int, max_rows: int) -> None:
+        self.module = module
+        self.min_rows = min_rows
+        self.max_rows = max_rows
+
+    def applies(self, input: Tensor) -> bool:
+        """Whether a call with ``input`` takes the fast path (see the module docstring). The
+        cheap, usually decisive checks come first: this runs on every call of the layer."""
+        weight, bias = self.module.weight, self.module.bias
+        if input.dtype != torch.float32 or weight.dtype != torch.float32 or not (input.is_cpu and weight.is_cpu):
+            return False
+        if type(input) is not Tensor or type(weight) not in _PLAIN or weight.layout != torch.strided:
+            return False  # tensor subclasses (FakeTensor, DTensor, ...) keep their own dispatch
+        if bias is not None and (bias.dtype != torch.float32 or not bias.is_cpu or type(bias) not in _PLAIN):
+            return False
+        if torch.is_grad_enabled() and (input.requires_grad or weight.requires_grad
+                                        or (bias is not None and bias.requires_grad)):
+            return False
+        if torch.jit.is_tracing() or torch.compiler.is_compiling():
+            return False
+        if weight.dim() != 2 or input.dim() < 1 or not weight.is_contiguous():
+            return False
+        in_features = weight.shape[1]
+        if in_features == 0 or input.shape[-1] != in_features:
+            return False
+        return self.min_rows <= input.numel() // in_features <= self.max_rows
+
+    def __call__(self, input: Tensor) -> Tensor:
+        """``nn.Linear.forward`` with the skinny-matrix op for few rows.
+
+        Shape:
+            input [..., in_features] -> output [..., out_features]
+        """
+        module = self.module
+        if self.applies(input):
+            return _skinny_linear(input, module.weight, module.bias)
+        return nn.Linear.forward(module, input)
+
+
+_PLAIN = (Tensor, nn.Parameter)
+_skinny_linear = ops.skinny_linear.default
+
+
+def _installable(module: nn.Module) -> bool:
+    """An ``nn.Linear`` whose forward is nn.Linear's own and has not been replaced on the
+    instance (accelerate's offload hooks, another wrapper, or this fast path already)."""
+    return (isinstance(module, nn.Linear) and type(module).forward is nn.Linear.forward
+            and "forward" not in module.__dict__)
+
+
+def eligible_layers(model: nn.Module) -> list[str]:
+    """Names (as in ``named_modules``) of the layers :func:`accelerate` would install on now:
+    plain ``nn.Linear`` modules (the LM head too, tied or not) with float32 weights on the CPU."""
+    names = []
+    for name, module in model.named_modules(remove_duplicate=True):
+        if _installable(module) and module.weight.device.type == "cpu" and module.weight.dtype == torch.float32:
+            names.append(name)
+    return names
+
+
+def accelerated_layers(model: nn.Module) -> list[str]:
+    """Names of the layers of ``model`` that currently carry the fast forward."""
+    return [name for name, module in model.named_modules(remove_duplicate=True)
+            if isinstance(module.__dict__.get("forward"), _SkinnyForward)]
+
+
+def is_accelerated(model: nn.Module) -> bool:
+    """Whether any layer of ``model`` carries the fast forward."""
+    return any(isinstance(m.__dict__.get("forward"), _SkinnyForward) for m in model.modules())
+
+
+@dataclass
+class FastPath:
+    """What one :func:`accelerate` call installed; ``remove()`` (or leaving a ``with`` block)
+    takes exactly that off again. Holds weak references only: it keeps no model alive."""
+
+    layer_names: list[str]
+    min_rows: int
+    max_rows: int
+    _layers: list[weakref.ref] = field(default_factory=list, repr=False)
+
+    def remove(self) -> int:
+        """Deletes the fast forwards this call installed (those still installed); returns how
+        many were removed."""
+        removed = 0
+        for ref in self._layers:
+            module = ref()
+            if module is not None and isinstance(module.__dict__.get("forward"), _SkinnyForward):
+                del module.forward
+                removed += 1
+        self._layers = []
+        return removed
+
+    def __enter__(self) -> FastPath:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.remove()
+
+
+def accelerate(model: nn.Module, *, min_rows: int = DEFAULT_MIN_ROWS, max_rows: int = DEFAULT_MAX_ROWS) -> FastPath:
+    """Installs the CPU fast path on every eligible layer of ``model`` (:func:`eligible_layers`)
+    and returns the handle that removes it. Layers already accelerated are left as they are.
+
+    ``min_rows`` / ``max_rows``: the row counts (tokens x batch of one call) that take the fast
+    path; others run torch's own ``F.linear``. The model may be moved to another device or dtype
+    later: the fast forward then falls back to torch by itself.
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
+    if not (isinstance(min_rows, int) and isinstance(max_rows, int) and 1 <= min_rows <= max_rows):
+        raise ValueError(f"min_rows, max_rows: expected integers with 1 <= min_rows <= max_rows, "
+                         f"got {min_rows!r}, {max_rows!r}")
+    names = eligible_layers(model)
+    modules = dict(model.named_modules(remove_duplicate=True))
+    handle = FastPath(names, min_rows, max_rows)
+    for name in names:
+        module = modules[name]
+        module.forward = _SkinnyForward(module, min_rows, max_rows)
+        handle._layers.append(weakref.ref(module))
+    return handle
+
+
+def restore(model: nn.Module) -> int:
+    """Removes the fast forward from every layer of ``model`` (whichever call installed it);
+    returns how many layers were restored."""
+    removed = 0
+    for module in model.modules():
+        if isinstance(module.__dict__.get("forward"), _SkinnyForward):
+            del module.forward
+            removed += 1
+    return removed
+
+
+def can_accelerate(model: nn.Module) -> tuple[bool, str]:
+    """Whether turning the fast path on by default is safe and useful for ``model``, and why
+    not: its parameters live on the CPU, the compiled op is there, and it has eligible layers.
+    Where this says no, :func:`accelerate` would install nothing or nothing that runs."""
+    if not torch._C._dispatch_has_kernel_for_dispatch_key("specdecode::skinny_linear", "CPU"):
+        return False, "this build of specdecode has no skinny_linear CPU kernel"
+    devices = {p.device.type for p in model.parameters()}
+    if devices != {"cpu"}:
+        return False, f"the model's parameters are on {', '.join(sorted(devices)) or 'no device'}, not only the CPU"
+    if not eligible_layers(model):
+        if is_accelerated(model):
+            return False, "already accelerated"
+        return False, "no plain nn.Linear layer with float32 weights"
+    return True, "CPU float32 model with nn.Linear layers"
+
+
+@contextlib.contextmanager
+def accelerated(*models: nn.Module | None, enabled: bool | None = None) -> Iterator[list[FastPath]]:
+    """The fast path on ``models`` for the duration of a ``with`` block, then exactly what was
+    there before (layers accelerated by someone else stay accelerated).
+
+    ``enabled``: None (the default) accelerates each model that :func:`can_accelerate` accepts
+    (parameters all on the CPU, float32 nn.Linear layers), True accelerates every model's eligible
+    layers whatever it says, False nothing. ``None`` entries are skipped, so an optional draft
+    model can be passed as it is. Yields the handles installed.
+    """
+    handles: list[FastPath] = []
+    try:
+        if enabled is not False:
+            for model in models:
+                if model is not None and (enabled or can_accelerate(model)[0]):
+                    handles.append(accelerate(model))
+        yield handles
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def fast_path_report() -> str:
+    """One line for ``python -m specdecode.info``: the instruction set the fast path's kernels
+    run with, whether its loop is parallel, and the rows it takes by default."""
+    info = build_info()
+    if "skinny_linear_parallel" not in info:
+        return "not in this build"
+    threads = (f"parallel over output features on {torch.get_num_threads()} torch threads"
+               if info["skinny_linear_parallel"] else "one thread (built without OpenMP)")
+    return (f"skinny_linear, {info.get('cpu_isa', '?')} kernels, {threads}; nn.Linear calls with "
+            f"{DEFAULT_MIN_ROWS}..{DEFAULT_MAX_ROWS} float32 rows once specdecode.cpu.accelerate(model) is on")
