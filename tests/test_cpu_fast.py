@@ -281,3 +281,22 @@ def test_report_names_the_path():
 
     assert "skinny_linear" in cpu.fast_path_report()
     assert "CPU fast path: skinny_linear" in build_report()
+
+
+def test_generate_option_installs_for_the_call_only():
+    """``cpu_fast_path`` of specdecode.generate and custom_generate: on for the call, the models
+    unchanged afterwards, greedy output equal to the target's own; a non-bool is a TypeError."""
+    from test_generate_models import PAD, left_padded, make_pair
+
+    target, draft = make_pair("llama")
+    ids, mask = left_padded([4, 7], seed=9)
+    want = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=10, pad_token_id=PAD)
+    for enabled in (None, True, False):
+        out = specdecode.generate(target, draft, ids, mask, max_new_tokens=10, pad_token_id=PAD, cpu_fast_path=enabled)
+        assert torch.equal(out.sequences, want)
+        assert not specdecode.cpu.is_accelerated(target) and not specdecode.cpu.is_accelerated(draft)
+    seq = target.generate(ids, attention_mask=mask, custom_generate=specdecode.custom_generate, draft_model=draft,
+                          max_new_tokens=10, do_sample=False, pad_token_id=PAD, cpu_fast_path=True)
+    assert torch.equal(seq, want) and not specdecode.cpu.is_accelerated(target)
+    with pytest.raises(TypeError, match="cpu_fast_path"):
+        specdecode.generate(target, draft, ids, mask, max_new_tokens=2, pad_token_id=PAD, cpu_fast_path="yes")

@@ -283,3 +283,16 @@ def as_drafter(target: torch.nn.Module, draft: Any, *, target_tokenizer: Any = N
 def _embedding_rows(model: torch.nn.Module) -> int:
     emb = model.get_input_embeddings()
     return int(emb.weight.shape[0]) if emb is not None else int(model.config.vocab_size)
+
+
+def check_optional_bool(name: str, value: Any) -> bool | None:
+    """``value`` if it is True, False or None, else ``TypeError`` naming ``name``."""
+    if value is not None and not isinstance(value, bool):
+        raise TypeError(f"{name}: expected True, False or None, got {value!r}")
+    return value
+
+
+def draft_model_of(drafter: Any) -> torch.nn.Module | None:
+    """The model a drafter runs (``ModelDrafter``, ``LayerSkipDrafter``, ...), or None."""
+    model = getattr(drafter, "model", None)
+    return model if isinstance(model, torch.nn.Module) else None

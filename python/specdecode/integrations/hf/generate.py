@@ -9,6 +9,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from specdecode import cpu
 from specdecode.engine.loop import run_engine
 from specdecode.engine.schedules import DraftSchedule, make_schedule
 from specdecode.engine.settings import EngineSettings
@@ -44,7 +45,7 @@ _KEYWORDS = (
     "temperature", "top_k", "top_p", "min_p", "eos_token_id", "pad_token_id", "logits_processor", "stopping_criteria",
     "streamer", "draft_schedule", "max_num_draft_tokens", "generator", "target_tokenizer", "draft_tokenizer", "stats",
     "decode_path", "stop_check_every", "phase_timing", "generation_config", "assistant_model", "assistant_tokenizer",
-    "tokenizer",
+    "tokenizer", "cpu_fast_path",
 )
 # specdecode.generate's own sampling defaults: greedy, no filter (not the model's generation config)
 _SAMPLING_OFF = {"do_sample": False, "temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": None}
@@ -87,6 +88,7 @@ def generate(
     assistant_model: Any = None,
     assistant_tokenizer: Any = None,
     tokenizer: Any = None,
+    cpu_fast_path: bool | None = None,
     **kwargs: Any,
 ) -> SpeculativeOutput:
     """Speculative decoding of ``target`` with ``draft``: the same output distribution as
@@ -152,6 +154,13 @@ def generate(
     is one host synchronisation). ``phase_timing=True`` times the draft, target, verify and
     bookkeeping phases separately (with ``"graphed"``: one CUDA graph per phase instead of one per
     step, a little slower); without it the graphed path times only whole steps.
+
+    ``cpu_fast_path``: the CPU fast path for multi-token forwards (:mod:`specdecode.cpu`: the
+    target's and the draft's ``nn.Linear`` layers multiply up to 32 rows reading each weight
+    once) for the duration of the call. ``None`` (default) turns it on for models that
+    :func:`specdecode.cpu.can_accelerate` accepts (all parameters on the CPU, float32 linear
+    layers), ``True`` forces it, ``False`` keeps torch's own layers. It changes outputs only by
+    float rounding; the models are left as they were afterwards.
 
     Example:
         >>> target, draft, tok = specdecode.load_demo_pair()
@@ -229,15 +238,18 @@ def generate(
         stopping=prepared.stopping, streamer=streamer, generator=generator, vocab_size=vocab,
         schedule=make_schedule(draft_schedule, num_draft_tokens, max_num_draft_tokens),
     )
-    if decode_path == "eager":
-        sequences, stats = run_engine(target, drafter, input_ids, mask, settings, stats, start_time=start)
-    else:
-        from specdecode.engine.static_loop import run_static_engine
-
+    if decode_path != "eager":
         args.check_int("stop_check_every", stop_check_every, 1)
-        sequences, stats = run_static_engine(target, drafter, input_ids, mask, settings, stats,
-                                             decode_path=decode_path, stop_check_every=stop_check_every,
-                                             phase_timing=bool(phase_timing), start_time=start)
+    with cpu.accelerated(target, args.draft_model_of(drafter), enabled=args.check_optional_bool("cpu_fast_path",
+                                                                                                cpu_fast_path)):
+        if decode_path == "eager":
+            sequences, stats = run_engine(target, drafter, input_ids, mask, settings, stats, start_time=start)
+        else:
+            from specdecode.engine.static_loop import run_static_engine
+
+            sequences, stats = run_static_engine(target, drafter, input_ids, mask, settings, stats,
+                                                 decode_path=decode_path, stop_check_every=stop_check_every,
+                                                 phase_timing=bool(phase_timing), start_time=start)
     scores, logits = scores_and_logits(target, sequences, mask, int(input_ids.shape[1]), prepared.score_processors,
                                        want_scores=bool(config.output_scores), want_logits=bool(config.output_logits))
     return SpeculativeOutput(sequences, stats, scores, logits)

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from specdecode import cpu
 from specdecode.engine.loop import run_engine
 from specdecode.engine.schedules import make_schedule
 from specdecode.engine.settings import EngineSettings
@@ -30,7 +31,7 @@ from specdecode.models.cache_io import CACHE_KEYWORDS
 _KEYWORDS = (
     "draft_model", "assistant_model", "tokenizer", "assistant_tokenizer", "num_draft_tokens", "rule", "rule_options",
     "tree", "num_nodes", "tree_depth", "tree_children", "draft_schedule", "max_num_draft_tokens", "generator",
-    "speculative_streamer", "speculative_stats", "target_tokenizer", "draft_tokenizer",
+    "speculative_streamer", "speculative_stats", "target_tokenizer", "draft_tokenizer", "cpu_fast_path",
 )
 
 
@@ -103,6 +104,7 @@ def custom_generate(
     speculative_stats: Any = None,
     target_tokenizer: Any = None,
     draft_tokenizer: Any = None,
+    cpu_fast_path: bool | None = None,
     **model_kwargs: Any,
 ) -> Any:
     """Speculative decoding as a ``custom_generate`` callable for ``model.generate``.
@@ -129,7 +131,8 @@ def custom_generate(
     ``tree_depth``, ``tree_children`` (token trees, as :func:`specdecode.generate`),
     ``draft_schedule``, ``max_num_draft_tokens``, ``generator``, ``speculative_streamer``,
     ``speculative_stats`` (a :class:`SpeculativeStats` to fill in place), ``target_tokenizer``,
-    ``draft_tokenizer``.
+    ``draft_tokenizer``, ``cpu_fast_path`` (:mod:`specdecode.cpu` during the call: None, the
+    default, where the models allow it; True; False).
 
     transformers' ``generate`` does not forward its ``assistant_model``, ``streamer``,
     ``tokenizer`` or ``assistant_tokenizer`` to a callable ``custom_generate``. The first two
@@ -182,7 +185,8 @@ def custom_generate(
         stopping=prepared.stopping, streamer=speculative_streamer, generator=generator, vocab_size=vocab,
         schedule=make_schedule(draft_schedule, num_draft_tokens, max_num_draft_tokens),
     )
-    with torch.no_grad():
+    enabled = args.check_optional_bool("cpu_fast_path", cpu_fast_path)
+    with torch.no_grad(), cpu.accelerated(model, args.draft_model_of(drafter), enabled=enabled):
         sequences, stats = run_engine(model, drafter, input_ids, mask, settings, speculative_stats, start_time=start)
     if not getattr(config, "return_dict_in_generate", False):
         return sequences
