@@ -63,7 +63,12 @@ def demo(args: argparse.Namespace) -> dict[str, Any]:
     input_ids = tokenizer(args.prompt, return_tensors="pt").input_ids
     sampling = cli_args.sampling(args.temperature)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    generate_args = dict(num_draft_tokens=args.gamma, rule=args.rule, pad_token_id=pad_id, **sampling)
+    fast = cli_args.cpu_fast_path(args)
+    fast_on = fast if fast is not None else specdecode.cpu.can_accelerate(target)[0]
+    print(f"  CPU fast path (specdecode.cpu): {'on' if fast_on else 'off'} (--cpu-fast-path {args.cpu_fast_path}); "
+          "the target alone runs through the same path")
+    generate_args = dict(num_draft_tokens=args.gamma, rule=args.rule, pad_token_id=pad_id, cpu_fast_path=fast,
+                         **sampling)
     # Untimed warm-up of both methods: first calls pay one-time costs (lazy initialisation,
     # memory) that belong to neither method's speed.
     specdecode.generate(target, draft, input_ids, max_new_tokens=2, **generate_args)
@@ -82,8 +87,9 @@ def demo(args: argparse.Namespace) -> dict[str, Any]:
     # The target alone, same prompt and number of new tokens (EOS off so the counts match).
     torch.manual_seed(args.seed)
     start = time.perf_counter()
-    plain = target.generate(input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=new_tokens,
-                            min_new_tokens=new_tokens, pad_token_id=pad_id, **sampling)
+    with specdecode.cpu.accelerated(target, enabled=fast):  # the same CPU path as the speculative run
+        plain = target.generate(input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=new_tokens,
+                                min_new_tokens=new_tokens, pad_token_id=pad_id, **sampling)
     target_tps = (plain.shape[1] - input_ids.shape[1]) / (time.perf_counter() - start)
     speedup = stats.tokens_per_second / target_tps
 
@@ -128,6 +134,7 @@ def demo_parser(sub: Any) -> argparse.ArgumentParser:
     d.add_argument("--seed", type=cli_args.int_at_least("seed", 0), default=0, help="random seed")
     d.add_argument("--threads", type=cli_args.int_at_least("threads", 1), default=None,
                    help="torch CPU threads (default: torch's choice; 1 avoids stalls on a busy machine)")
+    cli_args.add_cpu_fast_path(d)
     return d
 
 

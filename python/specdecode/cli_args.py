@@ -85,3 +85,19 @@ def non_empty(name: str) -> Callable[[str], str]:
 def sampling(temperature_value: float) -> dict[str, Any]:
     """``generate``'s sampling keywords for a command-line temperature (0 = greedy)."""
     return dict(do_sample=True, temperature=temperature_value) if temperature_value > 0 else dict(do_sample=False)
+
+
+CPU_FAST_PATH = {"auto": None, "on": True, "off": False}
+
+
+def add_cpu_fast_path(parser: argparse.ArgumentParser) -> None:
+    """``--cpu-fast-path auto|on|off``: :func:`specdecode.generate`'s ``cpu_fast_path`` (None,
+    True, False), for the speculative runs and the target-alone baseline alike."""
+    parser.add_argument("--cpu-fast-path", choices=sorted(CPU_FAST_PATH), default="auto",
+                        help="the CPU fast path for multi-token forwards (specdecode.cpu): auto turns it on for "
+                             "float32 models on the CPU; the target-alone baseline runs through the same path")
+
+
+def cpu_fast_path(args: argparse.Namespace) -> bool | None:
+    """The ``cpu_fast_path`` value that ``--cpu-fast-path`` names."""
+    return CPU_FAST_PATH[getattr(args, "cpu_fast_path", "auto")]

@@ -40,7 +40,10 @@ from specdecode import vocabulary as words
 from specdecode.analysis import expected_speedup
 from specdecode.bench.harness import Column, base_parser, environment, format_table, time_call, write_results
 
-BASELINES = ("target alone", "HF assisted", "HF prompt lookup")
+BASELINES = ("target alone", "target alone, fast path", "HF assisted", "HF prompt lookup")
+# "target alone, fast path": the target's own generate through specdecode.cpu's fast path (the
+# path specdecode's runs take with --cpu-fast-path auto/on), so that the speculative gain and the
+# fast path's own gain are separate numbers.
 # --clock: wall time, or the benchmark thread's CPU time (CPU runs with --threads 1 only: on a
 # machine shared with other work it is far less noisy; it does not see GPU time). The per-phase
 # times of SpeculativeStats behind the cost-aware prediction stay wall times.
@@ -215,10 +218,11 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
             gen = torch.Generator().manual_seed(args.seed)
             torch.manual_seed(args.seed)
             common = dict(max_new_tokens=2 if warmup else args.max_new_tokens, pad_token_id=pad_id)
-            if method == "target alone":
-                for ids, mask in padded:
-                    out = target.generate(ids, attention_mask=mask, **common, **sampling(temperature))
-                    new_tokens += (out.shape[1] - ids.shape[1]) * ids.shape[0]
+            if method.startswith("target alone"):
+                with specdecode.cpu.accelerated(target, enabled=method.endswith("fast path")):
+                    for ids, mask in padded:
+                        out = target.generate(ids, attention_mask=mask, **common, **sampling(temperature))
+                        new_tokens += (out.shape[1] - ids.shape[1]) * ids.shape[0]
             elif method.startswith("HF "):  # batch 1 only: one call per prompt
                 mode = dict(assistant_model=draft) if method == "HF assisted" else dict(prompt_lookup_num_tokens=gamma)
                 for p in prompts[: len(groups) * batch_size]:
@@ -231,7 +235,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                 for ids, mask in padded:
                     out = specdecode.generate(target, factories[name](), ids, mask if batch_size > 1 else None,
                                               num_draft_tokens=gamma, rule=None if rule == TREE_RULE else rule,
-                                              eos_token_id=None,
+                                              eos_token_id=None, cpu_fast_path=cli_args.cpu_fast_path(args),
                                               generator=gen, **common, **sampling(temperature))
                     new_tokens += (out.sequences.shape[1] - ids.shape[1]) * ids.shape[0]
                     if not warmup:
@@ -272,6 +276,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     for (temperature, batch_size, method), row in results.items():
         base = results[(temperature, batch_size, "target alone")]["tok_per_s"]
         row["x_target"] = row["tok_per_s"] / base
+        row["x_target_fast"] = row["tok_per_s"] / results[(temperature, batch_size, "target alone, fast path")]["tok_per_s"]
         row["x_hf_assisted"] = row["tok_per_s"] / results[(temperature, batch_size, "HF assisted")]["tok_per_s"]
         row["x_hf_lookup"] = row["tok_per_s"] / results[(temperature, batch_size, "HF prompt lookup")]["tok_per_s"]
         if "predicted_speedup" in row:
@@ -303,6 +308,7 @@ def report(rows: list[dict[str, Any]], pair_name: str, gamma: int, c: float) -> 
     columns = [
         Column("temperature", "T", lambda v: f"{v:g}"), Column("batch"), Column("method"),
         Column("tok_per_s", "tok/s", words.per_second), Column("x_target", words.SPEEDUP.name, words.speedup),
+        Column("x_target_fast", "vs target\nfast path", words.speedup),
         Column("x_hf_assisted", "vs HF\nassisted", words.speedup), Column("x_hf_lookup", "vs HF\nlookup", words.speedup),
         Column("alpha", words.ALPHA.name, words.rate), Column("block_efficiency", "block\nefficiency", words.tokens),
         Column("predicted_speedup", "predicted\nspeedup", words.speedup),
@@ -345,9 +351,12 @@ def gamma_sweep(target: Any, draft: Any, prompts: list[torch.Tensor], args: argp
         times = time_call(lambda: counts.append(fn()), repeats=args.repeats, warmup=0)
         return statistics.median(n / t for n, t in zip(counts, times))
 
-    def plain() -> int:
-        return sum(target.generate(p, attention_mask=torch.ones_like(p), max_new_tokens=args.max_new_tokens,
-                                   do_sample=False, pad_token_id=pad_id).shape[1] - p.shape[1] for p in prompts)
+    fast = cli_args.cpu_fast_path(args)
+
+    def plain() -> int:  # through the same CPU path as the speculative runs
+        with specdecode.cpu.accelerated(target, enabled=fast):
+            return sum(target.generate(p, attention_mask=torch.ones_like(p), max_new_tokens=args.max_new_tokens,
+                                       do_sample=False, pad_token_id=pad_id).shape[1] - p.shape[1] for p in prompts)
 
     base = tokens_per_s(plain)
     sweep = []
@@ -358,7 +367,8 @@ def gamma_sweep(target: Any, draft: Any, prompts: list[torch.Tensor], args: argp
             n = 0
             for p in prompts:
                 out = specdecode.generate(target, draft, p, num_draft_tokens=g, rule="token",
-                                          max_new_tokens=args.max_new_tokens, eos_token_id=None, pad_token_id=pad_id)
+                                          max_new_tokens=args.max_new_tokens, eos_token_id=None, pad_token_id=pad_id,
+                                          cpu_fast_path=fast)
                 alphas.append(out.stats.alpha)
                 n += out.sequences.shape[1] - p.shape[1]
             return n
@@ -450,6 +460,7 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     parser.add_argument("--plot", action="store_true", help="write PNG figures to --out")
     parser.add_argument("--threads", type=at_least("threads", 1), default=None,
                         help="torch CPU threads (default: torch's choice; 1 avoids stalls on a busy machine)")
+    cli_args.add_cpu_fast_path(parser)
     return parser
 
 

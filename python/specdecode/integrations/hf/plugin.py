@@ -10,6 +10,7 @@ settings. ``transformers`` is imported lazily, so importing specdecode stays che
 
 from __future__ import annotations
 
+import inspect
 import sys
 import time
 from typing import Any
@@ -53,7 +54,8 @@ def _dropped_by_generate() -> dict[str, Any]:
         from transformers.generation.utils import GenerationMixin
     except ImportError:  # pragma: no cover - custom_generate is only called by transformers
         return {}
-    code = getattr(getattr(GenerationMixin.generate, "__wrapped__", GenerationMixin.generate), "__code__", None)
+    # generate is wrapped by decorators (no_grad, and deprecation shims in newer releases): its own code
+    code = getattr(inspect.unwrap(GenerationMixin.generate), "__code__", None)
     try:
         frame = sys._getframe(2)  # 0: this function, 1: custom_generate, 2: its caller
     except ValueError:  # no caller frame
