@@ -142,7 +142,7 @@ def test_bench_quick_runs_the_cost_realistic_pair(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     rows = list(csv.DictReader((tmp_path / "res" / "bench_generate.csv").open()))
     methods = {r["method"] for r in rows}
-    assert methods == {"target alone", "HF assisted", "HF prompt lookup", "specdecode model token",
+    assert methods == {"target alone", "target alone, fast path", "HF assisted", "HF prompt lookup", "specdecode model token",
                        "specdecode model block", "specdecode ngram token", "specdecode ngram block"}
     assert {float(r["temperature"]) for r in rows} == {0.0, 1.0}
     assert all(float(r["tok_per_s"]) > 0 for r in rows)

@@ -65,8 +65,8 @@ def demo(args: argparse.Namespace) -> dict[str, Any]:
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     fast = cli_args.cpu_fast_path(args)
     fast_on = fast if fast is not None else specdecode.cpu.can_accelerate(target)[0]
-    print(f"  CPU fast path (specdecode.cpu): {'on' if fast_on else 'off'} (--cpu-fast-path {args.cpu_fast_path}); "
-          "the target alone runs through the same path")
+    print(f"  CPU fast path: {'on' if fast_on else 'off'} (--cpu-fast-path {args.cpu_fast_path}; the target alone "
+          "takes it too)")
     generate_args = dict(num_draft_tokens=args.gamma, rule=args.rule, pad_token_id=pad_id, cpu_fast_path=fast,
                          **sampling)
     # Untimed warm-up of both methods: first calls pay one-time costs (lazy initialisation,
