@@ -44,6 +44,14 @@ def load_demo_pair(*args, **kwargs):  # noqa: ANN002, ANN003 - same signature as
     return load(*args, **kwargs)
 
 
+def load_drafter(path, target):  # noqa: ANN001, ANN201 - documented by the training kit's
+    """The drafter trained by ``python -m specdecode train`` in folder ``path``, checked against
+    ``target`` (:func:`specdecode.training.load_drafter`; imported lazily)."""
+    from specdecode.training.artifacts import load_drafter as load
+
+    return load(path, target)
+
+
 __all__ = [
     "DraftSchedule",
     "Drafter",
@@ -54,6 +62,7 @@ __all__ = [
     "SamplingParams",
     "TokenizerBridgeDrafter",
     "load_demo_pair",
+    "load_drafter",
     "RuleInfo",
     "SpeculativeOutput",
     "SpeculativeStats",
