@@ -179,3 +179,15 @@ def test_train_command(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "training: 3 steps" in printed and "greedy acceptance" in printed and "peak memory" in printed
     assert (out / "model.safetensors").is_file() and (out / "specdecode_drafter.json").is_file()
+
+
+def test_target_fingerprint():
+    model = make_model("llama")
+    big = torch.nn.Module()
+    big.weight = torch.nn.Parameter(torch.arange(2**24 + 3, dtype=torch.float32))  # float32 cannot index it all
+    assert target_fingerprint(big) == target_fingerprint(big) != target_fingerprint(model)
+    assert target_fingerprint(model) == target_fingerprint(make_model("llama"))
+    assert target_fingerprint(model.to(torch.bfloat16)) == target_fingerprint(make_model("llama"))
+    with torch.no_grad():
+        model.lm_head.weight[0, 0] += 1.0
+    assert target_fingerprint(model) != target_fingerprint(make_model("llama"))

@@ -43,7 +43,8 @@ def target_fingerprint(model: torch.nn.Module) -> str:
     for name, param in sorted(model.named_parameters(), key=lambda item: item[0]):
         flat = param.detach().reshape(-1)
         if flat.numel() > _SAMPLES_PER_TENSOR:
-            index = torch.linspace(0, flat.numel() - 1, _SAMPLES_PER_TENSOR, device=flat.device).long()
+            index = torch.arange(_SAMPLES_PER_TENSOR, device=flat.device) * (flat.numel() - 1) // (
+                _SAMPLES_PER_TENSOR - 1)  # integer steps: float32 cannot hold every index of a big tensor
             flat = flat[index]
         values = flat.to(device="cpu", dtype=torch.bfloat16).float().numpy().tobytes()
         digest.update(f"{name}:{tuple(param.shape)}:".encode())
