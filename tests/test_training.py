@@ -34,7 +34,6 @@ def _train_small(target, out: Path, steps: int = 4, **kwargs):
 @pytest.fixture(scope="module")
 def demo_run(tmp_path_factory):
     """The demo target, its tokenizer, and a draft drafter distilled from it for 30 steps."""
-    torch.set_num_threads(1)
     target, _, tokenizer = specdecode.load_demo_pair()
     out = tmp_path_factory.mktemp("demo-draft")
     result = train_drafter("draft", target, out, tokenizer=tokenizer, target_name="demo", max_steps=30, num_prompts=32,
@@ -96,11 +95,16 @@ def test_round_trip_and_target_check(demo_run, tmp_path):
         specdecode.load_drafter(tmp_path, target)
 
 
-def test_training_leaves_the_target_alone(tmp_path):
+def test_training_leaves_the_target_alone_and_raises_no_deprecation(tmp_path):
+    from test_transformers_warnings import deprecations
+
     target = make_model("llama")
     before = {k: v.clone() for k, v in target.state_dict().items()}
     flags = [p.requires_grad for p in target.parameters()]
-    _train_small(target, tmp_path, steps=2)
+    with deprecations() as found:
+        _train_small(target, tmp_path, steps=2)
+        specdecode.load_drafter(tmp_path, target)
+    assert found == []
     assert all(torch.equal(before[k], v) for k, v in target.state_dict().items())
     assert [p.requires_grad for p in target.parameters()] == flags and not target.training
 
