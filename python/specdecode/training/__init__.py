@@ -141,6 +141,7 @@ def train_drafter(kind: str, target: Any, out_dir: str | Path, *, tokenizer: Any
         raise ValueError(f"out_dir: {str(out)!r} is a file")
     out.mkdir(parents=True, exist_ok=True)
 
+    built = module.build(target, **kind_options)  # before the data: a bad option fails at once
     data_cfg = data_settings or DataSettings(seed=seed)
     loop_cfg = loop_settings or LoopSettings(seed=seed, loss=loss)
     if data is None:
@@ -162,7 +163,6 @@ def train_drafter(kind: str, target: Any, out_dir: str | Path, *, tokenizer: Any
     n_val = min(len(examples) // 10, 32) if len(examples) >= 8 else 0
     train, val = (examples[: len(examples) - n_val], examples[-n_val:]) if n_val else (examples, examples)
 
-    built = module.build(target, **kind_options)
     if max_steps is None and deadline is None:
         max_steps = DEFAULT_MAX_STEPS
     result = run_loop(built.model, built.params, module.forward, train, val, out, loop_cfg,

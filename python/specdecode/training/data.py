@@ -25,6 +25,7 @@ import hashlib
 import json
 import time
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -119,14 +120,20 @@ class Example:
     top_ids: Tensor
 
 
+@lru_cache(maxsize=1)
+def _demo_train_prompts() -> tuple[str, ...]:
+    """Two def/class windows per file of the demo corpus' train split (read once per process)."""
+    from specdecode.demo.corpus import extract_prompts, iter_stdlib_sources
+
+    return tuple(p for _, text, split in iter_stdlib_sources() if split == "train"
+                 for p in extract_prompts(text, per_file=2))
+
+
 def default_prompts(target_name: str, count: int, seed: int = 0) -> list[str]:
     """``count`` default prompts for a target (see the module docstring), in a seeded order; the
     list is repeated when it is shorter (each repeat gets its own sampled continuation)."""
     if target_name == "demo":
-        from specdecode.demo.corpus import extract_prompts, iter_stdlib_sources
-
-        texts = [p for _, text, split in iter_stdlib_sources() if split == "train"
-                 for p in extract_prompts(text, per_file=2)]
+        texts = list(_demo_train_prompts())
     else:
         texts = list(GENERAL_PROMPTS)
     order = torch.randperm(len(texts), generator=torch.Generator().manual_seed(seed)).tolist()
