@@ -7,11 +7,11 @@
     >>> draft = specdecode.load_drafter("runs/demo-draft", target)
 
 A *kind* is one module with ``NAME``, ``DESCRIPTION``, ``build(target, **options)``,
-``forward(model, input_ids)``, ``save(model, folder)`` and ``load(folder, target, record)``, and
-one entry in :data:`KINDS`; everything else is shared: the data (``data.py``: the target's own
-generations labelled with its distributions, cached), the loop (``loop.py``), the losses
-(``losses.py``), the folder format and :func:`load_drafter` (``artifacts.py``), the target
-names (``targets.py``).
+``forward(model, input_ids, attention_mask)``, ``save(model, folder)`` and
+``load(folder, target, record)``, and one entry in :data:`KINDS`; everything else is shared:
+the data (``data.py``: the target's own generations labelled with its distributions, cached),
+the loop (``loop.py``), the losses (``losses.py``), the folder format and :func:`load_drafter`
+(``artifacts.py``), the target names (``targets.py``).
 """
 
 from __future__ import annotations

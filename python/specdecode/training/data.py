@@ -4,8 +4,9 @@ labelled with the target's token distributions, cached on disk.
 Sources (:func:`token_sequences`):
 
 * prompts (the default): each prompt is continued by the target itself (``target.generate``,
-  left-padded batches, sampled at temperature 1 with a seed per batch), and the prompt plus its
-  continuation becomes one example. Default prompts: for the ``demo`` target, def/class windows
+  left-padded batches, sampled at temperature 0.7 with a seed per batch: between greedy and
+  sampled decoding), and the prompt plus its continuation becomes one example; the loss and the
+  acceptance estimates count the continuation only. Default prompts: for the ``demo`` target, def/class windows
   of the demo corpus' *train* split (never the held-out files that ``demo_prompts()`` and the
   benchmarks use); for any other target, :data:`GENERAL_PROMPTS`, a list written for this kit,
   wrapped in the tokenizer's chat template when it has one.
@@ -90,17 +91,21 @@ GENERAL_PROMPTS: tuple[str, ...] = (
 )
 
 
+_CACHE_FORMAT = 2  # part of the data key: a cache written by another format is not read
+
+
 @dataclass(frozen=True)
 class DataSettings:
     """How examples are made. ``max_length``: tokens per example (prompt plus continuation, or a
     text window); ``max_new_tokens``: the target's continuation of each prompt; ``top_k``:
-    target log-probabilities kept per position; ``batch_size``: prompts per generate call."""
+    target log-probabilities kept per position; ``batch_size``: prompts per generate call;
+    ``temperature``: of the target's continuations (0: greedy)."""
 
     max_length: int = 192
     max_new_tokens: int = 96
     top_k: int = 64
     batch_size: int = 8
-    temperature: float = 1.0
+    temperature: float = 0.7
     seed: int = 0
 
 
@@ -113,11 +118,16 @@ class Example:
         top_logp: ``[t, k]`` float16, the target's largest log-probabilities of the next token
             at each position, in decreasing order.
         top_ids: ``[t, k]`` int32, the token ids of ``top_logp``.
+
+    ``start``: the first position that counts (in the loss and the acceptance estimates): the
+    last prompt position for a continued prompt (so only the target's own continuation is
+    learned and scored, not a chat template repeated in every example), 0 for text.
     """
 
     input_ids: Tensor
     top_logp: Tensor
     top_ids: Tensor
+    start: int = 0
 
 
 @lru_cache(maxsize=1)
@@ -192,7 +202,7 @@ def token_sequences(data: Any, tokenizer: Any, max_length: int) -> tuple[list[li
 
 def data_key(sequences: list[list[int]], continue_them: bool, settings: DataSettings) -> str:
     """A short hash naming the data: the sequences, whether the target continues them, and the settings."""
-    record = json.dumps([sequences, continue_them, settings.__dict__], sort_keys=True)
+    record = json.dumps([_CACHE_FORMAT, sequences, continue_them, settings.__dict__], sort_keys=True)
     return hashlib.sha256(record.encode()).hexdigest()[:16]
 
 
@@ -208,7 +218,8 @@ def _pad_id(target: Any) -> int:
 
 @torch.no_grad()
 def _continue(target: Any, prompts: list[list[int]], settings: DataSettings, batch_seed: int) -> list[list[int]]:
-    """The prompts followed by the target's sampled continuations (each cut after its first EOS)."""
+    """The prompts followed by the target's continuations, sampled at ``settings.temperature``
+    (greedy at 0), each cut after its first EOS."""
     pad = _pad_id(target)
     width = max(len(p) for p in prompts)
     device = next(target.parameters()).device
@@ -221,9 +232,10 @@ def _continue(target: Any, prompts: list[list[int]], settings: DataSettings, bat
     eos_ids = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         torch.manual_seed(batch_seed)
+        sampling = (dict(do_sample=True, temperature=settings.temperature, top_k=0, top_p=1.0)
+                    if settings.temperature > 0 else dict(do_sample=False))
         out = target.generate(ids.to(device), attention_mask=mask.to(device), max_new_tokens=settings.max_new_tokens,
-                              do_sample=True, temperature=settings.temperature, top_k=0, top_p=1.0,
-                              pad_token_id=pad)
+                              pad_token_id=pad, **sampling)
     result = []
     for row, prompt in enumerate(prompts):
         new = out[row, width:].tolist()
@@ -233,18 +245,20 @@ def _continue(target: Any, prompts: list[list[int]], settings: DataSettings, bat
 
 
 @torch.no_grad()
-def _label(target: Any, sequences: list[list[int]], top_k: int) -> list[Example]:
+def _label(target: Any, sequences: list[list[int]], starts: list[int], top_k: int) -> list[Example]:
     """Run the target once over right-padded ``sequences`` and keep its top-k log-probs."""
     device = next(target.parameters()).device
     width = max(len(s) for s in sequences)
     ids = torch.zeros((len(sequences), width), dtype=torch.long)
+    mask = torch.zeros_like(ids)
     for row, seq in enumerate(sequences):
         ids[row, : len(seq)] = torch.tensor(seq)
-    logits = target(input_ids=ids.to(device)).logits.float()  # causal: right padding cannot reach real positions
+        mask[row, : len(seq)] = 1
+    logits = target(input_ids=ids.to(device), attention_mask=mask.to(device)).logits.float()
     k = min(top_k, logits.shape[-1])
     top_logp, top_ids = torch.log_softmax(logits, -1).topk(k, dim=-1)
     return [Example(ids[row, : len(seq)].clone(), top_logp[row, : len(seq)].to("cpu", torch.float16),
-                    top_ids[row, : len(seq)].to("cpu", torch.int32))
+                    top_ids[row, : len(seq)].to("cpu", torch.int32), starts[row])
             for row, seq in enumerate(sequences)]
 
 
@@ -272,10 +286,13 @@ def distill_examples(target: Any, sequences: list[list[int]], continue_them: boo
         else:
             chunk = [s[-settings.max_length:] for s in
                      sequences[index * settings.batch_size: (index + 1) * settings.batch_size]]
+            starts = [0] * len(chunk)
             if continue_them:
                 keep = max(1, settings.max_length - settings.max_new_tokens)
-                chunk = _continue(target, [s[-keep:] for s in chunk], settings, settings.seed * 100_003 + index)
-            batch = _label(target, chunk, settings.top_k)
+                prompts = [s[-keep:] for s in chunk]
+                chunk = _continue(target, prompts, settings, settings.seed * 100_003 + index)
+                starts = [len(p) - 1 for p in prompts]  # the prompt's last position predicts the first new token
+            batch = _label(target, chunk, starts, settings.top_k)
             torch.save([row.__dict__ for row in batch], file.with_suffix(".tmp"))
             file.with_suffix(".tmp").replace(file)
         examples.extend(batch)

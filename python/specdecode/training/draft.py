@@ -108,13 +108,13 @@ def build(target: torch.nn.Module, *, layers: list[int] | None = None, num_layer
     return Built(model, params, layers)
 
 
-def forward(model: torch.nn.Module, input_ids: Tensor) -> Tensor:
-    """The drafter's logits on right-padded ``input_ids``.
+def forward(model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+    """The drafter's logits on a right-padded batch.
 
     Shape:
-        input_ids: ``[b, t]``; returns ``[b, t, V]``.
+        input_ids, attention_mask: ``[b, t]``; returns ``[b, t, V]``.
     """
-    return model(input_ids=input_ids, use_cache=False).logits
+    return model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
 
 
 def save(model: torch.nn.Module, out_dir: Path) -> None:

@@ -29,7 +29,7 @@ from tqdm.auto import tqdm
 from specdecode.training.data import Example
 from specdecode.training.losses import distill_loss
 
-__all__ = ["CHECKPOINT_FILE", "LoopSettings", "StepInfo", "collate", "peak_memory_mib", "run_loop"]
+__all__ = ["CHECKPOINT_FILE", "Batch", "LoopSettings", "StepInfo", "collate", "peak_memory_mib", "run_loop"]
 
 CHECKPOINT_FILE = "checkpoint.pt"
 _PROBE_STEPS = 3  # steps timed before the horizon of a time-bounded run is fixed
@@ -80,22 +80,38 @@ class LoopResult:
         return asdict(self)
 
 
-def collate(examples: list[Example], device: torch.device) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """``(input_ids, top_logp, top_ids, mask)`` of a right-padded batch.
+@dataclass
+class Batch:
+    """A right-padded batch of examples.
 
     Shape:
-        input_ids: ``[b, t]``; top_logp, top_ids: ``[b, t, k]``; mask: ``[b, t]`` bool.
+        input_ids, attention_mask: ``[b, t]`` (the mask is 1 on tokens, 0 on padding).
+        top_logp, top_ids: ``[b, t, k]``.
+        counted: ``[b, t]`` bool, the positions the loss and the estimates count.
     """
+
+    input_ids: Tensor
+    attention_mask: Tensor
+    top_logp: Tensor
+    top_ids: Tensor
+    counted: Tensor
+
+
+def collate(examples: list[Example], device: torch.device) -> Batch:
+    """The examples as one right-padded :class:`Batch` on ``device``."""
     width = max(len(e.input_ids) for e in examples)
     k = examples[0].top_ids.shape[-1]
     ids = torch.zeros((len(examples), width), dtype=torch.long)
+    attention = torch.zeros((len(examples), width), dtype=torch.long)
     logp = torch.zeros((len(examples), width, k), dtype=torch.float16)
     top = torch.zeros((len(examples), width, k), dtype=torch.int32)
-    mask = torch.zeros((len(examples), width), dtype=torch.bool)
+    counted = torch.zeros((len(examples), width), dtype=torch.bool)
     for row, e in enumerate(examples):
         n = len(e.input_ids)
-        ids[row, :n], logp[row, :n], top[row, :n], mask[row, :n] = e.input_ids, e.top_logp, e.top_ids, True
-    return ids.to(device), logp.to(device), top.to(device), mask.to(device)
+        ids[row, :n], logp[row, :n], top[row, :n] = e.input_ids, e.top_logp, e.top_ids
+        attention[row, :n] = 1
+        counted[row, e.start:n] = True
+    return Batch(*(x.to(device) for x in (ids, attention, logp, top, counted)))
 
 
 def _batch_indices(step: int, batch_size: int, n: int, seed: int) -> list[int]:
@@ -125,7 +141,7 @@ def peak_memory_mib(device: torch.device | None = None) -> float:
     return rss / 2**20 if sys.platform == "darwin" else rss / 2**10  # bytes on macOS, KiB on Linux
 
 
-Forward = Callable[[torch.nn.Module, Tensor], Tensor]
+Forward = Callable[[torch.nn.Module, Tensor, Tensor], Tensor]  # (model, input_ids, attention_mask) -> logits
 
 
 @torch.no_grad()
@@ -136,8 +152,8 @@ def evaluate(model: torch.nn.Module, forward: Forward, examples: list[Example], 
     sums = {"loss": 0.0, "greedy_acceptance": 0.0, "sampled_acceptance": 0.0}
     total = 0
     for start in range(0, len(examples), settings.batch_size):
-        ids, logp, top, mask = collate(examples[start: start + settings.batch_size], device)
-        m = distill_loss(forward(model, ids), logp, top, mask, settings.loss)
+        b = collate(examples[start: start + settings.batch_size], device)
+        m = distill_loss(forward(model, b.input_ids, b.attention_mask), b.top_logp, b.top_ids, b.counted, settings.loss)
         sums["loss"] += m.loss.item() * m.positions
         sums["greedy_acceptance"] += m.greedy_acceptance * m.positions
         sums["sampled_acceptance"] += m.sampled_acceptance * m.positions
@@ -155,7 +171,7 @@ def run_loop(model: torch.nn.Module, params: dict[str, torch.nn.Parameter], forw
              run_key: str, max_steps: int | None, deadline: float | None, progress: bool = True,
              callback: Callable[[StepInfo], None] | None = None, desc: str = "train") -> LoopResult:
     """Train ``params`` (parameters of ``model``, by name) to match the target's distributions
-    in ``train``. ``forward(model, input_ids)`` gives the drafter's logits ``[b, t, V]``. Stops
+    in ``train``. ``forward(model, input_ids, attention_mask)`` gives the drafter's logits ``[b, t, V]``. Stops
     after ``max_steps`` steps or at ``deadline`` (``time.monotonic()``); at least one of them
     must be given. Resumes from ``out_dir/checkpoint.pt`` when its ``run_key`` matches.
     ``callback`` is called after every step (it may raise ``KeyboardInterrupt`` to stop the run
@@ -196,9 +212,10 @@ def run_loop(model: torch.nn.Module, params: dict[str, torch.nn.Parameter], forw
             lr = _lr(step, result.horizon, settings)
             for group in opt.param_groups:
                 group["lr"] = lr
-            ids, logp, top, mask = collate([train[i] for i in _batch_indices(step, settings.batch_size, len(train),
-                                                                             settings.seed)], device)
-            metrics = distill_loss(forward(model, ids), logp, top, mask, settings.loss)
+            rows = _batch_indices(step, settings.batch_size, len(train), settings.seed)
+            b = collate([train[i] for i in rows], device)
+            metrics = distill_loss(forward(model, b.input_ids, b.attention_mask), b.top_logp, b.top_ids, b.counted,
+                                   settings.loss)
             opt.zero_grad(set_to_none=True)
             metrics.loss.backward()
             if settings.grad_clip > 0:
