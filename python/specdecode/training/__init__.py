@@ -20,13 +20,14 @@ import hashlib
 import importlib
 import json
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable
 
 import torch
 
+from specdecode.models import vocab_rows
 from specdecode.training.artifacts import load_drafter, target_fingerprint, write_record
 from specdecode.training.data import DataSettings, data_key, default_prompts, distill_examples, token_sequences
 from specdecode.training.loop import LoopSettings, StepInfo, run_loop
@@ -112,7 +113,8 @@ def train_drafter(kind: str, target: Any, out_dir: str | Path, *, tokenizer: Any
             model's ``name_or_path``).
         num_prompts: default prompts to use (default 256).
         loss: ``"kl"`` (forward KL) or ``"tvd"`` (total variation), :mod:`.losses`.
-        data_settings, loop_settings: lengths, batch sizes and optimiser settings.
+        data_settings, loop_settings: lengths, batch sizes and optimiser settings (``seed`` and
+            ``loss`` above replace their fields of the same names).
         callback: called with a :class:`StepInfo` after every step.
         progress: draw progress bars (on stderr).
         **kind_options: options of the kind's ``build`` (for ``draft``: ``layers``,
@@ -142,8 +144,8 @@ def train_drafter(kind: str, target: Any, out_dir: str | Path, *, tokenizer: Any
     out.mkdir(parents=True, exist_ok=True)
 
     built = module.build(target, **kind_options)  # before the data: a bad option fails at once
-    data_cfg = data_settings or DataSettings(seed=seed)
-    loop_cfg = loop_settings or LoopSettings(seed=seed, loss=loss)
+    data_cfg = replace(data_settings or DataSettings(), seed=seed)
+    loop_cfg = replace(loop_settings or LoopSettings(), seed=seed, loss=loss)
     if data is None:
         if tokenizer is None:
             raise ValueError("tokenizer: the default prompts are text; pass the target's tokenizer (or data=)")
@@ -169,18 +171,18 @@ def train_drafter(kind: str, target: Any, out_dir: str | Path, *, tokenizer: Any
                       run_key=f"{base_key}-{num_batches}", max_steps=max_steps, deadline=deadline,
                       progress=progress, callback=callback, desc=f"train {kind}")
     module.save(built.model, out)
-    vocab = int(target.get_output_embeddings().weight.shape[0]) if target.get_output_embeddings() is not None \
-        else int(target.config.vocab_size)
+    vocab = vocab_rows(target)
     record = {
         "kind": kind,
         "target": {"name": name, "weights_hash": fingerprint, "class": type(target).__name__, "vocab_size": vocab},
         "vocab": {"size": vocab, "map": None},
         "layers": built.layers,
         "training": {**result.as_dict(), "examples": len(train), "val_examples": len(val) if n_val else 0,
-                     "tokens": sum(len(e.input_ids) for e in train), "seed": seed, "loss_kind": loss,
+                     "tokens": sum(len(e.input_ids) for e in train),
+                     "counted_positions": sum(len(e.input_ids) - e.start for e in train), "seed": seed, "loss_kind": loss,
                      "data": "target generations" if continue_them else "text", "sequences": len(sequences),
                      "data_seconds": round(data_seconds, 1), "total_seconds":
-                     round(time.monotonic() - start, 1), "options": {k: v for k, v in kind_options.items()}},
+                     round(time.monotonic() - start, 1), "options": dict(kind_options)},
     }
     write_record(out, record)
     return TrainResult(out, built.model, record)
