@@ -32,7 +32,7 @@ from specdecode.training.losses import distill_loss
 __all__ = ["CHECKPOINT_FILE", "Batch", "LoopSettings", "StepInfo", "collate", "peak_memory_mib", "run_loop"]
 
 CHECKPOINT_FILE = "checkpoint.pt"
-_PROBE_STEPS = 3  # steps timed before the horizon of a time-bounded run is fixed
+_PROBE_STEPS = 3  # steps timed (after an untimed first one) before a time-bounded run's horizon is fixed
 
 
 @dataclass(frozen=True)
@@ -224,8 +224,10 @@ def run_loop(model: torch.nn.Module, params: dict[str, torch.nn.Parameter], forw
             result.steps += 1
             result.losses.append(round(metrics.loss.item(), 5))
             probe_steps += 1
-            if result.horizon is None and probe_steps == _PROBE_STEPS and deadline is not None:
-                per_step = (time.monotonic() - probe_start) / probe_steps
+            if probe_steps == 1:  # the first step pays one-time costs (allocations): not timed
+                probe_start = time.monotonic()
+            if result.horizon is None and probe_steps == 1 + _PROBE_STEPS and deadline is not None:
+                per_step = (time.monotonic() - probe_start) / _PROBE_STEPS
                 fit = int(max(0.0, deadline - time.monotonic()) / per_step)
                 result.horizon = result.steps + fit if max_steps is None else min(max_steps, result.steps + fit)
                 bar.total = result.horizon
