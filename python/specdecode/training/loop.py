@@ -41,7 +41,7 @@ class LoopSettings:
     resumed by a run with the same ones)."""
 
     batch_size: int = 8
-    lr: float = 1e-3
+    lr: float = 3e-3
     min_lr_ratio: float = 0.1
     warmup_steps: int = 10
     weight_decay: float = 0.0
