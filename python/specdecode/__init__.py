@@ -45,6 +45,15 @@ def load_demo_pair(*args, **kwargs):  # noqa: ANN002, ANN003 - same signature as
     return load(*args, **kwargs)
 
 
+def load_drafter(path: "str | os.PathLike[str]", target: "torch.nn.Module"
+                 ) -> "torch.nn.Module | Drafter":  # noqa: F821 - names for the reader; torch loads lazily
+    """The drafter trained by ``python -m specdecode train`` in folder ``path``, checked against
+    ``target`` (:func:`specdecode.training.load_drafter`; imported lazily)."""
+    from specdecode.training.artifacts import load_drafter as load
+
+    return load(path, target)
+
+
 __all__ = [
     "DraftSchedule",
     "Drafter",
@@ -55,6 +64,7 @@ __all__ = [
     "SamplingParams",
     "TokenizerBridgeDrafter",
     "load_demo_pair",
+    "load_drafter",
     "RuleInfo",
     "SpeculativeOutput",
     "SpeculativeStats",

@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from specdecode import cli_args
+from specdecode.training.command import train_parser
 
 DESCRIPTION = """\
 Speculative decoding with specdecode, from the command line.
@@ -17,6 +18,7 @@ Speculative decoding with specdecode, from the command line.
 commands:
   demo    stream a speculative generation on the embedded pair, then its statistics
   bench   time the target alone, Hugging Face assisted generation and specdecode
+  train   train a drafter for a target model (python -m specdecode train --help)
   info    what was built: CPU code path, CUDA kernels, ops, rules
 
 examples:
@@ -26,6 +28,7 @@ examples:
   python -m specdecode bench --quick
   python -m specdecode bench --trees --quick
   python -m specdecode bench --device cuda                  (decode paths on a GPU)
+  python -m specdecode train draft --target demo --out runs/demo-draft --minutes 2
   python -m specdecode info
 
 The words in the statistics (acceptance rate, alpha, block efficiency, cost ratio c) are
@@ -138,12 +141,25 @@ def demo_parser(sub: Any) -> argparse.ArgumentParser:
     return d
 
 
+def train(parser: argparse.ArgumentParser, args: argparse.Namespace, rest: list[str]) -> None:
+    """``python -m specdecode train``: :func:`specdecode.training.command.run_train`."""
+    from specdecode.training.command import run_train
+
+    if rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    try:
+        run_train(args)
+    except (ValueError, TypeError) as exc:  # what only the models can tell
+        parser.exit(2, f"{parser.prog}: error: {exc}\n")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m specdecode", description=DESCRIPTION,
                                      formatter_class=cli_args.HelpFormatter)
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{demo,bench,info}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{demo,bench,train,info}")
     d = demo_parser(sub)
     sub.add_parser("bench", help="end-to-end benchmark (python -m specdecode bench --help)", add_help=False)
+    t = train_parser(sub)
     sub.add_parser("info", help="what was built")
     args, rest = parser.parse_known_args(argv)
     if args.command == "bench":
@@ -160,6 +176,8 @@ def main(argv: list[str] | None = None) -> None:
         from specdecode.bench.generate import main as bench_main
 
         bench_main(rest, prog="python -m specdecode bench")
+    elif args.command == "train":
+        train(t, args, rest)
     elif args.command == "info":
         from specdecode.info import main as info_main
 

@@ -38,6 +38,12 @@ def _checked(check: Callable[[str], Any], what: str) -> Callable[[str], Any]:
     return parse
 
 
+def checked(check: Callable[[str], Any], what: str) -> Callable[[str], Any]:
+    """``type=`` from a check that raises ``TypeError`` / ``ValueError`` with the API's message
+    (argparse names the type ``what`` in its own messages)."""
+    return _checked(check, what)
+
+
 def _int(name: str, text: str) -> int:
     try:
         return int(text)

@@ -1,0 +1,104 @@
+"""What a training run leaves behind, and reading it back.
+
+A drafter folder holds ``model.safetensors`` (the drafter's weights), ``specdecode_drafter.json``
+(the record below) and whatever else its kind needs (for ``draft``: the Hugging Face
+``config.json`` and ``generation_config.json``, so ``AutoModelForCausalLM.from_pretrained(DIR)``
+reads it as a plain model). The record::
+
+    {"format": 1, "kind": "draft",
+     "target": {"name": "demo", "weights_hash": "sha256:...", "class": "LlamaForCausalLM",
+                "vocab_size": 4096},
+     "vocab": {"size": 4096, "map": null},          # null: the drafter's ids are the target's
+     "layers": [0],                                 # the target layers the drafter started from
+     "training": {...}}                             # steps, losses, acceptance, time, peak memory
+
+:func:`load_drafter` checks the target's fingerprint against the record before building
+anything, so a drafter is never silently used with a model it was not trained for.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+__all__ = ["FORMAT_VERSION", "RECORD_FILE", "WEIGHTS_FILE", "load_drafter", "read_record", "target_fingerprint",
+           "write_record"]
+
+FORMAT_VERSION = 1
+RECORD_FILE = "specdecode_drafter.json"
+WEIGHTS_FILE = "model.safetensors"
+_SAMPLES_PER_TENSOR = 4096
+
+
+def target_fingerprint(model: torch.nn.Module) -> str:
+    """``"sha256:<hex>"`` over the model's parameter names, shapes and up to 4096 evenly spaced
+    values of each parameter, rounded to bfloat16 (so a float32 and a bfloat16 copy of the same
+    weights agree). Deterministic, reads no file, and takes well under a second for a 1B model.
+    A tied parameter is counted once, under its first name."""
+    digest = hashlib.sha256()
+    for name, param in sorted(model.named_parameters(), key=lambda item: item[0]):
+        flat = param.detach().reshape(-1)
+        if flat.numel() > _SAMPLES_PER_TENSOR:
+            index = torch.arange(_SAMPLES_PER_TENSOR, device=flat.device) * (flat.numel() - 1) // (
+                _SAMPLES_PER_TENSOR - 1)  # integer steps: float32 cannot hold every index of a big tensor
+            flat = flat[index]
+        values = flat.to(device="cpu", dtype=torch.bfloat16).float().numpy().tobytes()
+        digest.update(f"{name}:{tuple(param.shape)}:".encode())
+        digest.update(values)
+    return "sha256:" + digest.hexdigest()
+
+
+def write_record(out_dir: str | Path, record: dict[str, Any]) -> Path:
+    """Write ``record`` (with the format version) as the folder's ``specdecode_drafter.json``."""
+    path = Path(out_dir) / RECORD_FILE
+    path.write_text(json.dumps({"format": FORMAT_VERSION, **record}, indent=2, sort_keys=True) + "\n",
+                    encoding="utf-8")
+    return path
+
+
+def read_record(path: str | Path) -> dict[str, Any]:
+    """The record of a drafter folder, or ``ValueError`` naming ``path`` when it has none or it
+    is of another format version."""
+    folder = Path(path)
+    file = folder / RECORD_FILE
+    if not file.is_file():
+        raise ValueError(f"path: {str(folder)!r} holds no trained drafter (no {RECORD_FILE}); "
+                         "train one with `python -m specdecode train`")
+    record = json.loads(file.read_text(encoding="utf-8"))
+    if record.get("format") != FORMAT_VERSION:
+        raise ValueError(f"path: {file} is format {record.get('format')!r}; this specdecode reads format "
+                         f"{FORMAT_VERSION}")
+    return record
+
+
+def check_target(record: dict[str, Any], target: torch.nn.Module, folder: str | Path) -> None:
+    """``ValueError`` naming ``target`` unless ``target`` is the model the drafter was trained for."""
+    want = record["target"]
+    got = target_fingerprint(target)
+    if got != want["weights_hash"]:
+        raise ValueError(
+            f"target: the drafter in {str(folder)!r} was trained for {want['name']!r} ({want['class']}, "
+            f"weights {want['weights_hash'][:19]}...), but the given target ({type(target).__name__}, weights "
+            f"{got[:19]}...) is another model; train a drafter for it with "
+            "`python -m specdecode train KIND --target NAME_OR_PATH --out DIR`")
+
+
+def load_drafter(path: str | Path, target: torch.nn.Module) -> Any:
+    """The trained drafter in folder ``path``, ready to pass as ``draft`` to
+    :func:`specdecode.generate` with ``target`` (for the ``draft`` kind: a plain Hugging Face
+    causal LM in eval mode, on the target's device and in its dtype).
+
+    Raises ``ValueError`` naming ``target`` when ``target`` is not the model the drafter was
+    trained for (its weights fingerprint differs), and naming ``path`` when the folder holds no
+    drafter."""
+    from specdecode.training import kind_module
+
+    if not isinstance(target, torch.nn.Module):
+        raise TypeError(f"target: expected the target model (a torch.nn.Module), got {type(target).__name__}")
+    record = read_record(path)
+    check_target(record, target, path)
+    return kind_module(record["kind"]).load(Path(path), target, record)

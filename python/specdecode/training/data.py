@@ -1,0 +1,302 @@
+"""Training data for drafters: the target's own generations (self-distillation), or user text,
+labelled with the target's token distributions, cached on disk.
+
+Sources (:func:`token_sequences`):
+
+* prompts (the default): each prompt is continued by the target itself (``target.generate``,
+  left-padded batches, sampled at temperature 0.7 with a seed per batch: between greedy and
+  sampled decoding), and the prompt plus its continuation becomes one example; the loss and the
+  acceptance estimates count the continuation only. Default prompts: for the ``demo`` target, def/class windows
+  of the demo corpus' *train* split (never the held-out files that ``demo_prompts()`` and the
+  benchmarks use); for any other target, :data:`GENERAL_PROMPTS`, a list written for this kit,
+  wrapped in the tokenizer's chat template when it has one.
+* a file: ``.jsonl`` lines (``{"prompt": "..."}`` or a JSON string) are prompts as above; any
+  other file is plain text, cut into windows of ``max_length`` tokens and used as it is.
+
+Every example is then run through the target once and stored with the target's top-``k``
+log-probabilities at each position (all of them when the vocabulary has at most ``k`` ids), so
+training never runs the target again. Examples are computed in batches and each batch is saved
+as it is finished under ``OUT/data/<target hash>-<data hash>/``: an interrupted run, or a second
+run with the same target and data, reuses them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+from torch import Tensor
+from tqdm.auto import tqdm
+
+__all__ = ["GENERAL_PROMPTS", "Example", "DataSettings", "data_key", "default_prompts", "distill_examples",
+           "token_sequences"]
+
+#: Default prompts for targets other than ``demo``: everyday chat and instruction requests,
+#: written for this kit (no data set is downloaded).
+GENERAL_PROMPTS: tuple[str, ...] = (
+    "Explain what a hash table is and when to use one.",
+    "Write a short poem about the sea at night.",
+    "Give me three tips for sleeping better.",
+    "What is the difference between weather and climate?",
+    "Summarize the plot of a heist movie you invent, in five sentences.",
+    "How do I make a simple tomato sauce?",
+    "Write a Python function that reverses the words of a sentence.",
+    "What causes the seasons on Earth?",
+    "Draft a polite email asking a colleague to review my report.",
+    "List five ideas for a rainy afternoon with children.",
+    "Why is the sky blue?",
+    "Explain recursion to a ten-year-old.",
+    "What are the pros and cons of working from home?",
+    "Translate 'good morning, how are you?' into French and Spanish.",
+    "Write a haiku about autumn leaves.",
+    "How does a bicycle stay upright?",
+    "Give a step-by-step plan to learn to play the guitar.",
+    "What is photosynthesis?",
+    "Write a short story that begins with a knock on the door.",
+    "Compare cats and dogs as pets.",
+    "How do vaccines train the immune system?",
+    "Suggest a name for a small bakery and explain why.",
+    "Explain the rules of chess in simple terms.",
+    "What should I pack for a weekend hiking trip?",
+    "Write a SQL query that counts orders per customer.",
+    "Describe the water cycle.",
+    "What is inflation and why does it matter?",
+    "Give me a motivational message for a Monday morning.",
+    "How do I convert Celsius to Fahrenheit?",
+    "Write a limerick about a forgetful robot.",
+    "What are black holes?",
+    "Explain what an API is with an everyday analogy.",
+    "How can I improve my public speaking?",
+    "Write a thank-you note to a teacher.",
+    "What is the capital of Australia, and why is it not Sydney?",
+    "Describe a healthy breakfast.",
+    "Explain the difference between a list and a tuple in Python.",
+    "What happened during the Industrial Revolution?",
+    "Give three arguments for learning a second language.",
+    "Write a dialogue between a cat and a mouse who become friends.",
+    "How does the internet deliver a web page to my browser?",
+    "What are some good habits for saving money?",
+    "Explain gravity in two sentences.",
+    "Write a JavaScript function that checks whether a number is prime.",
+    "What is the meaning of the word 'serendipity'? Use it in a sentence.",
+    "Plan a three-day trip to Rome.",
+    "How do bees make honey?",
+    "Tell me a fun fact about octopuses.",
+)
+
+
+_CACHE_FORMAT = 2  # part of the data key: a cache written by another format is not read
+
+
+@dataclass(frozen=True)
+class DataSettings:
+    """How examples are made. ``max_length``: tokens per example (prompt plus continuation, or a
+    text window); ``max_new_tokens``: the target's continuation of each prompt; ``top_k``:
+    target log-probabilities kept per position; ``batch_size``: prompts per generate call;
+    ``temperature``: of the target's continuations (0: greedy)."""
+
+    max_length: int = 192
+    max_new_tokens: int = 96
+    top_k: int = 64
+    batch_size: int = 8
+    temperature: float = 0.7
+    seed: int = 0
+
+
+@dataclass
+class Example:
+    """One training example.
+
+    Shape:
+        input_ids: ``[t]`` int64, the tokens.
+        top_logp: ``[t, k]`` float16, the target's largest log-probabilities of the next token
+            at each position, in decreasing order.
+        top_ids: ``[t, k]`` int32, the token ids of ``top_logp``.
+
+    ``start``: the first position that counts (in the loss and the acceptance estimates): the
+    last prompt position for a continued prompt (so only the target's own continuation is
+    learned and scored, not a chat template repeated in every example), 0 for text.
+    """
+
+    input_ids: Tensor
+    top_logp: Tensor
+    top_ids: Tensor
+    start: int = 0
+
+
+@lru_cache(maxsize=1)
+def _demo_train_prompts() -> tuple[str, ...]:
+    """Two def/class windows per file of the demo corpus' train split (read once per process)."""
+    from specdecode.demo.corpus import extract_prompts, iter_stdlib_sources
+
+    return tuple(p for _, text, split in iter_stdlib_sources() if split == "train"
+                 for p in extract_prompts(text, per_file=2))
+
+
+def default_prompts(target_name: str, count: int, seed: int = 0) -> list[str]:
+    """``count`` default prompts for a target (see the module docstring), in a seeded order; the
+    list is repeated when it is shorter (each repeat gets its own sampled continuation)."""
+    if target_name == "demo":
+        texts = list(_demo_train_prompts())
+    else:
+        texts = list(GENERAL_PROMPTS)
+    order = torch.randperm(len(texts), generator=torch.Generator().manual_seed(seed)).tolist()
+    return [texts[order[i % len(order)]] for i in range(count)]
+
+
+def _encode_prompt(tokenizer: Any, text: str) -> list[int]:
+    if getattr(tokenizer, "chat_template", None):
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                            tokenize=True)
+        return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+    return list(tokenizer(text).input_ids)
+
+
+def token_sequences(data: Any, tokenizer: Any, max_length: int) -> tuple[list[list[int]], bool]:
+    """``(sequences, continue_them)``: token-id prompts to be continued by the target, or text
+    windows used as they are (``continue_them`` False), from ``data``: a file path (see the
+    module docstring), or a sequence of prompt strings or token-id lists / 1-D tensors."""
+    if isinstance(data, (str, Path)):
+        path = Path(data)
+        if not path.is_file():
+            raise ValueError(f"data: no such file {str(path)!r}")
+        if tokenizer is None:
+            raise ValueError("tokenizer: needed to read the data file (pass the target's tokenizer)")
+        text = path.read_text(encoding="utf-8")
+        if path.suffix == ".jsonl":
+            prompts = [json.loads(line) for line in text.splitlines() if line.strip()]
+            prompts = [p["prompt"] if isinstance(p, dict) else p for p in prompts]
+            return token_sequences(prompts, tokenizer, max_length)
+        ids = list(tokenizer(text).input_ids)
+        windows = [ids[i: i + max_length] for i in range(0, len(ids), max_length)]
+        windows = [w for w in windows if len(w) >= 2]
+        if not windows:
+            raise ValueError(f"data: {str(path)!r} holds fewer than 2 tokens of text")
+        return windows, False
+    if not isinstance(data, Sequence) or len(data) == 0:
+        raise ValueError(f"data: expected a file path or a non-empty sequence of prompts, got {type(data).__name__}")
+    out = []
+    for i, item in enumerate(data):
+        if isinstance(item, str):
+            if tokenizer is None:
+                raise ValueError("tokenizer: text prompts need the target's tokenizer")
+            ids = _encode_prompt(tokenizer, item)
+        elif isinstance(item, Tensor) and item.dim() == 1:
+            ids = item.tolist()
+        elif isinstance(item, (list, tuple)) and all(isinstance(t, int) for t in item):
+            ids = list(item)
+        else:
+            raise TypeError(f"data[{i}]: expected a string, a list of token ids or a 1-D tensor, "
+                            f"got {type(item).__name__}")
+        if not ids:
+            raise ValueError(f"data[{i}]: empty prompt")
+        out.append(ids)
+    return out, True
+
+
+def data_key(sequences: list[list[int]], continue_them: bool, settings: DataSettings) -> str:
+    """A short hash naming the data: the sequences, whether the target continues them, and the settings."""
+    record = json.dumps([_CACHE_FORMAT, sequences, continue_them, settings.__dict__], sort_keys=True)
+    return hashlib.sha256(record.encode()).hexdigest()[:16]
+
+
+def _pad_id(target: Any) -> int:
+    config = target.generation_config
+    for value in (config.pad_token_id, config.eos_token_id, target.config.pad_token_id):
+        if isinstance(value, list):
+            value = value[0] if value else None
+        if value is not None:
+            return int(value)
+    return 0
+
+
+@torch.no_grad()
+def _continue(target: Any, prompts: list[list[int]], settings: DataSettings, batch_seed: int) -> list[list[int]]:
+    """The prompts followed by the target's continuations, sampled at ``settings.temperature``
+    (greedy at 0), each cut after its first EOS."""
+    pad = _pad_id(target)
+    width = max(len(p) for p in prompts)
+    device = next(target.parameters()).device
+    ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for row, prompt in enumerate(prompts):
+        ids[row, width - len(prompt):] = torch.tensor(prompt)
+        mask[row, width - len(prompt):] = 1
+    eos = target.generation_config.eos_token_id
+    eos_ids = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(batch_seed)
+        sampling = (dict(do_sample=True, temperature=settings.temperature, top_k=0, top_p=1.0)
+                    if settings.temperature > 0 else dict(do_sample=False))
+        out = target.generate(ids.to(device), attention_mask=mask.to(device), max_new_tokens=settings.max_new_tokens,
+                              pad_token_id=pad, **sampling)
+    result = []
+    for row, prompt in enumerate(prompts):
+        new = out[row, width:].tolist()
+        cut = next((i + 1 for i, t in enumerate(new) if t in eos_ids), len(new))
+        result.append(prompt + new[:cut])
+    return result
+
+
+@torch.no_grad()
+def _label(target: Any, sequences: list[list[int]], starts: list[int], top_k: int) -> list[Example]:
+    """Run the target once over right-padded ``sequences`` and keep its top-k log-probs."""
+    device = next(target.parameters()).device
+    width = max(len(s) for s in sequences)
+    ids = torch.zeros((len(sequences), width), dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for row, seq in enumerate(sequences):
+        ids[row, : len(seq)] = torch.tensor(seq)
+        mask[row, : len(seq)] = 1
+    logits = target(input_ids=ids.to(device), attention_mask=mask.to(device)).logits.float()
+    k = min(top_k, logits.shape[-1])
+    top_logp, top_ids = torch.log_softmax(logits, -1).topk(k, dim=-1)
+    return [Example(ids[row, : len(seq)].clone(), top_logp[row, : len(seq)].to("cpu", torch.float16),
+                    top_ids[row, : len(seq)].to("cpu", torch.int32), starts[row])
+            for row, seq in enumerate(sequences)]
+
+
+def distill_examples(target: Any, sequences: list[list[int]], continue_them: bool, settings: DataSettings,
+                     cache_root: Path, target_hash: str, *, deadline: float | None = None,
+                     num_batches: int | None = None, progress: bool = True) -> tuple[list[Example], int]:
+    """``(examples, batches)``: the labelled examples, batch by batch from the cache or computed
+    and cached. Stops at ``num_batches`` batches when given (a resumed run asks for exactly what
+    it trained on), else when every sequence is done or at ``deadline`` (``time.monotonic()``;
+    at least one batch is always made)."""
+    folder = Path(cache_root) / f"{target_hash.split(':')[-1][:16]}-{data_key(sequences, continue_them, settings)}"
+    folder.mkdir(parents=True, exist_ok=True)
+    total = -(-len(sequences) // settings.batch_size)
+    wanted = total if num_batches is None else min(num_batches, total)
+    examples: list[Example] = []
+    done = 0
+    bar = tqdm(total=wanted, desc="data: target generations" if continue_them else "data: target labels",
+               unit="batch", disable=not progress, leave=False)
+    for index in range(wanted):
+        if num_batches is None and index > 0 and deadline is not None and time.monotonic() > deadline:
+            break
+        file = folder / f"batch_{index:05d}.pt"
+        if file.is_file():
+            batch = [Example(**row) for row in torch.load(file)]
+        else:
+            chunk = [s[-settings.max_length:] for s in
+                     sequences[index * settings.batch_size: (index + 1) * settings.batch_size]]
+            starts = [0] * len(chunk)
+            if continue_them:
+                keep = max(1, settings.max_length - settings.max_new_tokens)
+                prompts = [s[-keep:] for s in chunk]
+                chunk = _continue(target, prompts, settings, settings.seed * 100_003 + index)
+                starts = [len(p) - 1 for p in prompts]  # the prompt's last position predicts the first new token
+            batch = _label(target, chunk, starts, settings.top_k)
+            torch.save([row.__dict__ for row in batch], file.with_suffix(".tmp"))
+            file.with_suffix(".tmp").replace(file)
+        examples.extend(batch)
+        done += 1
+        bar.update(1)
+    bar.close()
+    return examples, done

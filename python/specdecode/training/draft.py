@@ -1,0 +1,140 @@
+"""The ``draft`` kind: a small draft model distilled from the target (DistillSpec).
+
+The drafter is the target's own architecture with fewer decoder layers: its configuration is
+the target's with ``num_hidden_layers`` (and per-layer lists such as ``layer_types``) cut to the
+chosen layers, and it starts from the target's weights: embedding, the chosen decoder layers
+(by default the first ``max(1, L // 8)``), final norm and LM head. So before any training it is
+a layer-skip drafter that already agrees with the target often; distillation then trains its
+decoder layers and final norm (the embedding and head too with ``train_embeddings=True``) to
+match the target's distributions on the target's own generations.
+
+It shares the target's tokenizer and vocabulary, and is saved with ``save_pretrained``: the
+result is a plain Hugging Face model (``AutoModelForCausalLM.from_pretrained(DIR)``) that works
+as ``draft`` anywhere, in specdecode or in ``model.generate(assistant_model=...)``.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from specdecode.models import decoder_layers, decoder_layers_path
+
+__all__ = ["DESCRIPTION", "NAME", "Built", "build", "default_layers", "forward", "load", "save"]
+
+NAME = "draft"
+DESCRIPTION = "a small draft model: the target's architecture with fewer layers, distilled from the target"
+
+
+@dataclass
+class Built:
+    """A drafter ready to train: the model, the parameters to train (by name), and the target
+    layers it started from."""
+
+    model: torch.nn.Module
+    params: dict[str, torch.nn.Parameter]
+    layers: list[int]
+
+
+def default_layers(num_target_layers: int) -> list[int]:
+    """The first ``max(1, L // 8)`` layers of an ``L``-layer target."""
+    return list(range(max(1, num_target_layers // 8)))
+
+
+def _check_layers(layers: Any, num_target_layers: int) -> list[int]:
+    if not isinstance(layers, (list, tuple)) or not layers or not all(isinstance(i, int) for i in layers):
+        raise TypeError(f"layers: expected a non-empty list of target layer indices, got {layers!r}")
+    if any(i < 0 or i >= num_target_layers for i in layers) or len(set(layers)) != len(layers):
+        raise ValueError(f"layers: expected distinct indices in [0, {num_target_layers}), got {list(layers)}")
+    return sorted(layers)
+
+
+def draft_config(target: torch.nn.Module, layers: list[int]) -> Any:
+    """The target's configuration cut to ``layers`` (a copy; the target's is not touched)."""
+    config = copy.deepcopy(target.config)
+    total = len(decoder_layers(target))
+    config.num_hidden_layers = len(layers)
+    for key, value in list(vars(config).items()):
+        if "layer" in key and isinstance(value, list) and len(value) == total:  # layer_types, ...
+            setattr(config, key, [value[i] for i in layers])
+    return config
+
+
+def build(target: torch.nn.Module, *, layers: list[int] | None = None, num_layers: int | None = None,
+          train_embeddings: bool = False) -> Built:
+    """A drafter initialised from ``target`` (see the module docstring). ``layers``: the target
+    layer indices to start from; ``num_layers``: the first that many (default
+    :func:`default_layers`). The target is only read."""
+    from transformers import AutoModelForCausalLM
+
+    total = len(decoder_layers(target))
+    if layers is None:
+        if num_layers is not None and (not isinstance(num_layers, int) or not 1 <= num_layers <= total):
+            raise ValueError(f"num_layers: expected an int in [1, {total}], got {num_layers!r}")
+        layers = list(range(num_layers)) if num_layers is not None else default_layers(total)
+    layers = _check_layers(layers, total)
+    config = draft_config(target, layers)
+    dtype = next(target.parameters()).dtype
+    model = AutoModelForCausalLM.from_config(config, dtype=dtype,
+                                             attn_implementation=target.config._attn_implementation)
+    model.generation_config = copy.deepcopy(target.generation_config)
+    path = decoder_layers_path(target) + "."
+    source = target.state_dict()
+    state = {}
+    for key in model.state_dict():
+        name = key
+        if key.startswith(path):
+            index, rest = key[len(path):].split(".", 1)
+            name = f"{path}{layers[int(index)]}.{rest}"
+        if name not in source:
+            raise ValueError(f"target: cannot initialise the drafter's {key!r} (no {name!r} in the target)")
+        state[key] = source[name].detach().clone()
+    model.load_state_dict(state)
+    model.to(next(target.parameters()).device).eval()  # no dropout: distillation runs are short
+    frozen: list[torch.nn.Parameter] = []
+    if not train_embeddings:
+        head = model.get_output_embeddings()
+        frozen += list(model.get_input_embeddings().parameters()) + ([] if head is None else list(head.parameters()))
+    params = {}
+    for name, param in model.named_parameters():
+        param.requires_grad_(not any(param is p for p in frozen))
+        if param.requires_grad:
+            params[name] = param
+    return Built(model, params, layers)
+
+
+def forward(model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+    """The drafter's logits on a right-padded batch.
+
+    Shape:
+        input_ids, attention_mask: ``[b, t]``; returns ``[b, t, V]``.
+    """
+    return model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
+
+
+def save(model: torch.nn.Module, out_dir: Path) -> None:
+    """``model.safetensors``, ``config.json`` and ``generation_config.json`` in ``out_dir``."""
+    from specdecode.models.loading import quiet_loading
+
+    for param in model.parameters():
+        param.requires_grad_(True)
+    with quiet_loading():
+        model.save_pretrained(out_dir, safe_serialization=True)
+
+
+def load(folder: Path, target: torch.nn.Module, record: dict[str, Any]) -> torch.nn.Module:
+    """The saved draft model, in eval mode, on the target's device and in its dtype."""
+    from transformers import AutoModelForCausalLM
+
+    from specdecode.models.loading import quiet_loading
+
+    reference = next(target.parameters())
+    with quiet_loading():
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=reference.dtype)
+    return model.to(reference.device).eval()
+

@@ -1,0 +1,251 @@
+"""The training loop every drafter kind shares.
+
+AdamW with a linear warmup and a cosine decay, a tqdm bar showing the loss and the greedy
+acceptance estimate, a wall-time budget, a checkpoint in the out folder every few steps (and on
+Ctrl-C) from which a second run with the same settings resumes, and the peak memory.
+
+Deterministic: the batch of step ``s`` is a function of ``(seed, s)`` alone (a seeded
+permutation per epoch), the drafter runs without dropout, and a resumed run restores the
+parameters, the optimizer state and the step, so interrupted and uninterrupted runs end on the
+same weights. With a time budget, the number of steps is measured, not chosen: after the first
+steps the loop estimates how many fit (the schedule's horizon), stores that in the checkpoint
+and stops there or when the budget is spent, whichever comes first.
+"""
+
+from __future__ import annotations
+
+import math
+import resource
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from specdecode.training.data import Example
+from specdecode.training.losses import distill_loss
+
+__all__ = ["CHECKPOINT_FILE", "Batch", "LoopSettings", "StepInfo", "collate", "peak_memory_mib", "run_loop"]
+
+CHECKPOINT_FILE = "checkpoint.pt"
+_PROBE_STEPS = 3  # steps timed (after an untimed first one) before a time-bounded run's horizon is fixed
+
+
+@dataclass(frozen=True)
+class LoopSettings:
+    """Optimisation settings (every field goes into the run's identity, so a checkpoint is only
+    resumed by a run with the same ones)."""
+
+    batch_size: int = 8
+    lr: float = 3e-3
+    min_lr_ratio: float = 0.1
+    warmup_steps: int = 10
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    checkpoint_every: int = 25
+    loss: str = "kl"
+    seed: int = 0
+
+
+@dataclass
+class StepInfo:
+    """What the loop reports after each optimizer step (to ``callback``)."""
+
+    step: int
+    horizon: int | None
+    loss: float
+    greedy_acceptance: float
+    sampled_acceptance: float
+    lr: float
+
+
+@dataclass
+class LoopResult:
+    """The run's summary (written into the drafter's record)."""
+
+    steps: int
+    horizon: int | None
+    seconds: float
+    before: dict[str, float]
+    after: dict[str, float] = field(default_factory=dict)
+    losses: list[float] = field(default_factory=list)
+    peak_memory_mib: float = 0.0
+    resumed_from: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Batch:
+    """A right-padded batch of examples.
+
+    Shape:
+        input_ids, attention_mask: ``[b, t]`` (the mask is 1 on tokens, 0 on padding).
+        top_logp, top_ids: ``[b, t, k]``.
+        counted: ``[b, t]`` bool, the positions the loss and the estimates count.
+    """
+
+    input_ids: Tensor
+    attention_mask: Tensor
+    top_logp: Tensor
+    top_ids: Tensor
+    counted: Tensor
+
+
+def collate(examples: list[Example], device: torch.device) -> Batch:
+    """The examples as one right-padded :class:`Batch` on ``device``."""
+    width = max(len(e.input_ids) for e in examples)
+    k = examples[0].top_ids.shape[-1]
+    ids = torch.zeros((len(examples), width), dtype=torch.long)
+    attention = torch.zeros((len(examples), width), dtype=torch.long)
+    logp = torch.zeros((len(examples), width, k), dtype=torch.float16)
+    top = torch.zeros((len(examples), width, k), dtype=torch.int32)
+    counted = torch.zeros((len(examples), width), dtype=torch.bool)
+    for row, e in enumerate(examples):
+        n = len(e.input_ids)
+        ids[row, :n], logp[row, :n], top[row, :n] = e.input_ids, e.top_logp, e.top_ids
+        attention[row, :n] = 1
+        counted[row, e.start:n] = True
+    return Batch(*(x.to(device) for x in (ids, attention, logp, top, counted)))
+
+
+def _batch_indices(step: int, batch_size: int, n: int, seed: int) -> list[int]:
+    """The examples of step ``step``: positions ``[step * b, (step + 1) * b)`` of the stream of
+    seeded per-epoch permutations of ``range(n)``."""
+    out = []
+    for pos in range(step * batch_size, (step + 1) * batch_size):
+        epoch, offset = divmod(pos, n)
+        perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed * 1_000_003 + epoch))
+        out.append(int(perm[offset]))
+    return out
+
+
+def _lr(step: int, horizon: int | None, settings: LoopSettings) -> float:
+    warm = min(1.0, (step + 1) / max(1, settings.warmup_steps))
+    progress = 0.0 if not horizon else min(1.0, step / horizon)
+    cosine = settings.min_lr_ratio + (1 - settings.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+    return settings.lr * warm * cosine
+
+
+def peak_memory_mib(device: torch.device | None = None) -> float:
+    """Peak memory of this process in MiB: resident set size on the host (``getrusage``), or
+    ``torch.cuda.max_memory_allocated`` for a CUDA device."""
+    if device is not None and device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return rss / 2**20 if sys.platform == "darwin" else rss / 2**10  # bytes on macOS, KiB on Linux
+
+
+Forward = Callable[[torch.nn.Module, Tensor, Tensor], Tensor]  # (model, input_ids, attention_mask) -> logits
+
+
+@torch.no_grad()
+def evaluate(model: torch.nn.Module, forward: Forward, examples: list[Example], settings: LoopSettings
+             ) -> dict[str, float]:
+    """Mean loss, greedy and sampled acceptance of ``model`` over ``examples``."""
+    device = next(model.parameters()).device
+    sums = {"loss": 0.0, "greedy_acceptance": 0.0, "sampled_acceptance": 0.0}
+    total = 0
+    for start in range(0, len(examples), settings.batch_size):
+        b = collate(examples[start: start + settings.batch_size], device)
+        m = distill_loss(forward(model, b.input_ids, b.attention_mask), b.top_logp, b.top_ids, b.counted, settings.loss)
+        sums["loss"] += m.loss.item() * m.positions
+        sums["greedy_acceptance"] += m.greedy_acceptance * m.positions
+        sums["sampled_acceptance"] += m.sampled_acceptance * m.positions
+        total += m.positions
+    return {k: v / max(total, 1) for k, v in sums.items()}
+
+
+def _save(path: Path, state: dict[str, Any]) -> None:
+    torch.save(state, path.with_suffix(".tmp"))
+    path.with_suffix(".tmp").replace(path)
+
+
+def run_loop(model: torch.nn.Module, params: dict[str, torch.nn.Parameter], forward: Forward,
+             train: list[Example], val: list[Example], out_dir: Path, settings: LoopSettings, *,
+             run_key: str, max_steps: int | None, deadline: float | None, progress: bool = True,
+             callback: Callable[[StepInfo], None] | None = None, desc: str = "train") -> LoopResult:
+    """Train ``params`` (parameters of ``model``, by name) to match the target's distributions
+    in ``train``. ``forward(model, input_ids, attention_mask)`` gives the drafter's logits ``[b, t, V]``. Stops
+    after ``max_steps`` steps or at ``deadline`` (``time.monotonic()``); at least one of them
+    must be given. Resumes from ``out_dir/checkpoint.pt`` when its ``run_key`` matches.
+    ``callback`` is called after every step (it may raise ``KeyboardInterrupt`` to stop the run
+    with a checkpoint, as Ctrl-C does)."""
+    if max_steps is None and deadline is None:
+        raise ValueError("max_steps: give max_steps or a time budget")
+    device = next(model.parameters()).device
+    opt = torch.optim.AdamW(list(params.values()), lr=settings.lr, weight_decay=settings.weight_decay)
+    path = Path(out_dir) / CHECKPOINT_FILE
+    state = torch.load(path, weights_only=False) if path.is_file() else None
+    if state is not None and state["run_key"] == run_key:
+        with torch.no_grad():
+            for name, value in state["params"].items():
+                params[name].copy_(value)
+        opt.load_state_dict(state["optimizer"])
+        result = LoopResult(**state["result"])
+        result.resumed_from = result.steps
+    else:
+        result = LoopResult(steps=0, horizon=max_steps if deadline is None else None, seconds=0.0,
+                            before=evaluate(model, forward, val, settings))
+    start_time = time.monotonic()
+    seconds_before = result.seconds
+
+    def checkpoint() -> None:
+        result.seconds = seconds_before + time.monotonic() - start_time
+        _save(path, {"run_key": run_key, "params": {k: v.detach().cpu() for k, v in params.items()},
+                     "optimizer": opt.state_dict(), "result": result.as_dict()})
+
+    bar = tqdm(total=result.horizon, initial=result.steps, desc=desc, unit="step", disable=not progress)
+    probe_start, probe_steps = time.monotonic(), 0
+    greedy_ema = None
+    try:
+        while not ((result.horizon is not None and result.steps >= result.horizon)
+                   or (max_steps is not None and result.steps >= max_steps)):
+            if deadline is not None and time.monotonic() > deadline:
+                break
+            step = result.steps
+            lr = _lr(step, result.horizon, settings)
+            for group in opt.param_groups:
+                group["lr"] = lr
+            rows = _batch_indices(step, settings.batch_size, len(train), settings.seed)
+            b = collate([train[i] for i in rows], device)
+            metrics = distill_loss(forward(model, b.input_ids, b.attention_mask), b.top_logp, b.top_ids, b.counted,
+                                   settings.loss)
+            opt.zero_grad(set_to_none=True)
+            metrics.loss.backward()
+            if settings.grad_clip > 0:
+                torch.nn.utils.clip_grad_norm_(list(params.values()), settings.grad_clip)
+            opt.step()
+            result.steps += 1
+            result.losses.append(round(metrics.loss.item(), 5))
+            probe_steps += 1
+            if probe_steps == 1:  # the first step pays one-time costs (allocations): not timed
+                probe_start = time.monotonic()
+            if result.horizon is None and probe_steps == 1 + _PROBE_STEPS and deadline is not None:
+                per_step = (time.monotonic() - probe_start) / _PROBE_STEPS
+                fit = int(max(0.0, deadline - time.monotonic()) / per_step)
+                result.horizon = result.steps + fit if max_steps is None else min(max_steps, result.steps + fit)
+                bar.total = result.horizon
+            greedy_ema = metrics.greedy_acceptance if greedy_ema is None else (
+                0.8 * greedy_ema + 0.2 * metrics.greedy_acceptance)
+            bar.set_postfix(loss=f"{metrics.loss.item():.3f}", acc=f"{greedy_ema:.2f}", refresh=False)
+            bar.update(1)
+            if callback is not None:
+                callback(StepInfo(result.steps, result.horizon, metrics.loss.item(), metrics.greedy_acceptance,
+                                  metrics.sampled_acceptance, lr))
+            if result.steps % settings.checkpoint_every == 0:
+                checkpoint()
+    except KeyboardInterrupt:
+        checkpoint()
+        bar.close()
+        raise
+    bar.close()
+    result.after = evaluate(model, forward, val, settings)
+    result.peak_memory_mib = round(peak_memory_mib(device), 1)
+    checkpoint()
+    return result

@@ -1,0 +1,67 @@
+"""Distillation losses against the target's (top-k) token distributions, and the acceptance
+estimates that come with them.
+
+With the target's top-k log-probabilities ``log p_i`` (ids ``x_i``) and the drafter's full
+``log q``:
+
+* ``kl``: ``sum_i p_i (log p_i - log q(x_i))``, forward KL(p || q) over the kept ids (exact
+  when k covers the vocabulary); it pushes q to cover p, which the acceptance
+  ``sum_x min(p, q)`` rewards.
+* ``tvd``: total variation ``(sum_i |p_i - q(x_i)| + |p_rest - q_rest|) / 2``, where ``rest``
+  is the mass outside the kept ids (exact when k covers the vocabulary; a lower bound
+  otherwise). ``1 - TVD`` is the sampled acceptance rate itself (DistillSpec).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+__all__ = ["LOSSES", "DistillMetrics", "distill_loss"]
+
+LOSSES: tuple[str, ...] = ("kl", "tvd")
+
+
+@dataclass
+class DistillMetrics:
+    """Means over the counted positions: the loss, greedy agreement (the draft's argmax is the
+    target's: a greedy draft token is accepted) and the sampled acceptance ``sum min(p, q)``
+    over the kept ids (exact when they cover the vocabulary, a lower bound otherwise)."""
+
+    loss: Tensor
+    greedy_acceptance: float
+    sampled_acceptance: float
+    positions: int
+
+
+def distill_loss(draft_logits: Tensor, top_logp: Tensor, top_ids: Tensor, mask: Tensor, loss: str = "kl"
+                 ) -> DistillMetrics:
+    """The distillation loss and acceptance estimates of one batch.
+
+    Shape:
+        draft_logits: ``[b, t, V]`` the drafter's next-token logits.
+        top_logp: ``[b, t, k]`` the target's largest log-probabilities, decreasing.
+        top_ids: ``[b, t, k]`` int, their token ids.
+        mask: ``[b, t]`` bool, the positions that count.
+    """
+    if loss not in LOSSES:
+        raise ValueError(f"loss: expected one of {', '.join(LOSSES)}, got {loss!r}")
+    log_q = torch.log_softmax(draft_logits.float(), dim=-1)
+    ids = top_ids.long()
+    log_q_top = log_q.gather(-1, ids)
+    log_p = top_logp.float()
+    p = log_p.exp()
+    q_top = log_q_top.exp()
+    if loss == "kl":
+        per_position = (p * (log_p - log_q_top)).sum(-1)
+    else:
+        rest = (q_top.sum(-1) - p.sum(-1)).abs()
+        per_position = 0.5 * ((p - q_top).abs().sum(-1) + rest)
+    count = int(mask.sum())
+    value = (per_position * mask).sum() / max(count, 1)
+    with torch.no_grad():
+        greedy = ((log_q.argmax(-1) == ids[..., 0]) & mask).sum().item() / max(count, 1)
+        sampled = (torch.minimum(p, q_top).sum(-1) * mask).sum().item() / max(count, 1)
+    return DistillMetrics(value, greedy, sampled, count)
