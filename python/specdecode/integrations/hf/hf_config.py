@@ -12,6 +12,7 @@ three with :func:`prepare` (the target's own preparation methods), then calls
 from __future__ import annotations
 
 import copy
+import inspect
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -128,7 +129,8 @@ def prepare(model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor | 
     check_supported(config)
     length = int(input_ids.shape[1])
     device = input_ids.device
-    model._prepare_special_tokens(config, attention_mask is not None, device=device, batch_size=input_ids.shape[0])
+    _call_private(model._prepare_special_tokens, config, attention_mask is not None, device=device,
+                  batch_size=input_ids.shape[0])
     config = model._prepare_generated_length(
         generation_config=config, has_default_max_length=has_default_max_length,
         has_default_min_length=config.min_length in (None, 0) and config.min_new_tokens is None,
@@ -146,6 +148,19 @@ def prepare(model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor | 
         tokenizer=tokenizer,
     )
     return config, processors, criteria
+
+
+def _call_private(method: Any, *args: Any, **kwargs: Any) -> Any:
+    """Call one of ``generate``'s private preparation steps with the keywords its installed
+    release takes: their signatures grow between 5.x releases (``_prepare_special_tokens`` took no
+    ``batch_size`` in 5.0), so a keyword the method does not name is left out."""
+    try:
+        params = inspect.signature(method).parameters
+    except (TypeError, ValueError):
+        return method(*args, **kwargs)
+    if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        kwargs = {k: v for k, v in kwargs.items() if k in params}
+    return method(*args, **kwargs)
 
 
 def _as_criteria_list(stopping_criteria: Any) -> Any:
