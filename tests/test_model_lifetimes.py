@@ -91,12 +91,15 @@ def test_probe_follows_the_attention_implementation():
 
 def test_probe_table_forgets_freed_models():
     target, _ = make_pair("qwen2")
+    gc.collect()
+    before = len(facts._TREE_MASK_SUPPORT)
     facts.accepts_custom_4d_mask(target)
+    assert len(facts._TREE_MASK_SUPPORT) == before + 1
     ref = weakref.ref(target)
     del target
     gc.collect()
-    assert ref() is None
-    assert all(model is not None for model in facts._TREE_MASK_SUPPORT.keys())
+    assert ref() is None  # the table does not keep the model alive
+    assert len(facts._TREE_MASK_SUPPORT) == before  # and its entry left with it
 
 
 def _static(target, draft, **kwargs):

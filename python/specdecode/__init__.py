@@ -9,6 +9,8 @@ implemented in compiled code and proven lossless by test.
 >>> out.tokens, out.accepted_len                            # [1, 4] (-1 padded), [1]
 """
 
+from typing import TYPE_CHECKING
+
 from specdecode import _meta  # noqa: F401  (fake kernels for torch.compile)
 from specdecode import cpu  # noqa: F401  (the CPU fast path: specdecode.cpu.accelerate)
 from specdecode._ops import build_info
@@ -37,6 +39,12 @@ from specdecode.verify import verify, verify_logits
 __version__ = "0.1.0"
 
 
+if TYPE_CHECKING:  # names in annotations only
+    import os
+
+    import torch
+
+
 def load_demo_pair(*args, **kwargs):  # noqa: ANN002, ANN003 - same signature as the demo's
     """``(target, draft, tokenizer)``: the embedded trained demo pair
     (:func:`specdecode.demo.load_demo_pair`; imported lazily, it loads transformers)."""
@@ -45,10 +53,15 @@ def load_demo_pair(*args, **kwargs):  # noqa: ANN002, ANN003 - same signature as
     return load(*args, **kwargs)
 
 
-def load_drafter(path: "str | os.PathLike[str]", target: "torch.nn.Module"
-                 ) -> "torch.nn.Module | Drafter":  # noqa: F821 - names for the reader; torch loads lazily
+def load_drafter(path: "str | os.PathLike[str]", target: "torch.nn.Module") -> "torch.nn.Module | Drafter":
     """The drafter trained by ``python -m specdecode train`` in folder ``path``, checked against
-    ``target`` (:func:`specdecode.training.load_drafter`; imported lazily)."""
+    ``target`` (:func:`specdecode.training.load_drafter`; the training kit is imported lazily).
+
+    Example:
+        >>> target, _, tok = specdecode.load_demo_pair()  # doctest: +SKIP
+        >>> draft = specdecode.load_drafter("runs/demo-draft", target)  # doctest: +SKIP
+        >>> specdecode.generate(target, draft, tok("def f(", return_tensors="pt").input_ids)  # doctest: +SKIP
+    """
     from specdecode.training.artifacts import load_drafter as load
 
     return load(path, target)

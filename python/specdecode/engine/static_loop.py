@@ -56,7 +56,8 @@ from specdecode.engine.accounting import (add_step_counters, count_prefill, coun
 from specdecode.engine.graphs import StepProgram
 from specdecode.engine.settings import EngineSettings
 from specdecode.engine.static_checks import check_static_path
-from specdecode.engine.static_layouts import SESSION_CACHE_SIZE, clear_static_sessions, keep_layout, kept_layout
+from specdecode.engine.static_layouts import SESSION_CACHE_SIZE, clear_static_sessions  # noqa: F401 (re-exported)
+from specdecode.engine.static_layouts import keep_layout, kept_layout
 from specdecode.engine.static_state import StaticState
 from specdecode.engine.stats import SpeculativeStats
 from specdecode.engine.step_phases import scored_logits, verify_chain

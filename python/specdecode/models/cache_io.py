@@ -5,6 +5,11 @@ transformers renamed the cache argument of a model's ``forward`` from ``past_key
 Older releases, and models loaded with remote code, know only ``past_key_values``. Every call
 the project makes with a cache goes through :func:`cache_kwargs` and :func:`returned_cache`, so
 the spelling is decided here, once per model class, from the signatures of its ``forward``.
+
+Example:
+    >>> from specdecode.models import cache_kwargs, new_cache, returned_cache
+    >>> out = model(input_ids=ids, **cache_kwargs(model, new_cache()))  # doctest: +SKIP
+    >>> out = model(input_ids=next_ids, **cache_kwargs(model, returned_cache(out)))  # doctest: +SKIP
 """
 
 from __future__ import annotations
