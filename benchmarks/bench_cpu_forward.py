@@ -29,7 +29,7 @@ import torch.nn.functional as F
 import torch.utils.mkldnn as mkldnn_utils
 
 import specdecode
-from specdecode.benchmarking import base_parser, environment, format_table, median, write_results
+from specdecode.bench.harness import base_parser, environment, format_table, median, write_results
 
 LINEAR_SHAPES = {"[6144, 576]": (6144, 576), "[576, 576]": (576, 576), "LM head [49152, 576]": (49152, 576)}
 ROWS = [1, 2, 6, 16, 32]
