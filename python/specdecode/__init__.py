@@ -22,7 +22,9 @@ from specdecode.analysis import (
 )
 from specdecode.drafters import (
     Drafter,
+    JacobiDrafter,
     LayerSkipDrafter,
+    LookaheadDrafter,
     ModelDrafter,
     NgramDrafter,
     Proposal,
@@ -70,7 +72,9 @@ def load_drafter(path: "str | os.PathLike[str]", target: "torch.nn.Module") -> "
 __all__ = [
     "DraftSchedule",
     "Drafter",
+    "JacobiDrafter",
     "LayerSkipDrafter",
+    "LookaheadDrafter",
     "ModelDrafter",
     "NgramDrafter",
     "Proposal",

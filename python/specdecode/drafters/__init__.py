@@ -10,6 +10,8 @@
 - :class:`TokenizerBridgeDrafter`: a draft model with its own tokenizer (text is re-encoded
   both ways).
 - :class:`LayerSkipDrafter`: self-speculation with some of the target's own decoder layers.
+- :class:`LookaheadDrafter`: Lookahead decoding (Jacobi iteration in the target's own forward
+  feeds an n-gram pool); :class:`JacobiDrafter`: plain Jacobi decoding, its baseline.
 """
 
 from specdecode.drafters.base import (
@@ -18,11 +20,14 @@ from specdecode.drafters.base import (
     DrafterBase,
     DraftState,
     Proposal,
+    SideTokens,
     StaticDrafter,
     StaticDraftState,
     point_mass_logits,
 )
+from specdecode.drafters.jacobi import JacobiDrafter
 from specdecode.drafters.layer_skip import LayerSkipDrafter
+from specdecode.drafters.lookahead import LookaheadDrafter
 from specdecode.drafters.model import ModelDrafter
 from specdecode.drafters.ngram import NgramDrafter
 from specdecode.drafters.tokenizer_bridge import TokenizerBridgeDrafter
@@ -32,10 +37,13 @@ __all__ = [
     "DraftState",
     "Drafter",
     "DrafterBase",
+    "JacobiDrafter",
     "LayerSkipDrafter",
+    "LookaheadDrafter",
     "ModelDrafter",
     "NgramDrafter",
     "Proposal",
+    "SideTokens",
     "StaticDraftState",
     "StaticDrafter",
     "TokenizerBridgeDrafter",

@@ -109,6 +109,28 @@ class DraftState(Protocol):
 
 
 @dataclass
+class SideTokens:
+    """Tokens a drafter adds to the target's tree forward for its own use, beside the tree:
+    the target computes their logits in the same pass (``CommitUpdate.side_logits``), and
+    verification never sees them (Lookahead decoding's lookahead branch).
+
+    Every side token attends to its row's committed prefix and to the tree's root (the
+    pending token), never to the draft nodes; among the side tokens, ``mask`` says who sees
+    whom. Their cache columns are dropped when the step commits.
+
+    Shape:
+        tokens: ``[b, S]`` int64 — the side tokens (ids below the target's vocabulary).
+        positions: ``[b, S]`` int64 — their position ids (the pending token's position + offset).
+        mask: ``[S, S]`` bool — ``mask[i, j]``: side token ``i`` attends to side token ``j``
+            (the diagonal must be True); the same for every row.
+    """
+
+    tokens: Tensor
+    positions: Tensor
+    mask: Tensor
+
+
+@dataclass
 class Proposal:
     """What a drafter proposes for one step.
 
@@ -132,6 +154,8 @@ class Proposal:
     ``"without_replacement"``; it decides which tree rule verifies the tree losslessly.
     ``forward_calls`` counts the drafter's model forward passes for this proposal and
     ``prefill_seconds`` the part of its time spent on prefilling (both feed the statistics).
+    ``side`` (trees only): :class:`SideTokens` scored in the same target forward for the
+    drafter's own use.
     """
 
     draft_tokens: Tensor
@@ -141,6 +165,7 @@ class Proposal:
     children: str | None = None
     forward_calls: int = 0
     prefill_seconds: float = 0.0
+    side: SideTokens | None = None
 
     @property
     def is_deterministic(self) -> bool:
@@ -166,6 +191,11 @@ class CommitUpdate:
             ``column_order[r, j]`` held (rows already reduced to ``kept_rows``).
         accepted_nodes: ``[b, D+1]`` int64 or None — tree steps: the node indices of each
             row's accepted path (root first, -1 padded).
+        target_logits: ``[b, k+1, V]`` (chain) or ``[b, N, V]`` (tree) float32 — the target's
+            scored logits of the step, one row per scored column (before any row left): what
+            Jacobi iteration reads.
+        side_logits: ``[b, S, V]`` float32 or None — the target's logits at the proposal's
+            :class:`SideTokens`.
 
     ``num_columns`` is the number of committed columns after the step *before* any re-pack;
     the last of them holds each row's new pending token. Columns before ``num_columns - 1``
@@ -178,6 +208,8 @@ class CommitUpdate:
     kept_rows: Tensor | None = None
     column_order: Tensor | None = None
     accepted_nodes: Tensor | None = None
+    target_logits: Tensor | None = None
+    side_logits: Tensor | None = None
 
 
 @runtime_checkable
@@ -339,7 +371,36 @@ def check_proposal(proposal: Any, batch_size: int, vocab_size: int, num_tokens: 
             raise ValueError(
                 f"{who}.propose: draft_logits must have shape [b, k, V] = [{batch_size}, {k}, {vocab_size}], got {shape}"
             )
+    if proposal.side is not None:
+        _check_side(proposal, batch_size, vocab_size, device, who)
     return proposal
+
+
+def _check_side(proposal: Proposal, batch_size: int, vocab_size: int, device: torch.device, who: str) -> None:
+    side = proposal.side
+    if not isinstance(side, SideTokens):
+        raise TypeError(f"{who}.propose: side must be a specdecode.drafters.SideTokens, got {type(side).__name__}")
+    if proposal.tree is None:
+        raise ValueError(f"{who}.propose: side tokens go with a tree proposal (tree=...), not with a chain")
+    for name in ("tokens", "positions"):
+        value = getattr(side, name)
+        if not isinstance(value, Tensor) or value.dim() != 2 or value.shape[0] != batch_size:
+            shape = tuple(value.shape) if isinstance(value, Tensor) else type(value).__name__
+            raise ValueError(f"{who}.propose: side.{name} must have shape [b, S] = [{batch_size}, S], got {shape}")
+        if value.dtype != torch.int64 or value.device != device:
+            raise ValueError(f"{who}.propose: side.{name} must be int64 on {device}, got {value.dtype} on {value.device}")
+    count = side.tokens.shape[1]
+    if tuple(side.positions.shape) != (batch_size, count):
+        raise ValueError(f"{who}.propose: side.positions must have the shape of side.tokens, {(batch_size, count)}")
+    mask = side.mask
+    if not isinstance(mask, Tensor) or tuple(mask.shape) != (count, count) or mask.dtype != torch.bool:
+        shape = tuple(mask.shape) if isinstance(mask, Tensor) else type(mask).__name__
+        raise ValueError(f"{who}.propose: side.mask must be a bool tensor of shape [S, S] = [{count}, {count}], got "
+                         f"{shape}")
+    if count and not bool(mask.diagonal().all()):
+        raise ValueError(f"{who}.propose: side.mask must let every side token attend to itself (its diagonal)")
+    if count and (int(side.tokens.min()) < 0 or int(side.tokens.max()) >= vocab_size):
+        raise ValueError(f"{who}.propose: side.tokens must be token ids in [0, {vocab_size})")
 
 
 def point_mass_logits(draft_tokens: Tensor, vocab_size: int, dtype: torch.dtype = torch.float32) -> Tensor:

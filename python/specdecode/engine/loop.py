@@ -22,13 +22,14 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from specdecode.drafters.base import CommitUpdate, Drafter, Proposal, check_proposal
+from specdecode.drafters.base import CommitUpdate, Drafter, Proposal, SideTokens, check_proposal
 from specdecode.engine.accounting import (add_step_counters, count_prefill, count_syncs, count_tree_step, label_run,
                                           name_of, step_counters, timed_run)
 from specdecode.engine.batch import BatchState
 from specdecode.engine.draft_view import DraftView
 from specdecode.engine.processors import ProcessorRunner
 from specdecode.engine.settings import EngineSettings
+from specdecode.engine.side_tokens import with_side_tokens
 from specdecode.engine.stats import Clock, SpeculativeStats
 from specdecode.engine.step_phases import scored_logits, verify_chain
 from specdecode.engine.stopping import emitted_lengths, finished_rows, output_columns, verify_budget
@@ -252,9 +253,10 @@ class SpeculativeEngine:
             )
         return s.rule
 
-    def _score_tree(self, tree: TokenTree) -> Tensor:
+    def _score_tree(self, tree: TokenTree, side: SideTokens | None) -> tuple[Tensor, Tensor | None]:
         """Target logits ``[b, N, V]`` at every node of ``tree`` (root = pending token), one
-        forward with the tree attention mask and positions."""
+        forward with the tree attention mask and positions; and ``[b, S, V]`` at the
+        drafter's side tokens (None without)."""
         b, s = self.batch, self.settings
         if self.processors.processors is not None:
             raise ValueError("logits_processor: Hugging Face logits processors are not supported with token trees "
@@ -264,15 +266,23 @@ class SpeculativeEngine:
             self._tree_checked = True
         t0 = self.clock()
         p = b.pending
-        b.ensure_capacity(p + tree.max_nodes + 2)
+        num_side = 0 if side is None else side.tokens.shape[1]
+        b.ensure_capacity(p + tree.max_nodes + num_side + 2)
         masks = tree_attention_mask(tree, b.mask[:, :p], b.positions[:, p])
         dtype = getattr(self.target, "dtype", torch.float32)
-        logits = facts.forward(self.target, tree.tokens, masks.additive_mask(dtype), masks.positions, self.cache,
+        if side is None:
+            tokens, mask, positions = tree.tokens, masks.additive_mask(dtype), masks.positions
+        else:
+            tokens, bool_mask, positions = with_side_tokens(tree.tokens, masks, side)
+            mask = masks._replace(attention_mask=bool_mask).additive_mask(dtype)
+        logits = facts.forward(self.target, tokens, mask, positions, self.cache,
                                last_only=False, logits_to_keep_ok=self._logits_to_keep_ok)
         logits = scored_logits(logits, s.vocab_size, self.device)
         self.stats.target_calls += 1
         self.stats.target_time += self.clock() - t0
-        return logits
+        if side is None:
+            return logits, None
+        return logits[:, : tree.tokens.shape[1]], logits[:, tree.tokens.shape[1]:]
 
     def _verify_tree(self, target_logits: Tensor, proposal: Proposal) -> tuple[Tensor, Tensor, Tensor]:
         """``(tokens [b, D+1], accepted_len [b], accepted_nodes [b, D+1])``."""
@@ -295,9 +305,9 @@ class SpeculativeEngine:
         self.processors.start_step()
         proposal = self._propose(gamma) if gamma > 0 else None
         tree = proposal.tree if proposal is not None else None
-        nodes = None
+        nodes = side_logits = None
         if tree is not None:
-            target_logits = self._score_tree(tree)
+            target_logits, side_logits = self._score_tree(tree, proposal.side)
             tokens, accepted_len, nodes = self._verify_tree(target_logits, proposal)
             k = int(tokens.shape[1]) - 1
             verified = torch.zeros_like(accepted_len)
@@ -350,7 +360,8 @@ class SpeculativeEngine:
             b.keep_rows(kept_rows, [self.cache])
         order = self._repack()
         self.drafter.commit(CommitUpdate(accepted_len=accepted_len, num_columns=pending + 1, kept_rows=kept_rows,
-                                         column_order=order, accepted_nodes=nodes))
+                                         column_order=order, accepted_nodes=nodes, target_logits=target_logits,
+                                         side_logits=side_logits))
         stats.alignment_time += self.clock() - ta
         if k and tree is None:
             s.schedule.update(num_draft_tokens=k, drafted=verified_h, accepted=accepted_h, stats=stats)
