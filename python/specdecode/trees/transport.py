@@ -97,9 +97,9 @@ def spechub_node(p, q, children, chooser, *, cap_hub: bool = True, **_: Any) -> 
     ``cap_hub=False`` accepts the hub child whenever the other child is rejected (a broken
     variant: the hub then receives more than ``p(a)``).
     """
-    if len(children) < 2:  # one child: a plain draw from q (the pair needs two tokens)
-        return specinfer_node(p, q, children, chooser)
     a = hub_token(q)
+    if len(children) < 2 or not q[a] < 1:  # one child: a plain draw from q (a pair needs two tokens)
+        return specinfer_node(p, q, children[:1], chooser)
     (n1, x1), (n2, x2) = children[0], children[1]
     hub_node, (other_node, y) = (n1, children[1]) if x1 == a else (n2, children[0])
     rest = 1 - q[a]
