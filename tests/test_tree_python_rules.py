@@ -89,7 +89,8 @@ def _hub_batch(tables, n: int, gen: torch.Generator):
 ])
 def test_python_rules_keep_the_target_law_through_verify_tree(rule, scheme, shape):
     """Chi-square of 20000 drafted trees through the public API against the exact target joint."""
-    exact = tsu.ExactTables(4, 11, draft_relations=("close", "near_uniform"))
+    exact = tsu.ExactTables(4, 11, target_kinds=("random", "peaked", "near_uniform", "sparse"),
+                            draft_relations=("close", "near_uniform"))
     tables = exact.as_prefix_tables(tsu.shape_depth(shape))
     gen = torch.Generator().manual_seed(3)
     n = 20000
