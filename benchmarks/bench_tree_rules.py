@@ -6,7 +6,7 @@ the drafting scheme it is lossless for; then the same trees verified with the sa
 Every number in the first two tables is exact (Fractions: every draft draw and every coin
 enumerated, with the test suite's own enumeration code, ``tests/tree_law_utils.py``), averaged
 over synthetic target/draft tables of mixed kinds (random, sparse, one-hot, peaked,
-near-uniform rows; drafts equal to, close to or independent of the target). The third table
+near-uniform rows; drafts equal to, close to or independent of the target). The last table
 runs ``specdecode.verify_tree`` on 20000 drafted trees with one set of coins shared by the two
 rules compared.
 
@@ -120,9 +120,35 @@ def table_trees(V: int, seeds: range) -> None:
         print(f"| {name} | " + " | ".join(cells) + f" | {gbv_cell} | {traversal_losses} / {n} |")
 
 
+def same_coins_exact(V: int, seeds: range) -> None:
+    """Both rules verify the same drafted trees with the same coins, enumerated exactly (every
+    coin kept as an interval that the two rules' questions split)."""
+    print(f"\n### Same trees, same coins, exactly (V = {V}, mean over {len(seeds)} tables)\n")
+    print("| trees | rule A vs rule B | P(A accepts fewer) | P(same) | P(A accepts more) |")
+    print("|---|---|---|---|---|")
+    cases = [
+        ("chain 3, i.i.d.", tsu.chain_shape(3), "traversal_iid", "specinfer"),
+        ("2 x 2, without replacement", tsu.branching_shape([2, 2]), "traversal", "rrs"),
+        ("2 x 2, i.i.d.", tsu.branching_shape([2, 2]), "traversal_iid", "specinfer"),
+        ("2 paths x 2, i.i.d.", tlu.paths_shape(2, 2), "gbv", "specinfer"),
+        ("2 paths x 2, i.i.d.", tlu.paths_shape(2, 2), "gbv", "traversal_iid"),
+        ("3 x 1, i.i.d.", tsu.branching_shape([3, 1]), "spectr", "specinfer"),
+    ]
+    for label, shape, a, b in cases:
+        total = dict.fromkeys(("fewer", "same", "more"), Fraction(0))
+        for seed in seeds:
+            tables = tsu.ExactTables(V, seed, draft_relations=FULL_SUPPORT)
+            result = tlu.same_coin_comparison(tables, shape, RULES[a][0], RULES[b][0], RULES[a][1])
+            for key in total:
+                total[key] += result[key]
+        n = len(seeds)
+        print(f"| {label} | {a} vs {b} | {float(total['fewer']) / n:.4f} | {float(total['same']) / n:.4f} | "
+              f"{float(total['more']) / n:.4f} |")
+
+
 def same_coins(n: int) -> None:
-    """Both rules of a pair verify the same drafted trees with the same coins."""
-    print(f"\n### Same trees, same coins ({n} trees, V = 4, one table; through specdecode.verify_tree)\n")
+    """The same comparison through ``specdecode.verify_tree`` on drafted batches."""
+    print(f"\n### Same trees, same coins, through specdecode.verify_tree ({n} trees, V = 4, one table)\n")
     print("| trees | rule A vs rule B | A accepts fewer | same | A accepts more | mean tokens A | mean tokens B |")
     print("|---|---|---|---|---|---|---|")
     exact = tsu.ExactTables(4, 11, target_kinds=("random", "peaked", "near_uniform", "sparse"),
@@ -153,6 +179,7 @@ def main() -> None:
     seeds = range(4) if args.quick else range(40)
     table_one_node(4, seeds)
     table_trees(3, range(3) if args.quick else range(20))
+    same_coins_exact(3, range(3) if args.quick else range(20))
     same_coins(2000 if args.quick else 20000)
 
 

@@ -75,3 +75,15 @@ def test_rejected_update_keeps_the_mass_identity():
     assert new == [Fraction(1, 2), 0, 0]
     # a rejection that cannot happen (m == D) falls back to the target row
     assert rejected_update(D, D, [Fraction(1, 3)] * 3) == [Fraction(1, 3)] * 3
+
+
+def test_same_coins_do_not_order_the_rules_path_by_path():
+    """Exactly, with shared coins: a rule against itself always agrees; traversal against token
+    verification on a chain (block against token verification) accepts more on some coins and
+    fewer on others, so its advantage holds in expectation only."""
+    tables, chain = tsu.ExactTables(3, 3, draft_relations=("close", "near_uniform", "independent")), tsu.chain_shape(3)
+    spec = tlu.node_rule_as_row(specinfer_node)
+    assert tlu.same_coin_comparison(tables, chain, spec, spec, "iid") == {"fewer": 0, "same": 1, "more": 0}
+    result = tlu.same_coin_comparison(tables, chain, IID, spec, "iid")
+    assert sum(result.values()) == 1
+    assert result["fewer"] > 0 and result["more"] > 0

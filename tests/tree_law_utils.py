@@ -155,3 +155,86 @@ def whole_tree_law(tables: tsu.ExactTables, shape: tsu.Shape, row_rule: RowRule,
         for out, pr in outcomes(run).items():
             law[out] += prob * pr
     return dict(law)
+
+
+class SharedCoinChooser:
+    """A chooser for running two rules on the *same* coins, exactly: each coin is kept as an
+    interval ``[lo, hi)`` of its possible values, and a question whose answer depends on where
+    the coin lies in its interval splits it (``accept(node, r)``: ``u < r``; ``sample``: the
+    inverse-CDF cell of coin 0). Replayed by :func:`outcomes`, every branch has probability
+    equal to the volume of its box of coins."""
+
+    def __init__(self, forced: list[int]) -> None:
+        self.forced = forced
+        self.trace: list[tuple[list[tuple[object, Fraction]], int]] = []
+        self.box: dict[int, tuple[Fraction, Fraction]] = {}
+
+    def _choose(self, coin: int, cells: list[tuple[object, Fraction, Fraction]]):
+        lo, hi = self.box.get(coin, (Fraction(0), Fraction(1)))
+        parts = [(value, max(a, lo), min(b, hi)) for value, a, b in cells]
+        parts = [(value, a, b) for value, a, b in parts if b > a]
+        if len(parts) == 1:
+            value, a, b = parts[0]
+            self.box[coin] = (a, b)
+            return value
+        alternatives = [((value, a, b), (b - a) / (hi - lo)) for value, a, b in parts]
+        position = len(self.trace)
+        index = self.forced[position] if position < len(self.forced) else 0
+        self.trace.append((alternatives, index))
+        value, a, b = alternatives[index][0]
+        self.box[coin] = (a, b)
+        return value
+
+    def accept(self, node: int, ratio) -> bool:
+        r = Fraction(1) if ratio >= 1 else Fraction(ratio)
+        return self._choose(node, [(True, Fraction(0), r), (False, r, Fraction(1))])
+
+    def sample(self, weights) -> int:
+        weights = [Fraction(w) for w in weights]
+        total = sum(weights)
+        if not total > 0:
+            return -1
+        cells, running = [], Fraction(0)
+        for y, w in enumerate(weights):
+            if w > 0:
+                cells.append((y, running / total, (running + w) / total))
+            running += w
+        return self._choose(0, cells)
+
+    def probability(self) -> Fraction:
+        prob = Fraction(1)
+        for alternatives, index in self.trace:
+            prob *= alternatives[index][1]
+        return prob
+
+
+def same_coin_comparison(tables: tsu.ExactTables, shape: tsu.Shape, rule_a: RowRule, rule_b: RowRule,
+                         scheme: str) -> dict[str, Fraction]:
+    """Exact probabilities that ``rule_a`` accepts fewer / as many / more draft tokens than
+    ``rule_b`` when both verify the same drafted trees with the same coins."""
+    result = {"fewer": Fraction(0), "same": Fraction(0), "more": Fraction(0)}
+    for tokens, parents, prob in tree_draws(tables, shape, scheme):
+        n = len(parents)
+        ctx: list[tuple] = [()]
+        for v in range(1, n):
+            ctx.append(ctx[parents[v]] + (tokens[v],))
+        p_rows = [tables.p(c) for c in ctx]
+        q_rows = [tables.q(c) for c in ctx]
+
+        def run(chooser, p_rows=p_rows, q_rows=q_rows, tokens=tokens, parents=parents, n=n):
+            a = len(rule_a(p_rows, q_rows, tokens, parents, n, chooser)[0])
+            b = len(rule_b(p_rows, q_rows, tokens, parents, n, chooser)[0])
+            return "fewer" if a < b else "same" if a == b else "more"
+
+        stack: list[list[int]] = [[]]
+        while stack:
+            forced = stack.pop()
+            chooser = SharedCoinChooser(forced)
+            result[run(chooser)] += prob * chooser.probability()
+            for position in range(len(forced), len(chooser.trace)):
+                alternatives, index = chooser.trace[position]
+                prefix = [i for _, i in chooser.trace[:position]]
+                for other in range(len(alternatives)):
+                    if other != index:
+                        stack.append(prefix + [other])
+    return result
