@@ -76,7 +76,7 @@ def _below(p: Sequence[Number], q: Sequence[Number]) -> list[Number]:
     return G
 
 
-def _next_law(p, q, state: list[Number], mode: str) -> list[Number]:
+def _next_law(p: Sequence[Number], q: Sequence[Number], state: list[Number], mode: str) -> list[Number]:
     """``q~(b) = sum_m state[m] * P(pick b | m paths)`` for ``mode`` "best" or "first"."""
     if mode == "first":
         return list(q)
@@ -91,7 +91,7 @@ def _next_law(p, q, state: list[Number], mode: str) -> list[Number]:
     return law
 
 
-def _mode(p, q, state: list[Number]) -> tuple[str, list[Number]]:
+def _mode(p: Sequence[Number], q: Sequence[Number], state: list[Number]) -> tuple[str, list[Number]]:
     """The greedy choice: the mode whose next-token law overlaps p more (ties: "first")."""
     best = _next_law(p, q, state, "best")
     first = list(q)
@@ -100,7 +100,7 @@ def _mode(p, q, state: list[Number]) -> tuple[str, list[Number]]:
     return ("best", best) if overlap_best > overlap_first else ("first", first)
 
 
-def _advance(p, q, state: list[Number], mode: str, b: int) -> list[Number]:
+def _advance(p: Sequence[Number], q: Sequence[Number], state: list[Number], mode: str, b: int) -> list[Number]:
     """The distribution of |S| after token b was picked (Bayes over the forward state)."""
     K = len(state) - 1
     new = [q[0] * 0] * (K + 1)

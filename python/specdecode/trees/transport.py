@@ -68,7 +68,8 @@ def spectr_rho(p: Sequence[Number], q: Sequence[Number], k: int) -> Number:
     return hi
 
 
-def spectr_node(p, q, children, chooser, *, rho: Number | None = None, **_: Any) -> tuple[str, int]:
+def spectr_node(p: Sequence[Number], q: Sequence[Number], children: Sequence[tuple[int, int]], chooser: Any, *,
+                rho: Number | None = None, **_: Any) -> tuple[str, int]:
     """SpecTr's k-sequential selection over the node's ``k`` children (i.i.d. from q).
 
     ``rho`` overrides :func:`spectr_rho` (``rho=1`` is a broken variant: no relaxation).
@@ -91,7 +92,8 @@ def hub_token(q: Sequence[Number]) -> int:
     return argmax_lowest(q)
 
 
-def spechub_node(p, q, children, chooser, *, cap_hub: bool = True, **_: Any) -> tuple[str, int]:
+def spechub_node(p: Sequence[Number], q: Sequence[Number], children: Sequence[tuple[int, int]], chooser: Any, *,
+                 cap_hub: bool = True, **_: Any) -> tuple[str, int]:
     """SpecHub at one node whose children are a hub pair (then draws without replacement).
 
     ``cap_hub=False`` accepts the hub child whenever the other child is rejected (a broken
