@@ -154,3 +154,25 @@ def test_traversal_generation_keeps_the_target_law(sampling_pair):
                               tree_children="without_replacement", rule="traversal")
     assert out.stats.tree_rule == "traversal"
     assert chi_square_p(out.sequences[:, len(PROMPT):], exact_joint(target, PROMPT)) > 1e-4
+
+
+def test_traversal_on_a_chain_equals_the_compiled_block_rule():
+    """A chain as a tree, coins rolled by one column: traversal gives the chain op's block
+    verification (ragged rows, V = 111, B = 3)."""
+    gen = torch.Generator().manual_seed(5)
+    B, gamma, V = 3, 4, 111
+    for trial in range(20):
+        target = torch.randn(B, gamma + 1, V, generator=gen) * 2
+        draft = target[:, :gamma] + torch.randn(B, gamma, V, generator=gen)
+        q = torch.softmax(draft, -1)
+        drafts = torch.multinomial(q.reshape(-1, V), 1, generator=gen).view(B, gamma)
+        num = torch.tensor([gamma, 2, 0])
+        coins = torch.rand(B, gamma + 1, generator=gen, dtype=torch.float64)
+        chain = specdecode.verify_logits(target, draft, drafts, rule="block", temperature=1.0, uniforms=coins,
+                                         num_draft_tokens=num)
+        tree = TokenTree.chain(torch.zeros(B, dtype=torch.int64), drafts, num)
+        tree_draft = torch.cat([draft, torch.zeros(B, 1, V)], 1)
+        out = specdecode.verify_tree(target, tree_draft, tree, rule="traversal_iid", temperature=1.0,
+                                     uniforms=torch.roll(coins, 1, dims=1))
+        assert torch.equal(out.accepted_len, chain.accepted_len), trial
+        assert torch.equal(out.tokens, chain.tokens), trial
