@@ -32,14 +32,14 @@ import tree_stat_utils as tsu  # noqa: E402
 import specdecode  # noqa: E402
 from specdecode.trees.multipath import gbv_row  # noqa: E402
 from specdecode.trees.reference import rrs_node, specinfer_node  # noqa: E402
-from specdecode.trees.transport import spechub_node, spectr_node  # noqa: E402
+from specdecode.trees.transport import spechub_node  # noqa: E402
 from specdecode.trees.traversal import traversal_row  # noqa: E402
 
 #: rule -> (row function, drafting scheme)
 RULES = {
     "specinfer": (tlu.node_rule_as_row(specinfer_node), "iid"),
     "rrs": (tlu.node_rule_as_row(rrs_node), "without_replacement"),
-    "spectr": (tlu.node_rule_as_row(spectr_node), "iid"),
+    "spectr": (tlu.node_rule_as_row(tlu.memoized_spectr_node()), "iid"),
     "spechub": (tlu.node_rule_as_row(spechub_node), "hub"),
     "traversal_iid": (partial(traversal_row, replacement=True), "iid"),
     "traversal": (partial(traversal_row, replacement=False), "without_replacement"),

@@ -15,7 +15,7 @@ import tree_stat_utils as tsu
 from specdecode.trees.reference import specinfer_node
 from specdecode.trees.transport import draw_hub_children, hub_token, spechub_node, spectr_node, spectr_rho
 
-SPECTR = tlu.node_rule_as_row(spectr_node)
+SPECTR = tlu.node_rule_as_row(tlu.memoized_spectr_node())
 SPECHUB = tlu.node_rule_as_row(spechub_node)
 
 

@@ -238,3 +238,19 @@ def same_coin_comparison(tables: tsu.ExactTables, shape: tsu.Shape, rule_a: RowR
                     if other != index:
                         stack.append(prefix + [other])
     return result
+
+
+def memoized_spectr_node():
+    """``spectr_node`` with its relaxation ``rho`` computed once per (p, q, k) (keyed by the
+    values: the enumeration asks for the same node rows thousands of times)."""
+    from specdecode.trees.transport import spectr_node, spectr_rho
+
+    cache: dict[tuple, object] = {}
+
+    def node(p, q, children, chooser, **options):
+        key = (tuple(p), tuple(q), len(children))
+        if key not in cache:
+            cache[key] = spectr_rho(p, q, len(children))
+        return spectr_node(p, q, children, chooser, rho=cache[key], **options)
+
+    return node

@@ -24,6 +24,7 @@ docs/trees.md derives both and says where each one beats ``specinfer`` / ``rrs``
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from typing import Any, Sequence
 
 import torch
@@ -39,8 +40,25 @@ Number = Any
 RHO_STEPS = 40
 
 
-def _beta(p: Sequence[Number], q: Sequence[Number], rho: Number) -> Number:
-    return sum(min(qx, px / rho) for px, qx in zip(p, q))
+class _Beta:
+    """``beta(rho) = sum_x min(q(x), p(x) / rho)`` in O(log V) per call: tokens sorted by
+    ``p/q``; those with ``p/q < rho`` contribute ``p/rho``, the others ``q``."""
+
+    def __init__(self, p: Sequence[Number], q: Sequence[Number]) -> None:
+        items = sorted((p[x] / q[x], p[x], q[x]) for x in range(len(q)) if q[x] > 0)
+        zero = p[0] * 0
+        self.ratios = [r for r, _, _ in items]
+        self.low_p = [zero]
+        for _, px, _ in items:
+            self.low_p.append(self.low_p[-1] + px)
+        self.high_q = [zero]
+        for _, _, qx in reversed(items):
+            self.high_q.append(self.high_q[-1] + qx)
+        self.high_q.reverse()
+
+    def __call__(self, rho: Number) -> Number:
+        i = bisect_left(self.ratios, rho)
+        return self.low_p[i] / rho + self.high_q[i]
 
 
 def spectr_rho(p: Sequence[Number], q: Sequence[Number], k: int) -> Number:
@@ -51,9 +69,10 @@ def spectr_rho(p: Sequence[Number], q: Sequence[Number], k: int) -> Number:
     one = p[0] * 0 + 1
     if k <= 1:
         return one
+    beta = _Beta(p, q)
 
     def feasible(rho: Number) -> bool:
-        b = _beta(p, q, rho)
+        b = beta(rho)
         return rho * b >= 1 - (1 - b) ** k
 
     if feasible(one):
@@ -81,7 +100,7 @@ def spectr_node(p: Sequence[Number], q: Sequence[Number], children: Sequence[tup
     for j, (node, x) in enumerate(children):
         if chooser.accept(node, ratio(p[x], rho * q[x])):
             return ("accept", j)
-    beta = _beta(p, q, rho)
+    beta = sum(min(qx, px / rho) for px, qx in zip(p, q))
     c = (1 - (1 - beta) ** k) / beta if beta > 0 else 0
     residual = [max(px - c * min(qx, px / rho), 0) for px, qx in zip(p, q)]
     return ("emit", chooser.sample(normalized_or(residual, p)))
