@@ -11,6 +11,7 @@ import tree_law_utils as tlu
 import tree_stat_utils as tsu
 
 from specdecode.trees.multipath import gbv_row, k_paths
+from specdecode.trees.reference import specinfer_node
 from specdecode.trees.traversal import traversal_row
 
 
@@ -39,3 +40,16 @@ def test_k_paths_recognises_only_disjoint_paths_of_one_length():
     assert k_paths([-1], 1) == []
     assert k_paths([-1, 0, 0, 1], 4) is None          # lengths 2 and 1
     assert k_paths([-1, 0, 1, 1], 4) is None          # a node with two children
+
+
+def test_gbv_against_specinfer_on_the_same_iid_paths():
+    """docs/trees.md: by enumeration GBV is above specinfer on most tables but not all (table 6)."""
+    shape = tlu.paths_shape(2, 2)
+    spec = tlu.node_rule_as_row(specinfer_node)
+    gains = []
+    for seed in (0, 1, 2, 6):
+        tables = tsu.ExactTables(3, seed)
+        gains.append(tsu.expected_accepted(tlu.whole_tree_law(tables, shape, gbv_row, "iid"))
+                     - tsu.expected_accepted(tlu.whole_tree_law(tables, shape, spec, "iid")))
+    assert gains[-1] < 0
+    assert sum(gains) > 0

@@ -12,7 +12,7 @@ import torch
 import tree_law_utils as tlu
 import tree_stat_utils as tsu
 
-from specdecode.trees.reference import specinfer_node
+from specdecode.trees.reference import rrs_node, specinfer_node
 from specdecode.trees.transport import draw_hub_children, hub_token, spechub_node, spectr_node, spectr_rho
 
 SPECTR = tlu.node_rule_as_row(tlu.memoized_spectr_node())
@@ -76,3 +76,17 @@ def test_draw_hub_children_when_q_is_one_hot():
     probs = torch.tensor([[0.0, 1.0, 0.0]], dtype=torch.float64)
     out = draw_hub_children(probs, 3, torch.full((1, 3), 0.5, dtype=torch.float64))
     assert out.tolist() == [[1, -1, -1]]
+
+
+def test_spechub_is_above_rrs_on_average_but_not_on_every_table():
+    """docs/trees.md: SpecHub spends one of its two drafts on the hub, which loses to rrs when
+    the target dislikes the hub (table 8), and wins elsewhere (table 7)."""
+    shape = tsu.branching_shape([2])
+    rrs = tlu.node_rule_as_row(rrs_node)
+    values = {}
+    for seed in (7, 8):
+        tables = tsu.ExactTables(3, seed)
+        values[seed] = (tsu.expected_accepted(tlu.whole_tree_law(tables, shape, SPECHUB, "hub")),
+                        tsu.expected_accepted(tlu.whole_tree_law(tables, shape, rrs, "without_replacement")))
+    assert values[8][0] < values[8][1]
+    assert values[7][0] > values[7][1]
