@@ -47,7 +47,7 @@ def test_gbv_against_specinfer_on_the_same_iid_paths():
     shape = tlu.paths_shape(2, 2)
     spec = tlu.node_rule_as_row(specinfer_node)
     gains = []
-    for seed in (0, 1, 2, 6):
+    for seed in (0, 1, 3, 5, 7, 6):
         tables = tsu.ExactTables(3, seed)
         gains.append(tsu.expected_accepted(tlu.whole_tree_law(tables, shape, gbv_row, "iid"))
                      - tsu.expected_accepted(tlu.whole_tree_law(tables, shape, spec, "iid")))
