@@ -261,8 +261,12 @@ def test_root_only_tree_emits_from_p():
 
 def test_rule_table():
     rules = {r.name: r for r in list_tree_rules()}
-    assert set(rules) == {"greedy", "specinfer", "rrs", "deterministic", "typical"}
-    assert [n for n, r in rules.items() if r.needs_draft_logits] == ["specinfer", "rrs"]
+    compiled = {"greedy", "specinfer", "rrs", "deterministic", "typical"}
+    python_only = {"traversal", "traversal_iid", "gbv", "spectr", "spechub"}
+    assert set(rules) == compiled | python_only
+    assert {n for n, r in rules.items() if r.compiled} == compiled
+    assert [n for n, r in rules.items() if r.needs_draft_logits and r.compiled] == ["specinfer", "rrs"]
+    assert all(rules[n].needs_draft_logits for n in python_only)
     assert not rules["typical"].lossless and all(r.lossless for n, r in rules.items() if n != "typical")
     assert "replacement" in rules["rrs"].drafting and "i.i.d." in rules["specinfer"].drafting
 

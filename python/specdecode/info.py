@@ -64,7 +64,10 @@ def build_report() -> str:
 
     lines.append("verification rules (chains):")
     lines += [f"  {rule}" for rule in list_rules()]
-    lines.append(f"tree rules: {', '.join(str(r.name) for r in list_tree_rules())}")
+    compiled = ", ".join(r.name for r in list_tree_rules() if r.compiled)
+    python_only = ", ".join(r.name for r in list_tree_rules() if not r.compiled)
+    lines.append(textwrap.fill(f"tree rules: {compiled}; in Python only: {python_only}", width=100,
+                               subsequent_indent="  ", break_on_hyphens=False, break_long_words=False))
     lines.append(f"torch threads: {torch.get_num_threads()}; CUDA device available: {torch.cuda.is_available()}")
     return "\n".join(lines)
 

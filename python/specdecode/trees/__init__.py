@@ -8,7 +8,10 @@
 - :mod:`specdecode.trees.reference` — the pure-Python reference of both ops.
 - Shapes and builders: :class:`TreeShape` (static rank paths), :func:`sequoia_shape` (the
   optimal shape for a measured acceptance-by-rank vector), :func:`select_frontier` /
-  :func:`prune_to_budget` (EAGLE-2 dynamic trees), :func:`draw_children` (fixed-shape draws).
+  :func:`prune_to_budget` (EAGLE-2 dynamic trees), :func:`draw_children` (fixed-shape draws),
+  :func:`draw_hub_children` (SpecHub's hub pairs).
+- Python-only rules (no compiled kernel yet): traversal verification, GBV, SpecTr, SpecHub
+  (:mod:`specdecode.trees.python_rules`); :func:`verify_tree` takes them by name.
 
 >>> import torch
 >>> from specdecode.trees import TokenTree, tree_attention_mask, verify_tree
@@ -23,6 +26,7 @@ from specdecode.trees.rules import TreeRuleInfo, get_tree_rule, list_tree_rules
 from specdecode.trees.sequoia import acceptance_from_conditional, expected_accepted_length, sequoia_shape
 from specdecode.trees.shapes import TreeShape
 from specdecode.trees.stochastic import draw_children
+from specdecode.trees.transport import draw_hub_children
 from specdecode.trees.tree import MAX_TREE_NODES, TokenTree
 from specdecode.trees.verify import TreeVerifyOutput, verify_tree
 
@@ -33,6 +37,7 @@ __all__ = [
     "TreeShape",
     "acceptance_from_conditional",
     "draw_children",
+    "draw_hub_children",
     "expected_accepted_length",
     "prune_to_budget",
     "select_frontier",

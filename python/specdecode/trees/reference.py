@@ -32,7 +32,7 @@ from specdecode.reference import process_logits
 from specdecode.sampling import SamplingParams
 from specdecode.trees.mask import TreeMasks
 from specdecode.trees.tree import TokenTree
-from specdecode.trees.verify import TreeVerifyOutput
+from specdecode.trees.output import TreeVerifyOutput
 
 Number = Any  # float or fractions.Fraction
 NodeDecision = tuple[str, int]

@@ -11,39 +11,19 @@
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from specdecode._ops import ops
 from specdecode.sampling import SamplingParams, as_sampling_params
+from specdecode.trees.output import TreeVerifyOutput
+from specdecode.trees.python_rules import is_python_rule, verify_tree_python
 from specdecode.trees.rules import get_tree_rule, tree_rule_params
 from specdecode.trees.tree import TokenTree
 
 _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
-
-
-class TreeVerifyOutput(NamedTuple):
-    """Result of one tree verification call, trimmed to the deepest tree of the batch (D).
-
-    Shape:
-        tokens: ``[B, D+1]`` int64 — the accepted path's tokens (root excluded), then the one
-            emitted token, then ``-1`` padding.
-        accepted_len: ``[B]`` int64 — accepted draft nodes per row; each row emits
-            ``accepted_len + 1`` tokens.
-        accepted_nodes: ``[B, D+1]`` int64 — node indices of the path: the root 0, then the
-            ``accepted_len`` accepted nodes, then ``-1`` (the cache columns to keep).
-    """
-
-    tokens: Tensor
-    accepted_len: Tensor
-    accepted_nodes: Tensor
-
-    @property
-    def emitted_len(self) -> Tensor:
-        """Tokens emitted per row (``accepted_len + 1``). Shape: ``[B]``."""
-        return self.accepted_len + 1
 
 
 def _check_logits(name: str, value: Any, shape: tuple[int, int], device: torch.device) -> Tensor:
@@ -123,7 +103,8 @@ def verify_tree(
         target_logits: ``[B, N, V]`` float32 / float16 / bfloat16 / float64 — at node v, the
             target's logits for the token that follows v.
         draft_logits: ``[B, N, V]`` same dtype, or None — at node v, the logits v's children
-            were drafted from; needed by ``specinfer`` and ``rrs`` (unless temperature is 0).
+            were drafted from; needed by every rule that reads q (``specinfer``, ``rrs`` and the
+            Python-only rules) unless temperature is 0.
         tree: :class:`TokenTree` with ``[B, N]`` tensors on the logits' device.
         uniforms: ``[B, N]`` float64 in [0, 1) or None — column ``c > 0`` is node c's acceptance
             coin, column 0 the emitted token's inverse-CDF coin (a chain of k drafts as a tree
@@ -138,7 +119,10 @@ def verify_tree(
     (see :meth:`TokenTree.validate`), node tokens outside ``[0, V)``, repeated sibling tokens
     under ``rrs`` / ``deterministic``, and NaN / ``+inf`` logits in a row that is read raise
     ``ValueError`` naming the argument. The op runs on the CPU; other devices raise
-    ``NotImplementedError`` until they have a kernel.
+    ``NotImplementedError`` until they have a kernel. The rules marked Python-only in
+    :func:`list_tree_rules` (``traversal``, ``traversal_iid``, ``gbv``, ``spectr``,
+    ``spechub``) run in :mod:`specdecode.trees.python_rules` on the CPU (any device's tensors
+    are copied there), with the same coins, and do not take ``philox_seed`` / ``philox_offset``.
     """
     if not isinstance(tree, TokenTree):
         raise TypeError(f"tree: expected a specdecode.trees.TokenTree, got {type(tree).__name__}")
@@ -164,6 +148,12 @@ def verify_tree(
         raise ValueError(f"draft_logits: tree rule {info.name!r} needs the draft's logits at every node, shape [B, N, V]")
     draft = draft_logits if info.needs_draft_logits else None
 
+    if is_python_rule(info.name):
+        if philox_seed is not None or philox_offset is not None:
+            raise NotImplementedError(f"philox_seed / philox_offset: tree rule {info.name!r} runs in Python only; "
+                                      "pass uniforms or generator")
+        coins = _tree_uniforms(B, N, device, generator, uniforms)
+        return verify_tree_python(target_logits, draft, tree, rule=info.name, sampling=params, uniforms=coins)
     if philox_seed is not None or philox_offset is not None:
         if philox_seed is None or philox_offset is None:
             missing = "philox_seed" if philox_seed is None else "philox_offset"
