@@ -10,6 +10,7 @@
 - :class:`TokenizerBridgeDrafter`: a draft model with its own tokenizer (text is re-encoded
   both ways).
 - :class:`LayerSkipDrafter`: self-speculation with some of the target's own decoder layers.
+- :class:`EagleDrafter`: a feature drafter (EAGLE) reading the target's hidden states.
 """
 
 from specdecode.drafters.base import (
@@ -22,6 +23,7 @@ from specdecode.drafters.base import (
     StaticDraftState,
     point_mass_logits,
 )
+from specdecode.drafters.eagle import EagleDrafter
 from specdecode.drafters.layer_skip import LayerSkipDrafter
 from specdecode.drafters.model import ModelDrafter
 from specdecode.drafters.ngram import NgramDrafter
@@ -32,6 +34,7 @@ __all__ = [
     "DraftState",
     "Drafter",
     "DrafterBase",
+    "EagleDrafter",
     "LayerSkipDrafter",
     "ModelDrafter",
     "NgramDrafter",
