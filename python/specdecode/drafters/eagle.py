@@ -57,10 +57,12 @@ class EagleModel(nn.Module):
     feature (default ``(-1,)``); several layers (EAGLE-3 style) are first projected to the
     hidden size. ``draft_vocab``: None for the target's own head, or ``[Vd]`` int64 distinct
     target ids (a reduced head, started from the target head's rows of those ids).
+    ``init_from_target``: start the decoder from the target's first layer (see
+    :meth:`_start_from_target`) rather than at random (training; loading overwrites both).
     """
 
     def __init__(self, target: nn.Module, feature_layers: tuple[int, ...] = (-1,),
-                 draft_vocab: Tensor | None = None) -> None:
+                 draft_vocab: Tensor | None = None, init_from_target: bool = False) -> None:
         super().__init__()
         from transformers import AutoModel
 
@@ -78,6 +80,8 @@ class EagleModel(nn.Module):
                                              attn_implementation=target.config._attn_implementation)
         self.decoder.set_input_embeddings(nn.Embedding(1, hidden, **factory))  # inputs come as embeddings
         self.decoder.to(reference.device).eval()
+        if init_from_target:
+            self._start_from_target(target)
         self.target_vocab = vocab_rows(target)
         if draft_vocab is None:
             self.lm_head = None
@@ -92,6 +96,22 @@ class EagleModel(nn.Module):
             with torch.no_grad():
                 self.lm_head.weight.copy_(target.get_output_embeddings().weight[ids])
             self.register_buffer("draft_to_target", ids)
+
+    def _start_from_target(self, target: nn.Module) -> None:
+        """Start as a one-layer layer-skip drafter: the decoder takes the target's first layer,
+        final norm (and position embeddings, where the architecture has them), and ``fc`` passes
+        the token embedding through (the feature part starts at zero, training brings it in)."""
+        prefix = getattr(target, "base_model_prefix", "model") + "."
+        source = target.state_dict()
+        own = self.decoder.state_dict()
+        embedding = "embed" if "embed_tokens.weight" in own else "wte"
+        state = {k: source[prefix + k] for k in own
+                 if not k.startswith(embedding) and prefix + k in source and source[prefix + k].shape == own[k].shape}
+        self.decoder.load_state_dict(state, strict=False)
+        with torch.no_grad():
+            self.fc.weight.zero_()
+            self.fc.bias.zero_()
+            self.fc.weight[:, self.hidden_size:].copy_(torch.eye(self.hidden_size))
 
     @property
     def draft_vocab_size(self) -> int | None:

@@ -75,10 +75,11 @@ class Built:
     options: dict[str, Any] = field(default_factory=dict)
 
 
-def _new_model(target: nn.Module, layers: tuple[int, ...], draft_vocab: Tensor | None) -> EagleModel:
+def _new_model(target: nn.Module, layers: tuple[int, ...], draft_vocab: Tensor | None, init_from_target: bool
+               ) -> EagleModel:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(_INIT_SEED)
-        model = EagleModel(target, layers, draft_vocab)
+        model = EagleModel(target, layers, draft_vocab, init_from_target=init_from_target)
     model.decoder.get_input_embeddings().weight.requires_grad_(False)  # unused: inputs come as embeddings
     return model
 
@@ -88,11 +89,13 @@ def _trainable(model: EagleTraining) -> dict[str, nn.Parameter]:
 
 
 def build(target: nn.Module, *, feature_layers: tuple[int, ...] | list[int] = (-1,), draft_vocab_size: int | None = None,
-          feature_weight: float = 1.0) -> Built:
+          feature_weight: float = 1.0, init_from_target: bool = False) -> Built:
     """An untrained EAGLE drafter for ``target`` (only read). ``feature_layers``: indices into
     the target's ``hidden_states`` (default the last); ``draft_vocab_size``: a reduced head
     (chosen from the data in :func:`prepare`), None for the target's own; ``feature_weight``:
-    the weight of the feature regression (used when the feature is the last hidden state)."""
+    the weight of the feature regression (used when the feature is the last hidden state);
+    ``init_from_target``: start from the target's first decoder layer (a one-layer layer-skip
+    drafter before training) instead of a random layer."""
     layers = check_feature_layers(target, tuple(feature_layers) if isinstance(feature_layers, list)
                                   else feature_layers)
     vocab = vocab_rows(target)
@@ -101,8 +104,11 @@ def build(target: nn.Module, *, feature_layers: tuple[int, ...] | list[int] = (-
         raise ValueError(f"draft_vocab_size: expected an int in [1, {vocab}] or None, got {draft_vocab_size!r}")
     if isinstance(feature_weight, bool) or not isinstance(feature_weight, (int, float)) or feature_weight < 0:
         raise ValueError(f"feature_weight: expected a number >= 0, got {feature_weight!r}")
-    model = EagleTraining(target, _new_model(target, layers, None), float(feature_weight))
-    return Built(model, _trainable(model), list(layers), layers, draft_vocab_size)
+    if not isinstance(init_from_target, bool):
+        raise ValueError(f"init_from_target: expected a bool, got {init_from_target!r}")
+    model = EagleTraining(target, _new_model(target, layers, None, init_from_target), float(feature_weight))
+    return Built(model, _trainable(model), list(layers), layers, draft_vocab_size,
+                 {"init_from_target": init_from_target})
 
 
 def draft_vocabulary(examples: list[Any], vocab_size: int, size: int) -> Tensor:
@@ -123,7 +129,7 @@ def prepare(built: Built, examples: list[Any]) -> None:
         return
     target = built.model.target
     ids = draft_vocabulary(examples, vocab_rows(target), built.draft_vocab_size)
-    built.model.eagle = _new_model(target, built.feature_layers, ids)
+    built.model.eagle = _new_model(target, built.feature_layers, ids, built.options["init_from_target"])
     built.params.clear()
     built.params.update(_trainable(built.model))
 
