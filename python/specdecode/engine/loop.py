@@ -10,6 +10,8 @@
 4. **commit**: emitted tokens go to the outputs (cut at EOS, ``max_new_tokens`` and stopping
    criteria), the batch layout advances (rejected columns become holes), the target's cache is
    cropped, the drafter is told what was kept, finished rows leave, holes are re-packed.
+   A drafter that declares ``feature_layers`` is also handed the target's hidden states of the
+   committed columns, taken from the same target forward (and the prompt's after the prefill).
 
 The batch layout is described in :mod:`specdecode.engine.batch`. What this loop shares with the
 static path (:mod:`specdecode.engine.static_loop`) is in :mod:`~specdecode.engine.step_phases`

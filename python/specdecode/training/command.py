@@ -86,6 +86,8 @@ def train_parser(sub: Any) -> argparse.ArgumentParser:
                    help="most optimizer steps")
     t.add_argument("--draft-vocab", type=cli_args.int_at_least("draft_vocab", 1), default=None,
                    help="eagle: a reduced head over the N most frequent tokens (default: the target's head)")
+    t.add_argument("--unroll", type=int, choices=[1, 2], default=None,
+                   help="eagle: 2 also trains the second draft step on the drafter's own feature (default 1)")
     t.add_argument("--threads", type=cli_args.int_at_least("threads", 1), default=None,
                    help="torch CPU threads (default: torch's choice)")
     return t
@@ -104,6 +106,10 @@ def run_train(args: argparse.Namespace) -> dict[str, Any]:
         if args.kind != "eagle":
             raise ValueError(f"draft_vocab: only the eagle kind has a reduced head, not {args.kind!r}")
         options["draft_vocab_size"] = args.draft_vocab
+    if getattr(args, "unroll", None) is not None:
+        if args.kind != "eagle":
+            raise ValueError(f"unroll: only the eagle kind unrolls its draft steps, not {args.kind!r}")
+        options["unroll"] = args.unroll
     result = train_drafter(args.kind, args.target, args.out, minutes=args.minutes, data=args.data, seed=args.seed,
                            max_steps=args.max_steps, **options)
     record = result.record

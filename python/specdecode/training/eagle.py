@@ -51,11 +51,12 @@ class EagleTraining(nn.Module):
     """What the loop trains: the :class:`EagleModel` (a submodule) beside the target, which is
     held outside the module tree (never trained, never saved)."""
 
-    def __init__(self, target: nn.Module, eagle: EagleModel, feature_weight: float) -> None:
+    def __init__(self, target: nn.Module, eagle: EagleModel, feature_weight: float, unroll: int = 1) -> None:
         super().__init__()
         self.eagle = eagle
         self._target = (target,)
         self.feature_weight = feature_weight
+        self.unroll = unroll
 
     @property
     def target(self) -> nn.Module:
@@ -89,13 +90,15 @@ def _trainable(model: EagleTraining) -> dict[str, nn.Parameter]:
 
 
 def build(target: nn.Module, *, feature_layers: tuple[int, ...] | list[int] = (-1,), draft_vocab_size: int | None = None,
-          feature_weight: float = 1.0, init_from_target: bool = False) -> Built:
+          feature_weight: float = 1.0, init_from_target: bool = False, unroll: int = 1) -> Built:
     """An untrained EAGLE drafter for ``target`` (only read). ``feature_layers``: indices into
     the target's ``hidden_states`` (default the last); ``draft_vocab_size``: a reduced head
     (chosen from the data in :func:`prepare`), None for the target's own; ``feature_weight``:
     the weight of the feature regression (used when the feature is the last hidden state);
     ``init_from_target``: start from the target's first decoder layer (a one-layer layer-skip
-    drafter before training) instead of a random layer."""
+    drafter before training) instead of a random layer; ``unroll``: 2 also trains the second
+    draft step, which reads the drafter's own predicted feature (training-time test), 1 teacher
+    forcing only."""
     layers = check_feature_layers(target, tuple(feature_layers) if isinstance(feature_layers, list)
                                   else feature_layers)
     vocab = vocab_rows(target)
@@ -104,9 +107,14 @@ def build(target: nn.Module, *, feature_layers: tuple[int, ...] | list[int] = (-
         raise ValueError(f"draft_vocab_size: expected an int in [1, {vocab}] or None, got {draft_vocab_size!r}")
     if isinstance(feature_weight, bool) or not isinstance(feature_weight, (int, float)) or feature_weight < 0:
         raise ValueError(f"feature_weight: expected a number >= 0, got {feature_weight!r}")
+    if unroll not in (1, 2) or isinstance(unroll, bool):
+        raise ValueError(f"unroll: expected 1 or 2, got {unroll!r}")
+    if unroll == 2 and layers != (-1,):
+        raise ValueError("unroll: the second draft step is trained against the target's last hidden state; "
+                         f"use feature_layers=(-1,), got {layers}")
     if not isinstance(init_from_target, bool):
         raise ValueError(f"init_from_target: expected a bool, got {init_from_target!r}")
-    model = EagleTraining(target, _new_model(target, layers, None, init_from_target), float(feature_weight))
+    model = EagleTraining(target, _new_model(target, layers, None, init_from_target), float(feature_weight), unroll)
     return Built(model, _trainable(model), list(layers), layers, draft_vocab_size,
                  {"init_from_target": init_from_target})
 
@@ -156,12 +164,48 @@ def forward(model: EagleTraining, input_ids: Tensor, attention_mask: Tensor, fea
     head = target.get_output_embeddings()
     weight = head.weight.detach()
     bias = None if getattr(head, "bias", None) is None else head.bias.detach()
-    logits = eagle.logits(hidden, lambda h: F.linear(h, weight, bias), vocab_rows(target))
-    extra = None
+    head_fn = lambda h: F.linear(h, weight, bias)  # noqa: E731 - the target's head, frozen
+    logits = eagle.logits(hidden, head_fn, vocab_rows(target))
+    terms = []
+    mask = attention_mask.bool()
     if model.feature_weight > 0 and eagle.feature_layers == (-1,):
-        mask = attention_mask.bool()
-        extra = model.feature_weight * F.smooth_l1_loss(hidden[mask].float(), feats[mask].float())
-    return logits, extra
+        terms.append(model.feature_weight * F.smooth_l1_loss(hidden[mask].float(), feats[mask].float()))
+    if model.unroll > 1:
+        second = _second_step(eagle, eagle.input_features(previous), embeds, hidden, attention_mask, positions)
+        log_p = torch.log_softmax(head_fn(feats).float()[..., : logits.shape[-1]], -1)
+        log_q = torch.log_softmax(eagle.logits(second, head_fn, vocab_rows(target)).float(), -1)
+        kl = torch.where(torch.isneginf(log_q), torch.zeros_like(log_q), log_p.exp() * (log_p - log_q)).sum(-1)
+        counted = mask.clone()
+        counted[:, 0] = False  # position 0 has no previous feature, predicted or not
+        terms.append(kl[counted].mean())
+    return logits, (sum(terms) if terms else None)
+
+
+def _second_step(eagle: EagleModel, inputs: Tensor, embeds: Tensor, hidden: Tensor, attention_mask: Tensor,
+                 positions: Tensor) -> Tensor:
+    """The drafter's outputs at its *second* draft step (training-time test): position ``t``
+    reads its own prediction ``o_{t-1}`` instead of the target's ``f_{t-1}``, while attending
+    to the earlier positions as they were fed with the target's features (as when drafting).
+    One forward over both copies of the sequence with a 4D mask.
+
+    Shape:
+        inputs, embeds, hidden: ``[b, t, hidden]``; attention_mask, positions: ``[b, t]``.
+        Returns ``[b, t, hidden]``.
+    """
+    b, t, _ = embeds.shape
+    own = torch.cat([torch.zeros_like(hidden[:, :1]), hidden[:, :-1]], 1)
+    i = torch.arange(t, device=embeds.device)
+    real = attention_mask.bool()[:, None, :]
+    first = (i[None, :] <= i[:, None])[None] & real  # [b, t, t]
+    earlier = (i[None, :] < i[:, None])[None] & real
+    itself = torch.eye(t, dtype=torch.bool, device=embeds.device)[None].expand(b, -1, -1)
+    allowed = torch.cat([torch.cat([first, torch.zeros_like(first)], 2), torch.cat([earlier, itself], 2)], 1)
+    dtype = eagle.fc.weight.dtype
+    additive = torch.zeros(allowed.shape, dtype=dtype, device=embeds.device).masked_fill(
+        ~allowed, torch.finfo(dtype).min)[:, None]
+    out = eagle(torch.cat([inputs, own], 1), torch.cat([embeds, embeds], 1), additive,
+                torch.cat([positions, positions], 1))
+    return out[:, t:]
 
 
 def save(model: EagleTraining, out_dir: Path) -> None:
