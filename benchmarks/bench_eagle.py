@@ -23,16 +23,12 @@ from __future__ import annotations
 
 import copy
 import statistics
-import sys
 import time
-from pathlib import Path
 from typing import Any, Callable
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
-
-from specdecode.bench.harness import base_parser, format_table, time_call, write_results  # noqa: E402
+from specdecode.bench.harness import base_parser, format_table, time_call, write_results
 
 TUNE_CHAT = (
     "Write a short paragraph about why people enjoy gardening.",

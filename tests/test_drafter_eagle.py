@@ -48,6 +48,15 @@ def test_greedy_equals_target_greedy(arch, head, shape):
     assert out.stats.drafter == "eagle" and out.stats.draft_calls > 0
 
 
+def test_through_custom_generate():
+    target = target_model("gpt2")
+    ids, mask = left_padded([4, 6], vocab=111, seed=5)
+    seq = target.generate(ids, attention_mask=mask, custom_generate=specdecode.custom_generate,
+                          draft_model=eagle(target, reduced=True), num_draft_tokens=2, max_new_tokens=12,
+                          do_sample=False, pad_token_id=PAD)
+    assert torch.equal(seq, hf_greedy(target, ids, mask, max_new_tokens=12))
+
+
 class Checking(EagleDrafter):
     """Before each proposal: the target feature kept for every real committed column equals the
     hidden states of a plain forward over the row's context."""

@@ -105,3 +105,54 @@ def test_bad_options_are_refused(tmp_path):
     with pytest.raises(ValueError, match="features"):
         eagle_kind.forward(eagle_kind.build(target).model, torch.zeros((1, 3), dtype=torch.long),
                            torch.ones((1, 3), dtype=torch.long))
+
+
+def test_second_step_is_what_drafting_computes():
+    """The training-time test's second pass at position t equals the drafter fed positions
+    0..t-1 with the target's features (its cache) and then position t with its own o_{t-1}."""
+    from specdecode.models import kv_cache
+    from specdecode.training.eagle import _second_step
+
+    target = make_model("qwen2", vocab=111, layers=2)
+    model = eagle_kind.build(target, unroll=2).model.eagle
+    ids = torch.randint(3, 111, (1, 7), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(ids)
+    positions = torch.arange(7)[None]
+    with torch.no_grad():
+        feats = target(ids, output_hidden_states=True).hidden_states[-1]
+        previous = torch.cat([torch.zeros_like(feats[:, :1]), feats[:, :-1]], 1)
+        embeds = target.get_input_embeddings()(ids)
+        hidden = model(previous, embeds, mask, positions)
+        second = _second_step(model, previous, embeds, hidden, mask, positions)
+        for t in (1, 4, 6):
+            cache = kv_cache.new_cache()
+            model(previous[:, :t], embeds[:, :t], None, positions[:, :t], cache)
+            step = model(hidden[:, t - 1: t], embeds[:, t: t + 1], None, positions[:, t: t + 1], cache)
+            torch.testing.assert_close(second[:, t], step[:, 0], rtol=1e-4, atol=1e-5)
+
+
+def test_unroll_trains_and_is_checked(tmp_path):
+    target = make_model("llama", vocab=111, layers=2)
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(3, 111, (4,), generator=g).tolist() for _ in range(4)]
+    result = train_drafter("eagle", target, tmp_path, data=prompts, max_steps=2, progress=False, unroll=2,
+                           data_settings=DataSettings(max_length=16, max_new_tokens=8, batch_size=4, top_k=16),
+                           loop_settings=LoopSettings(batch_size=4, warmup_steps=1))
+    assert result.record["training"]["steps"] == 2 and result.record["training"]["options"]["unroll"] == 2
+    for bad in (0, 3, True):
+        with pytest.raises(ValueError, match="unroll"):
+            eagle_kind.build(target, unroll=bad)
+    with pytest.raises(ValueError, match="unroll"):
+        eagle_kind.build(target, unroll=2, feature_layers=(0, -1))
+
+
+def test_command_refuses_eagle_options_for_other_kinds():
+    import argparse
+
+    from specdecode.training.command import run_train
+
+    base = dict(target="demo", out="unused", minutes=None, data=None, seed=0, max_steps=1, threads=None)
+    with pytest.raises(ValueError, match="draft_vocab: only the eagle kind"):
+        run_train(argparse.Namespace(kind="draft", draft_vocab=8, unroll=None, **base))
+    with pytest.raises(ValueError, match="unroll: only the eagle kind"):
+        run_train(argparse.Namespace(kind="draft", draft_vocab=None, unroll=2, **base))
