@@ -169,7 +169,7 @@ def test_default_demo_prompts_are_not_the_held_out_ones():
 def test_train_command(tmp_path, capsys):
     from specdecode.cli import main
 
-    for argv, name in ((["train", "eagle"], "kind"), (["train", "draft", "--target", "nowhere"], "--target"),
+    for argv, name in ((["train", "medusa"], "kind"), (["train", "draft", "--target", "nowhere"], "--target"),
                        (["train", "draft", "--minutes", "-1"], "--minutes"), (["train", "draft", "--data", "/no"],
                                                                               "--data")):
         with pytest.raises(SystemExit) as exc:
