@@ -7,7 +7,8 @@ the cost ratio c and tokens/s against the target alone, at batch 1, temperature 
 Rows: the target alone (``target.generate``, greedy, CPU fast path as ``--cpu-fast-path`` says),
 then specdecode with each drafter: for ``demo`` the shipped 0.6M draft model, and the EAGLE
 drafter of ``--drafter-dir``; a drafter trained with a reduced head runs twice, with it and
-with the target's full head in its place (same trained decoder). Greedy output is checked
+with the target's full head in its place (same trained decoder); ``--tree-nodes N`` adds the
+EAGLE drafter with a dynamic tree (tokens per call then count tree steps). Greedy output is checked
 equal to the target's for every prompt.
 
 Prompt sets (``--prompt-set``): ``tune`` (what ``--gamma`` was chosen on) and ``eval`` (never
@@ -86,6 +87,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--num-prompts", type=int_at_least("num_prompts", 1), default=8)
     parser.add_argument("--max-new-tokens", type=int_at_least("max_new_tokens", 1), default=64)
     parser.add_argument("--gamma", type=int_at_least("gamma", 1), default=4)
+    parser.add_argument("--tree-nodes", type=int_at_least("tree_nodes", 2), default=None,
+                        help="also run the EAGLE drafter with an EAGLE-2 dynamic tree of this many nodes")
     parser.add_argument("--clock", choices=sorted(CLOCKS), default="wall")
     parser.add_argument("--threads", type=int_at_least("threads", 1), default=None)
     parser.add_argument("--cpu-fast-path", choices=["auto", "on", "off"], default="auto")
@@ -115,6 +118,12 @@ def main(argv: list[str] | None = None) -> None:
         drafters[f"eagle, reduced head ({eagle.model.draft_vocab_size})"] = eagle
     else:
         drafters["eagle, full head"] = eagle
+    if args.tree_nodes:
+        from specdecode.drafters.eagle import EagleDrafter
+        from specdecode.trees.builders import DynamicTree
+
+        drafters[f"eagle, dynamic tree ({args.tree_nodes})"] = EagleDrafter(target, eagle.model,
+                                                                           tree=DynamicTree(args.tree_nodes))
     clock = CLOCKS[args.clock]
 
     reference: list[torch.Tensor] = []
@@ -139,7 +148,8 @@ def main(argv: list[str] | None = None) -> None:
             stats.clear()
             n = 0
             for p, want in zip(prompts, reference):
-                out = specdecode.generate(target, drafter, p, num_draft_tokens=args.gamma, rule="token",
+                rule = None if getattr(drafter, "tree", None) is not None else "token"
+                out = specdecode.generate(target, drafter, p, num_draft_tokens=args.gamma, rule=rule,
                                           max_new_tokens=args.max_new_tokens, pad_token_id=pad, cpu_fast_path=fast)
                 if not torch.equal(out.sequences, want):
                     raise SystemExit(f"{name}: greedy output differs from the target's")
