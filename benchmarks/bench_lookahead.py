@@ -76,6 +76,11 @@ PROMPTS: dict[str, dict[str, list[str]]] = {
 }
 
 
+#: What --configs may add after WINDOWxNGRAM, in order, separated by colons.
+SETTINGS: list[tuple[str, Callable[[str], Any]]] = [("min_pool_gain", float), ("context_depth", int),
+                                                    ("explore_every", int)]
+
+
 def clock_for(name: str) -> Callable[[], float]:
     return time.thread_time if name == "cpu" else time.perf_counter
 
@@ -86,8 +91,9 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--clock", choices=["cpu", "wall"], default="cpu")
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--configs", nargs="*", default=["4x3", "6x4"],
-                        help="Lookahead settings WINDOWxNGRAM (default: 4x3 6x4)")
+    parser.add_argument("--configs", nargs="*", default=["2x3:0.3", "4x3:0.3"],
+                        help="Lookahead settings WINDOWxNGRAM[:MIN_POOL_GAIN[:CONTEXT_DEPTH[:EXPLORE_EVERY]]] "
+                             "(default: 2x3:0.3 4x3:0.3)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     if args.clock == "cpu" and args.threads != 1:
@@ -102,7 +108,10 @@ def main() -> None:
     block_efficiency: dict[str, list[float]] = {}
 
     def hf(**kwargs: Any) -> Callable[[torch.Tensor], torch.Tensor]:
-        return lambda ids: target.generate(ids, max_new_tokens=new, do_sample=False, **kwargs)
+        # an explicit mask: without one, transformers takes every pad_token_id in the prompt for
+        # padding, and SmolLM2's pad id is <|im_end|>, which every chat prompt holds
+        return lambda ids: target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new,
+                                           do_sample=False, **kwargs)
 
     def ours(name: str, make: Callable[[], Any], **kwargs: Any) -> Callable[[torch.Tensor], torch.Tensor]:
         def run(ids: torch.Tensor) -> torch.Tensor:
@@ -119,9 +128,12 @@ def main() -> None:
         "specdecode jacobi 4": ours("specdecode jacobi 4", lambda: specdecode.JacobiDrafter(4), num_draft_tokens=4),
     }
     for config in args.configs:
-        window, ngram = (int(v) for v in config.split("x"))
-        name = f"specdecode lookahead {window}x{ngram}"
-        methods[name] = ours(name, lambda w=window, n=ngram: specdecode.LookaheadDrafter(window=w, ngram=n))
+        shape, *rest = config.split(":")
+        window, ngram = (int(v) for v in shape.split("x"))
+        options = {key: kind(value) for (key, kind), value in zip(SETTINGS, rest)}
+        name = f"specdecode lookahead {config}"
+        methods[name] = ours(name, lambda w=window, n=ngram, o=options: specdecode.LookaheadDrafter(
+            window=w, ngram=n, **o))
 
     rows: list[dict[str, Any]] = []
     for kind, prompts in PROMPTS[args.prompt_set].items():

@@ -12,6 +12,7 @@
 - :class:`LayerSkipDrafter`: self-speculation with some of the target's own decoder layers.
 - :class:`LookaheadDrafter`: Lookahead decoding (Jacobi iteration in the target's own forward
   feeds an n-gram pool); :class:`JacobiDrafter`: plain Jacobi decoding, its baseline.
+- :class:`EagleDrafter`: a feature drafter (EAGLE) reading the target's hidden states.
 """
 
 from specdecode.drafters.base import (
@@ -25,6 +26,7 @@ from specdecode.drafters.base import (
     StaticDraftState,
     point_mass_logits,
 )
+from specdecode.drafters.eagle import EagleDrafter
 from specdecode.drafters.jacobi import JacobiDrafter
 from specdecode.drafters.layer_skip import LayerSkipDrafter
 from specdecode.drafters.lookahead import LookaheadDrafter
@@ -37,6 +39,7 @@ __all__ = [
     "DraftState",
     "Drafter",
     "DrafterBase",
+    "EagleDrafter",
     "JacobiDrafter",
     "LayerSkipDrafter",
     "LookaheadDrafter",

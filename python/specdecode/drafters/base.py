@@ -196,6 +196,16 @@ class CommitUpdate:
             Jacobi iteration reads.
         side_logits: ``[b, S, V]`` float32 or None — the target's logits at the proposal's
             :class:`SideTokens`.
+        features: ``[b, m, F]`` or None — only for drafters that declare ``feature_layers``:
+            the target's hidden states (at those layers, concatenated) of the ``m`` committed
+            columns just before the new pending one, ``num_columns - 1 - m .. num_columns - 2``
+            (before any re-pack, rows before any left): at a step, the old pending token and
+            the drafts of the longest accepted run (tree steps: along the accepted path); a row
+            that accepted fewer drafts has holes in the columns beyond its own run.
+
+    A drafter with ``feature_layers`` also gets one commit right after the prompt's prefill
+    (``accepted_len`` zeros, ``num_columns`` the prompt block, ``features`` the prompt's columns
+    except the pending one), before its first ``propose``.
 
     ``num_columns`` is the number of committed columns after the step *before* any re-pack;
     the last of them holds each row's new pending token. Columns before ``num_columns - 1``
@@ -210,6 +220,7 @@ class CommitUpdate:
     accepted_nodes: Tensor | None = None
     target_logits: Tensor | None = None
     side_logits: Tensor | None = None
+    features: Tensor | None = None
 
 
 @runtime_checkable
@@ -222,7 +233,10 @@ class Drafter(Protocol):
     Optional attributes the engine reads when present: ``name`` (str, for statistics),
     ``device`` (a ``torch.device`` the drafter computes on, synchronised for timings) and
     ``max_columns`` (int: the drafter cannot attend over more cache columns, e.g. a draft
-    model's sliding window).
+    model's sliding window) and ``feature_layers`` (a tuple of indices into the target's
+    ``hidden_states``, or None: the target's hidden states the drafter reads, handed over in
+    :attr:`CommitUpdate.features` from the verification forward itself; a drafter without it
+    gets none and the target is not asked for them).
     """
 
     def reset(self) -> None: ...

@@ -18,6 +18,13 @@ One target forward holds two branches (the engine's side tokens,
   row's last tokens in its own context (prompt lookup, :mod:`specdecode.drafters.ngram`),
   merged into a trie rooted at the pending token.
 
+On a CPU every side token costs (a forward over 16 tokens costs well over a one-token step),
+so the lookahead branch runs only while its n-grams pay: the drafter keeps a moving average
+of the tokens accepted per step through a pool continuation (not also proposed from the
+context), and while it is below ``min_pool_gain`` the branch runs once every
+``explore_every`` steps only. ``min_pool_gain=0`` runs it at every step, as the method was
+published.
+
 The trie is a function of the context and of the drafter's own past (the pool and the
 window, which never depend on the generation's coins), so the ``deterministic`` tree rule
 verifies it losslessly at any temperature (``greedy`` at temperature 0). The window's update
@@ -64,7 +71,11 @@ class LookaheadDrafter(DrafterBase):
         ngram: ``N``, the n-gram size (>= 2): ``N - 1`` levels, continuations of ``N - 1`` tokens.
         max_candidates: ``G``, continuations merged into the trie (>= 1; None: ``window``).
         use_context: also propose prompt-lookup continuations from the row's own context.
+        context_candidates: how many (>= 1), each up to ``context_depth`` (>= 1) tokens long.
         max_pool: continuations kept per key token (>= 1; None: ``max_candidates``).
+        min_pool_gain: tokens per step the pool must give (moving average) for the lookahead
+            branch to run at every step (>= 0; 0: always).
+        explore_every: how often the branch runs otherwise (every that many steps, >= 1).
         seed: seeds the window's first guess (tokens drawn from the row's context).
 
     Every target call scores ``1 + G (N - 1)`` tree nodes at most plus ``W (N - 1)`` side
@@ -77,9 +88,15 @@ class LookaheadDrafter(DrafterBase):
     name = "lookahead"
 
     def __init__(self, window: int = 4, ngram: int = 3, max_candidates: int | None = None, use_context: bool = True,
-                 max_pool: int | None = None, seed: int = 0) -> None:
+                 context_candidates: int = 2, context_depth: int = 6, max_pool: int | None = None,
+                 min_pool_gain: float = 0.0, explore_every: int = 4, seed: int = 0) -> None:
         _check_int("window", window, 1)
         _check_int("ngram", ngram, 2)
+        _check_int("context_candidates", context_candidates, 1)
+        _check_int("context_depth", context_depth, 1)
+        _check_int("explore_every", explore_every, 1)
+        if isinstance(min_pool_gain, bool) or not isinstance(min_pool_gain, (int, float)) or min_pool_gain < 0:
+            raise ValueError(f"min_pool_gain: expected a number >= 0, got {min_pool_gain!r}")
         if max_candidates is not None:
             _check_int("max_candidates", max_candidates, 1)
         if max_pool is not None:
@@ -91,6 +108,8 @@ class LookaheadDrafter(DrafterBase):
         self.max_candidates = window if max_candidates is None else max_candidates
         self.max_pool = self.max_candidates if max_pool is None else max_pool
         self.use_context, self.seed = use_context, seed
+        self.context_candidates, self.context_depth = context_candidates, context_depth
+        self.min_pool_gain, self.explore_every = float(min_pool_gain), explore_every
         self._mask = lookahead_mask(window, ngram - 1)
         self._offsets = lookahead_offsets(window, ngram - 1)
         self.harvested = 0  # n-grams put into the pools since this drafter was made
@@ -102,6 +121,11 @@ class LookaheadDrafter(DrafterBase):
         self._pools: dict[int, dict[int, list[tuple[int, ...]]]] = {}  # caller row -> key -> continuations
         self._rows: list[int] = []  # the caller rows of the last proposal, in its row order
         self._rng = np.random.default_rng(self.seed)
+        self._pool_first: list[set[int]] = []  # per row of the last proposal: first tokens only the pool proposed
+        self._tree_tokens: np.ndarray | None = None
+        self._ran_side = False
+        self.pool_gain = 1.0  # moving average of tokens accepted per step through the pool (optimistic start)
+        self._steps = 0
 
     def describe(self) -> dict[str, Any]:  # noqa: D102
         return {"drafter": self.name, "window": self.window, "ngram": self.ngram, "max_candidates": self.max_candidates}
@@ -111,45 +135,59 @@ class LookaheadDrafter(DrafterBase):
         """A trie of pool and context continuations, and the lookahead window as side tokens."""
         rows = [int(r) for r in state.row_ids.tolist()]
         contexts = [c.tolist() for c in state.contexts()]
-        depth, count = self.ngram - 1, self.max_candidates
-        paths = np.zeros((len(rows), 2 * count, depth), dtype=np.int64)
-        lengths = np.zeros((len(rows), 2 * count), dtype=np.int64)
-        if self.use_context:
+        pool_depth, count = self.ngram - 1, self.max_candidates
+        ctx_count = self.context_candidates if self.use_context else 0
+        depth = max(pool_depth, self.context_depth if ctx_count else 0)
+        paths = np.zeros((len(rows), ctx_count + count, depth), dtype=np.int64)
+        lengths = np.zeros((len(rows), ctx_count + count), dtype=np.int64)
+        if ctx_count:
             cols = state.num_columns
             packed, real = packed_contexts(state.tokens[:, :cols].cpu().numpy(),
                                            state.attention_mask[:, :cols].cpu().numpy())
-            found, found_len = ngram_candidates(packed, real, count, depth, 3, 1, extend_period=True)
+            found, found_len = ngram_candidates(packed, real, ctx_count, self.context_depth, 3, 1, extend_period=True)
             invalid = found >= state.vocab_size
-            found_len = np.minimum(found_len, np.where(invalid.any(2), invalid.argmax(2), depth))
-            paths[:, :count], lengths[:, :count] = found, found_len
-        levels = []
+            found_len = np.minimum(found_len, np.where(invalid.any(2), invalid.argmax(2), self.context_depth))
+            paths[:, :ctx_count, : self.context_depth], lengths[:, :ctx_count] = found, found_len
+        levels, self._pool_first = [], []
         for r, (row, context) in enumerate(zip(rows, contexts)):
             if row not in self._levels:
-                self._levels[row] = self._rng.choice(np.asarray(context), size=(depth, self.window))
+                self._levels[row] = self._rng.choice(np.asarray(context), size=(pool_depth, self.window))
                 self._pools[row] = {}
             for m, continuation in enumerate(self._pools[row].get(context[-1], [])[:count]):
-                paths[r, count + m, : len(continuation)] = continuation
-                lengths[r, count + m] = len(continuation)
+                paths[r, ctx_count + m, : len(continuation)] = continuation
+                lengths[r, ctx_count + m] = len(continuation)
+            from_context = {int(paths[r, m, 0]) for m in range(ctx_count) if lengths[r, m]}
+            self._pool_first.append({int(paths[r, m, 0]) for m in range(ctx_count, ctx_count + count)
+                                     if lengths[r, m]} - from_context)
             levels.append(self._levels[row].reshape(-1))
         self._rows = rows
         device = state.device
         pending = state.tokens[:, state.num_columns - 1]
-        max_nodes = 1 + 2 * count * depth
-        tokens, parents, num_nodes = merge_into_trie(paths, lengths, max_nodes)
+        max_nodes = 1 + int(lengths.sum(1).max(initial=0))
+        tokens, parents, num_nodes = merge_into_trie(paths, lengths, max(max_nodes, 2))
         width = int(num_nodes.max())
+        self._tree_tokens = tokens[:, : width - 1]
         tree = TokenTree(torch.cat([pending[:, None], torch.from_numpy(tokens[:, : width - 1]).to(device)], 1),
                          torch.cat([torch.full((len(rows), 1), -1, dtype=torch.long),
                                     torch.from_numpy(parents[:, : width - 1])], 1).to(device),
                          torch.from_numpy(num_nodes).to(device))
-        position = state.positions[:, state.num_columns - 1]
-        side = SideTokens(torch.from_numpy(np.stack(levels)).to(device),
-                          position[:, None] + self._offsets.to(device)[None], self._mask)
+        self._steps += 1
+        self._ran_side = self.pool_gain >= self.min_pool_gain or self._steps % self.explore_every == 0
+        side = None
+        if self._ran_side:
+            position = state.positions[:, state.num_columns - 1]
+            side = SideTokens(torch.from_numpy(np.stack(levels)).to(device),
+                              position[:, None] + self._offsets.to(device)[None], self._mask)
         return Proposal(tree.tokens, None, tree=tree, children="deterministic", side=side)
 
     # ------------------------------------------------------------------ commit
     def commit(self, update: CommitUpdate) -> None:
         """One Jacobi step of every row's window from the side tokens' logits; harvest n-grams."""
-        if update.side_logits is None or not self._rows:
+        if not self._rows:
+            return
+        self._credit_pool(update)
+        if update.side_logits is None:
+            self._rows = []
             return
         levels = self.ngram - 1
         top = update.side_logits.argmax(-1).view(len(self._rows), levels, self.window)[:, -1].cpu().numpy()
@@ -167,6 +205,16 @@ class LookaheadDrafter(DrafterBase):
                 self.harvested += 1
             self._levels[row] = grams[1:]
         self._rows = []
+
+    def _credit_pool(self, update: CommitUpdate) -> None:
+        """Move ``pool_gain`` toward this step's tokens accepted through a pool continuation."""
+        if update.accepted_nodes is None or self._tree_tokens is None:
+            return
+        accepted = update.accepted_len.tolist()
+        first = update.accepted_nodes[:, 1].tolist() if update.accepted_nodes.shape[1] > 1 else [0] * len(accepted)
+        credit = [n if n > 0 and node > 0 and int(self._tree_tokens[r, node - 1]) in self._pool_first[r] else 0
+                  for r, (n, node) in enumerate(zip(accepted, first))]
+        self.pool_gain = 0.75 * self.pool_gain + 0.25 * (sum(credit) / max(len(credit), 1))
 
 
 def _check_int(name: str, value: Any, minimum: int) -> None:

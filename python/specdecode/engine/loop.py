@@ -10,6 +10,8 @@
 4. **commit**: emitted tokens go to the outputs (cut at EOS, ``max_new_tokens`` and stopping
    criteria), the batch layout advances (rejected columns become holes), the target's cache is
    cropped, the drafter is told what was kept, finished rows leave, holes are re-packed.
+   A drafter that declares ``feature_layers`` is also handed the target's hidden states of the
+   committed columns, taken from the same target forward (and the prompt's after the prefill).
 
 The batch layout is described in :mod:`specdecode.engine.batch`. What this loop shares with the
 static path (:mod:`specdecode.engine.static_loop`) is in :mod:`~specdecode.engine.step_phases`
@@ -62,6 +64,11 @@ class SpeculativeEngine:
         self._tree_checked = False
         windows = [w for w in (facts.sliding_window(target), getattr(drafter, "max_columns", None)) if w is not None]
         self.window = min(windows) if windows else None
+        # The target's hidden states the drafter reads (None: it reads none and none are asked for).
+        layers = getattr(drafter, "feature_layers", None)
+        self.feature_layers = None if layers is None else facts.check_feature_layers(
+            target, layers, f"{type(drafter).__name__}.feature_layers")
+        self._features: Tensor | None = None  # the last target forward's, when feature_layers is set
 
     # ------------------------------------------------------------------ public
     @torch.no_grad()
@@ -118,9 +125,33 @@ class SpeculativeEngine:
         if b.pending == 0:
             return
         t0 = self.clock()
-        facts.forward(self.target, b.tokens[:, : b.pending], b.attention(b.pending), b.positions[:, : b.pending],
-                      self.cache, last_only=True, logits_to_keep_ok=self._logits_to_keep_ok)
+        self._target_forward(b.tokens[:, : b.pending], b.attention(b.pending), b.positions[:, : b.pending], True)
         count_prefill(self.stats, self.clock() - t0)
+        if self._features is not None:
+            zeros = torch.zeros(b.num_active, dtype=torch.long, device=self.device)
+            self.drafter.commit(CommitUpdate(accepted_len=zeros, num_columns=b.pending + 1, features=self._features))
+
+    def _target_forward(self, ids: Tensor, mask: Tensor | None, positions: Tensor, last_only: bool) -> Tensor:
+        """One target forward appending to the cache; keeps its features when the drafter asks."""
+        if self.feature_layers is None:
+            return facts.forward(self.target, ids, mask, positions, self.cache, last_only=last_only,
+                                 logits_to_keep_ok=self._logits_to_keep_ok)
+        logits, self._features = facts.forward_with_features(
+            self.target, ids, mask, positions, self.cache, layers=self.feature_layers, last_only=last_only,
+            logits_to_keep_ok=self._logits_to_keep_ok)
+        return logits
+
+    def _committed_features(self, tree: TokenTree | None, nodes: Tensor | None, max_accepted: int
+                            ) -> Tensor | None:
+        """The step's target features at the committed columns ``pending .. pending +
+        max_accepted`` (trees: gathered along each row's accepted path), for the drafter."""
+        h = self._features
+        if h is None:
+            return None
+        if tree is None:
+            return h[:, : max_accepted + 1]
+        index = nodes[:, : max_accepted + 1].clamp_min(0).to(h.device)
+        return h.gather(1, index[:, :, None].expand(-1, -1, h.shape[-1]))
 
     def _plan(self) -> tuple[int, Tensor]:
         """Draft tokens for this step and each row's remaining budget ``[b]``."""
@@ -161,9 +192,8 @@ class SpeculativeEngine:
         t0 = self.clock()
         p = b.pending
         k = 0 if draft_tokens is None else draft_tokens.shape[1]
-        logits = facts.forward(self.target, b.tokens[:, p: p + k + 1], b.attention(p + k + 1),
-                               b.positions[:, p: p + k + 1], self.cache, last_only=False,
-                               logits_to_keep_ok=self._logits_to_keep_ok)
+        logits = self._target_forward(b.tokens[:, p: p + k + 1], b.attention(p + k + 1), b.positions[:, p: p + k + 1],
+                                      False)
         logits = scored_logits(logits, s.vocab_size, self.device)
         if self.processors.processors is not None:
             logits = torch.stack([self.processors.process(logits[:, i], draft_tokens[:, :i] if k else None)
@@ -275,8 +305,7 @@ class SpeculativeEngine:
         else:
             tokens, bool_mask, positions = with_side_tokens(tree.tokens, masks, side)
             mask = masks._replace(attention_mask=bool_mask).additive_mask(dtype)
-        logits = facts.forward(self.target, tokens, mask, positions, self.cache,
-                               last_only=False, logits_to_keep_ok=self._logits_to_keep_ok)
+        logits = self._target_forward(tokens, mask, positions, False)
         logits = scored_logits(logits, s.vocab_size, self.device)
         self.stats.target_calls += 1
         self.stats.target_time += self.clock() - t0
@@ -341,6 +370,7 @@ class SpeculativeEngine:
         ta = self.clock()
         max_accepted = int(accepted_h[continuing].max())
         next_tokens = tokens.gather(1, accepted_len[:, None])[:, 0]
+        features = self._committed_features(tree, nodes, max_accepted)
         p = b.pending
         if tree is not None:  # the accepted path moves next to the prefix: a per-row column gather
             path = tokens[:, :max_accepted].clamp_min(0)
@@ -361,7 +391,7 @@ class SpeculativeEngine:
         order = self._repack()
         self.drafter.commit(CommitUpdate(accepted_len=accepted_len, num_columns=pending + 1, kept_rows=kept_rows,
                                          column_order=order, accepted_nodes=nodes, target_logits=target_logits,
-                                         side_logits=side_logits))
+                                         side_logits=side_logits, features=features))
         stats.alignment_time += self.clock() - ta
         if k and tree is None:
             s.schedule.update(num_draft_tokens=k, drafted=verified_h, accepted=accepted_h, stats=stats)

@@ -164,6 +164,48 @@ def forward(model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor | 
     return logits[:, -1] if last_only else logits
 
 
+def check_feature_layers(model: torch.nn.Module, layers: Any, name: str = "feature_layers") -> tuple[int, ...]:
+    """``layers`` as a tuple of indices into the model's ``hidden_states`` (Hugging Face's
+    ``output_hidden_states``: 0 the embeddings, ``i`` the output of decoder layer ``i``, -1 the
+    last, after the final norm in most models), or ``ValueError`` naming ``name``."""
+    count = len(decoder_layers(model)) + 1
+    if (not isinstance(layers, (tuple, list)) or not layers
+            or not all(isinstance(i, int) and not isinstance(i, bool) for i in layers)):
+        raise ValueError(f"{name}: expected a non-empty tuple of hidden-state indices, got {layers!r}")
+    if any(not -count <= i < count for i in layers):
+        raise ValueError(f"{name}: indices must lie in [-{count}, {count}) for a model with {count - 1} decoder "
+                         f"layers, got {list(layers)}")
+    return tuple(layers)
+
+
+def forward_with_features(model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor | None,
+                          position_ids: Tensor, cache: Any, *, layers: tuple[int, ...], last_only: bool,
+                          logits_to_keep_ok: bool) -> tuple[Tensor, Tensor]:
+    """:func:`forward` that also returns the hidden states at ``layers`` (indices into
+    ``hidden_states``, :func:`check_feature_layers`), concatenated on the last axis: the same
+    single forward pass, asked for its hidden states.
+
+    Shape:
+        as :func:`forward`; the features are ``[b, n, len(layers) * hidden]`` for every column
+        of ``input_ids``, also when ``last_only``.
+    """
+    kwargs: dict[str, Any] = {
+        "input_ids": input_ids,
+        "attention_mask": attention_mask,
+        "position_ids": position_ids,
+        "output_hidden_states": True,
+        **cache_kwargs(model, cache),
+    }
+    if last_only and logits_to_keep_ok:
+        kwargs["logits_to_keep"] = 1
+    out = model(**kwargs)
+    logits = full_tensor(out.logits)
+    hidden = out.hidden_states
+    features = torch.cat([full_tensor(hidden[i]) for i in layers], -1) if len(layers) > 1 else \
+        full_tensor(hidden[layers[0]])
+    return (logits[:, -1] if last_only else logits), features
+
+
 # Per-model answers of the mask probe, kept with the model itself: a weak-keyed table forgets a
 # model's entry when the model is freed, so a later model can never inherit it (an ``id()`` can
 # be reused as soon as its object dies). Within one model the answer is keyed by what it depends

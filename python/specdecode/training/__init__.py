@@ -8,7 +8,10 @@
 
 A *kind* is one module with ``NAME``, ``DESCRIPTION``, ``build(target, **options)``,
 ``forward(model, input_ids, attention_mask)``, ``save(model, folder)`` and
-``load(folder, target, record)``, and one entry in :data:`KINDS`; everything else is shared:
+``load(folder, target, record)``, and one entry in :data:`KINDS` (optional: ``Built.feature_layers``
+to label the data with target features too, ``prepare(built, examples)`` once the data is
+made, ``drafter(model, target)`` for the object to pass as ``draft``, ``vocab_record(model)``);
+everything else is shared:
 the data (``data.py``: the target's own generations labelled with its distributions, cached),
 the loop (``loop.py``), the losses (``losses.py``), the folder format and :func:`load_drafter`
 (``artifacts.py``), the target names (``targets.py``).
@@ -37,7 +40,7 @@ __all__ = ["DATA_SHARE", "KINDS", "StepInfo", "TrainResult", "kind_module", "lis
            "train_drafter"]
 
 #: Drafter kinds: name -> the module that builds, runs, saves and loads one.
-KINDS: dict[str, str] = {"draft": "specdecode.training.draft"}
+KINDS: dict[str, str] = {"draft": "specdecode.training.draft", "eagle": "specdecode.training.eagle"}
 #: Share of a time budget (``minutes``) that the data stage may use; training gets the rest.
 DATA_SHARE = 0.4
 #: Prompts continued by the target when neither ``data`` nor ``num_prompts`` says otherwise.
@@ -97,7 +100,7 @@ def train_drafter(kind: str, target: Any, out_dir: str | Path, *, tokenizer: Any
     """Train a drafter of kind ``kind`` for ``target`` and save it in ``out_dir``.
 
     Args:
-        kind: a name from :func:`list_kinds` (``"draft"``).
+        kind: a name from :func:`list_kinds` (``"draft"``, ``"eagle"``).
         target: the target model, or a name: ``"demo"``, ``"smollm2"`` or a model folder
             (loaded with its tokenizer, :mod:`specdecode.training.targets`). Only read.
         out_dir: where the drafter, the data cache and the checkpoint go; a run with the same
@@ -118,7 +121,8 @@ def train_drafter(kind: str, target: Any, out_dir: str | Path, *, tokenizer: Any
         callback: called with a :class:`StepInfo` after every step.
         progress: draw progress bars (on stderr).
         **kind_options: options of the kind's ``build`` (for ``draft``: ``layers``,
-            ``num_layers``, ``train_embeddings``).
+            ``num_layers``, ``train_embeddings``; for ``eagle``: ``feature_layers``,
+            ``draft_vocab_size``, ``feature_weight``).
     """
     module = kind_module(kind)
     _check_number("minutes", minutes, integer=False, minimum=1e-3)
@@ -144,7 +148,8 @@ def train_drafter(kind: str, target: Any, out_dir: str | Path, *, tokenizer: Any
     out.mkdir(parents=True, exist_ok=True)
 
     built = module.build(target, **kind_options)  # before the data: a bad option fails at once
-    data_cfg = replace(data_settings or DataSettings(), seed=seed)
+    data_cfg = replace(data_settings or DataSettings(), seed=seed,
+                       feature_layers=getattr(built, "feature_layers", None))
     loop_cfg = replace(loop_settings or LoopSettings(), seed=seed, loss=loss)
     if data is None:
         if tokenizer is None:
@@ -165,6 +170,9 @@ def train_drafter(kind: str, target: Any, out_dir: str | Path, *, tokenizer: Any
     n_val = min(len(examples) // 10, 32) if len(examples) >= 8 else 0
     train, val = (examples[: len(examples) - n_val], examples[-n_val:]) if n_val else (examples, examples)
 
+    prepare = getattr(module, "prepare", None)
+    if prepare is not None:
+        prepare(built, train)
     if max_steps is None and deadline is None:
         max_steps = DEFAULT_MAX_STEPS
     result = run_loop(built.model, built.params, module.forward, train, val, out, loop_cfg,
@@ -175,7 +183,7 @@ def train_drafter(kind: str, target: Any, out_dir: str | Path, *, tokenizer: Any
     record = {
         "kind": kind,
         "target": {"name": name, "weights_hash": fingerprint, "class": type(target).__name__, "vocab_size": vocab},
-        "vocab": {"size": vocab, "map": None},
+        "vocab": module.vocab_record(built.model) if hasattr(module, "vocab_record") else {"size": vocab, "map": None},
         "layers": built.layers,
         "training": {**result.as_dict(), "examples": len(train), "val_examples": len(val) if n_val else 0,
                      "tokens": sum(len(e.input_ids) for e in train),
@@ -185,4 +193,5 @@ def train_drafter(kind: str, target: Any, out_dir: str | Path, *, tokenizer: Any
                      round(time.monotonic() - start, 1), "options": dict(kind_options)},
     }
     write_record(out, record)
-    return TrainResult(out, built.model, record)
+    drafter = module.drafter(built.model, target) if hasattr(module, "drafter") else built.model
+    return TrainResult(out, drafter, record)

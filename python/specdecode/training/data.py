@@ -99,7 +99,8 @@ class DataSettings:
     """How examples are made. ``max_length``: tokens per example (prompt plus continuation, or a
     text window); ``max_new_tokens``: the target's continuation of each prompt; ``top_k``:
     target log-probabilities kept per position; ``batch_size``: prompts per generate call;
-    ``temperature``: of the target's continuations (0: greedy)."""
+    ``temperature``: of the target's continuations (0: greedy); ``feature_layers``: indices
+    into the target's ``hidden_states`` also kept per position (feature drafters), or None."""
 
     max_length: int = 192
     max_new_tokens: int = 96
@@ -107,6 +108,7 @@ class DataSettings:
     batch_size: int = 8
     temperature: float = 0.7
     seed: int = 0
+    feature_layers: tuple[int, ...] | None = None
 
 
 @dataclass
@@ -118,6 +120,8 @@ class Example:
         top_logp: ``[t, k]`` float16, the target's largest log-probabilities of the next token
             at each position, in decreasing order.
         top_ids: ``[t, k]`` int32, the token ids of ``top_logp``.
+        features: ``[t, F]`` float16 or None, the target's hidden states at the data's
+            ``feature_layers`` (concatenated), from the same labelling forward.
 
     ``start``: the first position that counts (in the loss and the acceptance estimates): the
     last prompt position for a continued prompt (so only the target's own continuation is
@@ -128,6 +132,7 @@ class Example:
     top_logp: Tensor
     top_ids: Tensor
     start: int = 0
+    features: Tensor | None = None
 
 
 @lru_cache(maxsize=1)
@@ -202,7 +207,8 @@ def token_sequences(data: Any, tokenizer: Any, max_length: int) -> tuple[list[li
 
 def data_key(sequences: list[list[int]], continue_them: bool, settings: DataSettings) -> str:
     """A short hash naming the data: the sequences, whether the target continues them, and the settings."""
-    record = json.dumps([_CACHE_FORMAT, sequences, continue_them, settings.__dict__], sort_keys=True)
+    fields = {k: v for k, v in settings.__dict__.items() if not (k == "feature_layers" and v is None)}
+    record = json.dumps([_CACHE_FORMAT, sequences, continue_them, fields], sort_keys=True)
     return hashlib.sha256(record.encode()).hexdigest()[:16]
 
 
@@ -245,8 +251,10 @@ def _continue(target: Any, prompts: list[list[int]], settings: DataSettings, bat
 
 
 @torch.no_grad()
-def _label(target: Any, sequences: list[list[int]], starts: list[int], top_k: int) -> list[Example]:
-    """Run the target once over right-padded ``sequences`` and keep its top-k log-probs."""
+def _label(target: Any, sequences: list[list[int]], starts: list[int], top_k: int,
+           feature_layers: tuple[int, ...] | None = None) -> list[Example]:
+    """Run the target once over right-padded ``sequences`` and keep its top-k log-probs (and
+    its hidden states at ``feature_layers``)."""
     device = next(target.parameters()).device
     width = max(len(s) for s in sequences)
     ids = torch.zeros((len(sequences), width), dtype=torch.long)
@@ -254,11 +262,17 @@ def _label(target: Any, sequences: list[list[int]], starts: list[int], top_k: in
     for row, seq in enumerate(sequences):
         ids[row, : len(seq)] = torch.tensor(seq)
         mask[row, : len(seq)] = 1
-    logits = target(input_ids=ids.to(device), attention_mask=mask.to(device)).logits.float()
+    out = target(input_ids=ids.to(device), attention_mask=mask.to(device),
+                 output_hidden_states=feature_layers is not None)
+    logits = out.logits.float()
+    features = None
+    if feature_layers is not None:
+        features = torch.cat([out.hidden_states[i] for i in feature_layers], -1).to("cpu", torch.float16)
     k = min(top_k, logits.shape[-1])
     top_logp, top_ids = torch.log_softmax(logits, -1).topk(k, dim=-1)
     return [Example(ids[row, : len(seq)].clone(), top_logp[row, : len(seq)].to("cpu", torch.float16),
-                    top_ids[row, : len(seq)].to("cpu", torch.int32), starts[row])
+                    top_ids[row, : len(seq)].to("cpu", torch.int32), starts[row],
+                    None if features is None else features[row, : len(seq)].clone())
             for row, seq in enumerate(sequences)]
 
 
@@ -292,7 +306,7 @@ def distill_examples(target: Any, sequences: list[list[int]], continue_them: boo
                 prompts = [s[-keep:] for s in chunk]
                 chunk = _continue(target, prompts, settings, settings.seed * 100_003 + index)
                 starts = [len(p) - 1 for p in prompts]  # the prompt's last position predicts the first new token
-            batch = _label(target, chunk, starts, settings.top_k)
+            batch = _label(target, chunk, starts, settings.top_k, settings.feature_layers)
             torch.save([row.__dict__ for row in batch], file.with_suffix(".tmp"))
             file.with_suffix(".tmp").replace(file)
         examples.extend(batch)

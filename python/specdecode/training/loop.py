@@ -88,6 +88,7 @@ class Batch:
         input_ids, attention_mask: ``[b, t]`` (the mask is 1 on tokens, 0 on padding).
         top_logp, top_ids: ``[b, t, k]``.
         counted: ``[b, t]`` bool, the positions the loss and the estimates count.
+        features: ``[b, t, F]`` float16 or None, the target's features (feature drafters).
     """
 
     input_ids: Tensor
@@ -95,6 +96,7 @@ class Batch:
     top_logp: Tensor
     top_ids: Tensor
     counted: Tensor
+    features: Tensor | None = None
 
 
 def collate(examples: list[Example], device: torch.device) -> Batch:
@@ -111,7 +113,13 @@ def collate(examples: list[Example], device: torch.device) -> Batch:
         ids[row, :n], logp[row, :n], top[row, :n] = e.input_ids, e.top_logp, e.top_ids
         attention[row, :n] = 1
         counted[row, e.start:n] = True
-    return Batch(*(x.to(device) for x in (ids, attention, logp, top, counted)))
+    features = None
+    if all(e.features is not None for e in examples):
+        features = torch.zeros((len(examples), width, examples[0].features.shape[-1]), dtype=torch.float16)
+        for row, e in enumerate(examples):
+            features[row, : len(e.input_ids)] = e.features
+        features = features.to(device)
+    return Batch(*(x.to(device) for x in (ids, attention, logp, top, counted)), features=features)
 
 
 def _batch_indices(step: int, batch_size: int, n: int, seed: int) -> list[int]:
@@ -141,7 +149,15 @@ def peak_memory_mib(device: torch.device | None = None) -> float:
     return rss / 2**20 if sys.platform == "darwin" else rss / 2**10  # bytes on macOS, KiB on Linux
 
 
-Forward = Callable[[torch.nn.Module, Tensor, Tensor], Tensor]  # (model, input_ids, attention_mask) -> logits
+# (model, input_ids, attention_mask[, features=]) -> logits, or (logits, an extra loss term)
+Forward = Callable[..., Any]
+
+
+def _run_forward(forward: Forward, model: torch.nn.Module, b: Batch) -> tuple[Tensor, Tensor | None]:
+    """The drafter's logits on a batch and the extra loss its kind adds (None when none);
+    ``features=`` is passed only when the batch has them."""
+    out = forward(model, b.input_ids, b.attention_mask, **({} if b.features is None else {"features": b.features}))
+    return out if isinstance(out, tuple) else (out, None)
 
 
 @torch.no_grad()
@@ -153,7 +169,7 @@ def evaluate(model: torch.nn.Module, forward: Forward, examples: list[Example], 
     total = 0
     for start in range(0, len(examples), settings.batch_size):
         b = collate(examples[start: start + settings.batch_size], device)
-        m = distill_loss(forward(model, b.input_ids, b.attention_mask), b.top_logp, b.top_ids, b.counted, settings.loss)
+        m = distill_loss(_run_forward(forward, model, b)[0], b.top_logp, b.top_ids, b.counted, settings.loss)
         sums["loss"] += m.loss.item() * m.positions
         sums["greedy_acceptance"] += m.greedy_acceptance * m.positions
         sums["sampled_acceptance"] += m.sampled_acceptance * m.positions
@@ -171,7 +187,9 @@ def run_loop(model: torch.nn.Module, params: dict[str, torch.nn.Parameter], forw
              run_key: str, max_steps: int | None, deadline: float | None, progress: bool = True,
              callback: Callable[[StepInfo], None] | None = None, desc: str = "train") -> LoopResult:
     """Train ``params`` (parameters of ``model``, by name) to match the target's distributions
-    in ``train``. ``forward(model, input_ids, attention_mask)`` gives the drafter's logits ``[b, t, V]``. Stops
+    in ``train``. ``forward(model, input_ids, attention_mask)`` gives the drafter's logits ``[b, t, V]``
+    (with ``features=`` when the examples carry target features; it may return ``(logits,
+    extra_loss)``: the extra term is added to the training loss, not to the reported one). Stops
     after ``max_steps`` steps or at ``deadline`` (``time.monotonic()``); at least one of them
     must be given. Resumes from ``out_dir/checkpoint.pt`` when its ``run_key`` matches.
     ``callback`` is called after every step (it may raise ``KeyboardInterrupt`` to stop the run
@@ -214,10 +232,10 @@ def run_loop(model: torch.nn.Module, params: dict[str, torch.nn.Parameter], forw
                 group["lr"] = lr
             rows = _batch_indices(step, settings.batch_size, len(train), settings.seed)
             b = collate([train[i] for i in rows], device)
-            metrics = distill_loss(forward(model, b.input_ids, b.attention_mask), b.top_logp, b.top_ids, b.counted,
-                                   settings.loss)
+            logits, extra = _run_forward(forward, model, b)
+            metrics = distill_loss(logits, b.top_logp, b.top_ids, b.counted, settings.loss)
             opt.zero_grad(set_to_none=True)
-            metrics.loss.backward()
+            (metrics.loss if extra is None else metrics.loss + extra).backward()
             if settings.grad_clip > 0:
                 torch.nn.utils.clip_grad_norm_(list(params.values()), settings.grad_clip)
             opt.step()

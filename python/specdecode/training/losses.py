@@ -55,7 +55,10 @@ def distill_loss(draft_logits: Tensor, top_logp: Tensor, top_ids: Tensor, mask: 
     p = log_p.exp()
     q_top = log_q_top.exp()
     if loss == "kl":
-        per_position = (p * (log_p - log_q_top)).sum(-1)
+        # ids the drafter cannot propose (a reduced draft vocabulary: -inf logits) are left out
+        # of the KL; their mass still lowers the acceptance estimates
+        outside = torch.isneginf(log_q_top)
+        per_position = torch.where(outside, torch.zeros_like(p), p * (log_p - log_q_top)).sum(-1)
     else:
         rest = (q_top.sum(-1) - p.sum(-1)).abs()
         per_position = 0.5 * ((p - q_top).abs().sum(-1) + rest)

@@ -1,0 +1,354 @@
+"""``EagleDrafter``: a feature drafter (EAGLE). It drafts from the target's own hidden states.
+
+The network (:class:`EagleModel`) reads, at each position ``t``, the target's feature of the
+previous position ``f_{t-1}`` (its hidden state at ``feature_layers``; by default the last one,
+the vector the target's LM head reads) and the embedding of token ``x_t`` (the target's own,
+frozen, embedding): ``fc([f_{t-1}, e(x_t)])`` goes through one decoder layer of the target's
+architecture (with its own final norm), whose output predicts ``f_t``; a head turns it into the
+distribution of ``x_{t+1}``. The head is the target's own (frozen) LM head, or a *reduced*
+head over the ``Vd`` most frequent tokens with a map ``draft_to_target`` to the target's ids
+(a draft step then costs ``Vd / V`` of a full head). A reduced head's logits are ``-inf`` on
+every other token: the proposal ``q`` puts no mass there, which verification handles like any
+other zero of ``q`` (such a token is never proposed; the target may still emit it).
+
+Drafting one step: the target features of the committed columns arrive with each commit
+(:attr:`~specdecode.drafters.base.CommitUpdate.features`, from the verification forward; the
+prompt's after the prefill). ``propose`` feeds the columns the drafter's KV cache has not seen
+(the pending token last), each paired with the feature of the row's previous real column, and
+then continues on its *own* predicted features: draft ``i + 1`` reads ``[h_i, e(x_i)]``.
+Trees (``tree=``, a :class:`~specdecode.trees.builders.TreeBuilder`) expand one depth per
+forward; a node's input is its parent's predicted feature and its own token.
+
+Its training recipe is the kit's ``eagle`` kind (:mod:`specdecode.training.eagle`).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import Tensor, nn
+
+from specdecode.drafters.base import CommitUpdate, DrafterBase, DraftState, Proposal
+from specdecode.drafters.model import _TreeSlots
+from specdecode.models import cache_kwargs, check_feature_layers, input_device, kv_cache, vocab_rows
+from specdecode.sampling import sample_logits
+from specdecode.trees.builders import TreeBuilder
+
+__all__ = ["EagleDrafter", "EagleModel", "decoder_config"]
+
+
+def decoder_config(target: nn.Module) -> object:
+    """The target's configuration cut to one decoder layer (a copy; per-layer lists such as
+    ``layer_types`` keep their last entry)."""
+    config = copy.deepcopy(target.config)
+    total = int(config.num_hidden_layers)
+    config.num_hidden_layers = 1
+    for key, value in list(vars(config).items()):
+        if "layer" in key and isinstance(value, list) and len(value) == total:
+            setattr(config, key, value[-1:])
+    return config
+
+
+class EagleModel(nn.Module):
+    """The trainable part of an EAGLE drafter for ``target`` (only read here).
+
+    ``feature_layers``: indices into the target's ``hidden_states`` whose concatenation is the
+    feature (default ``(-1,)``); several layers (EAGLE-3 style) are first projected to the
+    hidden size. ``draft_vocab``: None for the target's own head, or ``[Vd]`` int64 distinct
+    target ids (a reduced head, started from the target head's rows of those ids).
+    ``init_from_target``: start the decoder from the target's first layer (see
+    :meth:`_start_from_target`) rather than at random (training; loading overwrites both).
+    """
+
+    def __init__(self, target: nn.Module, feature_layers: tuple[int, ...] = (-1,),
+                 draft_vocab: Tensor | None = None, init_from_target: bool = False) -> None:
+        super().__init__()
+        from transformers import AutoModel
+
+        self.feature_layers = check_feature_layers(target, feature_layers)
+        hidden = int(target.get_input_embeddings().weight.shape[1])
+        self.hidden_size = hidden
+        self.feature_size = hidden * len(self.feature_layers)
+        reference = next(target.parameters())
+        factory = {"dtype": reference.dtype, "device": reference.device}
+        self.reduce = nn.Linear(self.feature_size, hidden, bias=False, **factory) if len(
+            self.feature_layers) > 1 else None
+        self.fc = nn.Linear(2 * hidden, hidden, bias=True, **factory)
+        config = decoder_config(target)
+        self.decoder = AutoModel.from_config(config, dtype=reference.dtype,
+                                             attn_implementation=target.config._attn_implementation)
+        self.decoder.set_input_embeddings(nn.Embedding(1, hidden, **factory))  # inputs come as embeddings
+        self.decoder.to(reference.device).eval()
+        if init_from_target:
+            self._start_from_target(target)
+        self.target_vocab = vocab_rows(target)
+        if draft_vocab is None:
+            self.lm_head = None
+            self.register_buffer("draft_to_target", torch.zeros(0, dtype=torch.long, device=reference.device))
+        else:
+            if not isinstance(draft_vocab, Tensor) or draft_vocab.dim() != 1 or draft_vocab.numel() == 0:
+                raise ValueError("draft_vocab: expected a non-empty 1-D tensor of target token ids")
+            ids = draft_vocab.to(device=reference.device, dtype=torch.long)
+            if int(ids.min()) < 0 or int(ids.max()) >= self.target_vocab or ids.unique().numel() != ids.numel():
+                raise ValueError(f"draft_vocab: expected distinct token ids in [0, {self.target_vocab})")
+            self.lm_head = nn.Linear(hidden, ids.numel(), bias=False, **factory)
+            with torch.no_grad():
+                self.lm_head.weight.copy_(target.get_output_embeddings().weight[ids])
+            self.register_buffer("draft_to_target", ids)
+
+    def _start_from_target(self, target: nn.Module) -> None:
+        """Start as a one-layer layer-skip drafter: the decoder takes the target's first layer,
+        final norm (and position embeddings, where the architecture has them), and ``fc`` passes
+        the token embedding through (the feature part starts at zero, training brings it in)."""
+        prefix = getattr(target, "base_model_prefix", "model") + "."
+        source = target.state_dict()
+        own = self.decoder.state_dict()
+        embedding = "embed" if "embed_tokens.weight" in own else "wte"
+        state = {k: source[prefix + k] for k in own
+                 if not k.startswith(embedding) and prefix + k in source and source[prefix + k].shape == own[k].shape}
+        self.decoder.load_state_dict(state, strict=False)
+        with torch.no_grad():
+            self.fc.weight.zero_()
+            self.fc.bias.zero_()
+            self.fc.weight[:, self.hidden_size:].copy_(torch.eye(self.hidden_size))
+
+    @property
+    def draft_vocab_size(self) -> int | None:
+        """``Vd`` for a reduced head, None for the target's."""
+        return None if self.lm_head is None else int(self.draft_to_target.numel())
+
+    def input_features(self, target_features: Tensor) -> Tensor:
+        """Target features as the decoder reads them (projected when several layers).
+
+        Shape:
+            target_features: ``[b, n, feature_size]``; returns ``[b, n, hidden]``.
+        """
+        return target_features if self.reduce is None else self.reduce(target_features)
+
+    def forward(self, features: Tensor, embeds: Tensor, attention_mask: Tensor | None, position_ids: Tensor,
+                cache: object | None = None) -> Tensor:
+        """Predicted features ``[b, n, hidden]`` (appending to ``cache`` when given).
+
+        Shape:
+            features: ``[b, n, hidden]`` (already through :meth:`input_features`, or the
+                drafter's own predictions); embeds: ``[b, n, hidden]`` the tokens' embeddings;
+            attention_mask: 2D ``[b, cached + n]`` 0/1, 4D, or None; position_ids: ``[b, n]``.
+        """
+        x = self.fc(torch.cat([features, embeds], -1))
+        extra = cache_kwargs(self.decoder, cache) if cache is not None else {"use_cache": False}
+        out = self.decoder(inputs_embeds=x, attention_mask=attention_mask, position_ids=position_ids, **extra)
+        return out.last_hidden_state
+
+    def logits(self, hidden: Tensor, target_head: nn.Module, vocab_size: int) -> Tensor:
+        """Draft logits over the target's first ``vocab_size`` ids, ``-inf`` outside a reduced
+        vocabulary.
+
+        Shape:
+            hidden: ``[..., hidden]``; returns ``[..., vocab_size]`` in the head's dtype.
+        """
+        if self.lm_head is None:
+            return target_head(hidden)[..., :vocab_size]
+        small = self.lm_head(hidden)
+        full = small.new_full((*small.shape[:-1], vocab_size), float("-inf"))
+        keep = self.draft_to_target < vocab_size
+        full[..., self.draft_to_target[keep]] = small[..., keep]
+        return full
+
+
+class EagleDrafter(DrafterBase):
+    """Drafts for ``target`` with an :class:`EagleModel` (usually from
+    :func:`specdecode.load_drafter`, trained by ``python -m specdecode train eagle``).
+
+    Draft tokens are drawn by :func:`specdecode.sampling.sample_logits` from the draft logits
+    after the generation's logits processors (argmax at temperature 0), and those logits are
+    returned as ``q``, as :class:`~specdecode.drafters.ModelDrafter` does; ``tree=`` drafts a
+    token tree with a builder instead. Chains and trees, any batch size, left padding; the
+    static decode path refuses it (it reads target features at commit).
+
+    Example:
+        >>> drafter = specdecode.load_drafter("runs/eagle", target)        # doctest: +SKIP
+        >>> out = specdecode.generate(target, drafter, ids, max_new_tokens=32)  # doctest: +SKIP
+    """
+
+    name = "eagle"
+
+    def __init__(self, target: nn.Module, model: EagleModel, tree: TreeBuilder | None = None) -> None:
+        if not isinstance(target, nn.Module):
+            raise TypeError(f"target: expected the target model (a torch.nn.Module), got {type(target).__name__}")
+        if not isinstance(model, EagleModel):
+            raise TypeError(f"model: expected an EagleModel, got {type(model).__name__}")
+        if tree is not None and not isinstance(tree, TreeBuilder):
+            raise TypeError(f"tree: expected a TreeBuilder or None, got {type(tree).__name__}")
+        if model.target_vocab != vocab_rows(target) or model.hidden_size != target.get_input_embeddings().weight.shape[1]:
+            raise ValueError(f"model: built for a target with {model.target_vocab} ids and hidden size "
+                             f"{model.hidden_size}, not for this {type(target).__name__}")
+        self.target = target
+        self.model = model
+        self.tree = tree
+        self.feature_layers = model.feature_layers
+        self.device = input_device(target)
+        self.reset()
+
+    def reset(self) -> None:
+        self.cache = None
+        self.cached_columns = 0
+        self.target_features: Tensor | None = None  # [b, columns, F]: the target's feature at each column
+
+    def describe(self) -> dict:
+        n = sum(p.numel() for p in self.model.parameters())
+        return {"drafter": self.name, "draft_params": n, "feature_layers": list(self.feature_layers),
+                "draft_vocab": self.model.draft_vocab_size}
+
+    # ------------------------------------------------------------------ features
+    def _store(self, features: Tensor, num_columns: int) -> None:
+        m = features.shape[1]
+        start = num_columns - 1 - m
+        b, F = features.shape[0], features.shape[-1]
+        have = self.target_features
+        if have is None or have.shape[1] < num_columns:
+            grown = features.new_zeros((b, max(num_columns + 16, 2 * (0 if have is None else have.shape[1])), F))
+            if have is not None:
+                grown[:, : have.shape[1]] = have
+            self.target_features = grown
+        self.target_features[:, start: start + m] = features.to(self.target_features.dtype)
+
+    def _previous_features(self, mask: Tensor, lo: int, hi: int) -> Tensor:
+        """Each column's input feature for columns ``[lo, hi)``: the target feature of the row's
+        previous real column (zeros where there is none). ``mask``: ``[b, >= hi]`` 0/1."""
+        b = mask.shape[0]
+        F = self.model.feature_size
+        if self.target_features is None or hi == 0:
+            return torch.zeros((b, hi - lo, F), dtype=self.model.fc.weight.dtype, device=self.device)
+        cols = torch.arange(hi, device=self.device)
+        real = mask[:, :hi].to(self.device).bool()
+        last = torch.cummax(torch.where(real, cols, torch.full_like(cols, -1)), 1).values
+        previous = torch.cat([last.new_full((b, 1), -1), last[:, :-1]], 1)[:, lo:hi]
+        width = self.target_features.shape[1]
+        gathered = self.target_features.gather(1, previous.clamp(0, width - 1)[:, :, None].expand(-1, -1, F))
+        return gathered * (previous >= 0)[:, :, None].to(gathered.dtype)
+
+    # ------------------------------------------------------------------ drafting
+    def _embed(self, ids: Tensor) -> Tensor:
+        return self.target.get_input_embeddings()(ids.to(self.device))
+
+    def _logits(self, state: DraftState, hidden: Tensor) -> Tensor:
+        head = self.target.get_output_embeddings()
+        return self.model.logits(hidden, head, state.vocab_size).to(device=state.device, dtype=torch.float32)
+
+    def _catch_up(self, state: DraftState) -> tuple[Tensor, float]:
+        """Feed every committed column the cache has not seen, the pending one last; returns the
+        predicted feature at the pending column ``[b, hidden]`` and the prefill seconds."""
+        if self.cache is None:
+            self.cache = kv_cache.new_cache()
+            self.cached_columns = 0
+        prefilling = self.cached_columns == 0
+        start = state.clock() if prefilling else 0.0
+        pending = state.num_columns - 1
+        lo = self.cached_columns
+        mask = state.attention_mask[:, : pending + 1].to(self.device)
+        features = self.model.input_features(self._previous_features(mask, lo, pending + 1))
+        hidden = self.model(features, self._embed(state.tokens[:, lo: pending + 1]),
+                            mask if state.has_holes else None, state.positions[:, lo: pending + 1].to(self.device),
+                            self.cache)
+        self.cached_columns = pending + 1
+        return hidden[:, -1], (state.clock() - start if prefilling else 0.0)
+
+    @torch.no_grad()
+    def propose(self, state: DraftState, num_tokens: int) -> Proposal:
+        if self.tree is not None:
+            return self._propose_tree(state)
+        hidden, prefill_seconds = self._catch_up(state)
+        pending = state.num_columns - 1
+        b = state.batch_size
+        committed = state.attention_mask[:, : pending + 1].to(self.device) if state.has_holes else None
+        position = state.positions[:, pending].to(self.device)
+        tokens: list[Tensor] = []
+        logits_out: list[Tensor] = []
+        for i in range(num_tokens):
+            if i > 0:
+                mask = None if committed is None else torch.cat([committed, committed.new_ones((b, i))], 1)
+                hidden = self.model(hidden[:, None], self._embed(tokens[-1][:, None]), mask,
+                                    (position + i)[:, None], self.cache)[:, 0]
+            drafted = torch.stack(tokens, 1) if tokens else state.tokens[:, :0]
+            logits = state.process_draft_logits(self._logits(state, hidden), drafted)
+            coins = None if state.sampling.is_greedy else state.uniforms(b)
+            tokens.append(sample_logits(logits, state.sampling, uniforms=coins))
+            logits_out.append(logits)
+        # Keep only columns fed with the target's features: accepted drafts are fed again at the
+        # next step, with the target's features instead of the drafter's own predictions.
+        kv_cache.crop(self.cache, pending + 1)
+        return Proposal(torch.stack(tokens, 1), torch.stack(logits_out, 1), forward_calls=num_tokens,
+                        prefill_seconds=prefill_seconds)
+
+    def _propose_tree(self, state: DraftState) -> Proposal:
+        """One forward per depth over that depth's new nodes; a node reads its parent's
+        predicted feature."""
+        root_hidden, prefill_seconds = self._catch_up(state)
+        pending = state.num_columns - 1
+        b = state.batch_size
+        prefix = state.attention_mask[:, : pending + 1].to(device=self.device, dtype=torch.bool)
+        root_position = state.positions[:, pending].to(self.device)
+        dtype = self.model.fc.weight.dtype
+        slots = _TreeSlots(b, self.device)
+        node_hidden = {"h": root_hidden[:, None]}  # [b, nodes so far, hidden], by node id
+
+        def expand(node_ids: Tensor, tokens: Tensor, parents: Tensor, depth: int) -> Tensor:
+            node_ids, parents = node_ids.to(self.device), parents.to(self.device)
+            visible = slots.add(node_ids, parents)
+            n = tokens.shape[1]
+            allowed = torch.cat([prefix[:, None, :].expand(-1, n, -1), visible], 2)[:, None]
+            mask = torch.zeros(allowed.shape, dtype=dtype, device=self.device).masked_fill(
+                ~allowed, torch.finfo(dtype).min)
+            table = node_hidden["h"]
+            parent_hidden = table.gather(1, parents.clamp_min(0)[:, :, None].expand(-1, -1, table.shape[-1]))
+            positions = (root_position + depth)[:, None].expand(-1, n)
+            hidden = self.model(parent_hidden, self._embed(tokens), mask, positions, self.cache)
+            needed = int(node_ids.max()) + 1
+            if needed > table.shape[1]:
+                table = torch.cat([table, table.new_zeros((b, needed - table.shape[1], table.shape[-1]))], 1)
+            table = table.scatter(1, node_ids[:, :, None].expand(-1, -1, table.shape[-1]), hidden)
+            node_hidden["h"] = table
+            return self._logits(state, hidden)
+
+        root_logits = self._logits(state, root_hidden)
+        built = self.tree.build(state.tokens[:, pending], root_logits, expand, state.sampling, state.uniforms)
+        kv_cache.crop(self.cache, pending + 1)  # keep the committed columns only
+        self.cached_columns = pending + 1
+        return Proposal(built.tree.tokens, built.draft_logits, tree=built.tree, children=built.children,
+                        forward_calls=1 + built.forward_calls, prefill_seconds=prefill_seconds)
+
+    # ------------------------------------------------------------------ commit
+    def commit(self, update: CommitUpdate) -> None:
+        if update.features is not None:
+            self._store(update.features.to(self.device), update.num_columns)
+        if self.cache is not None:
+            valid = min(self.cached_columns, update.num_columns - 1)  # before the new pending token
+            kv_cache.crop(self.cache, valid)
+            self.cached_columns = valid
+        if update.kept_rows is not None:
+            rows = update.kept_rows.to(self.device)
+            if self.cache is not None:
+                kv_cache.select_rows(self.cache, rows)
+            if self.target_features is not None:
+                self.target_features = self.target_features[rows]
+        order = update.column_order
+        if order is None:
+            return
+        order = order.to(self.device)
+        if self.target_features is not None:
+            F = self.target_features.shape[-1]
+            moved = self.target_features.gather(1, order[:, :, None].expand(-1, -1, F))
+            self.target_features[:, : order.shape[1]] = moved
+        if self.cache is None:
+            return
+        if self.cached_columns == 0:
+            self.cache, self.cached_columns = None, 0
+            return
+        # Columns the cache never held (the last accepted draft of a fully accepted block) are
+        # fed again at the next step: keep the prefix of new columns that all come from the cache.
+        from_cache = (order < self.cached_columns).all(0).long().cumprod(0)
+        keep = int(from_cache.sum())
+        kv_cache.gather_columns(self.cache, order.clamp_max(self.cached_columns - 1))
+        kv_cache.crop(self.cache, keep)
+        self.cached_columns = keep

@@ -1,0 +1,246 @@
+"""The ``eagle`` kind: a feature drafter (EAGLE) trained on the target's own features.
+
+The drafter is :class:`specdecode.drafters.eagle.EagleModel`: ``fc([f_{t-1}, e(x_t)])`` through
+one decoder layer of the target's architecture predicts the target's feature ``f_t`` (its last
+hidden state, after the final norm: what its LM head reads), and a head turns the prediction
+into the next-token distribution. The target's embedding (and, by default, its head) are used
+frozen and are not saved.
+
+Data: the kit's examples (the target's own continuations of the prompts), labelled in the same
+target forward with its top-k log-probabilities *and* its features
+(``DataSettings.feature_layers``), so training never runs the target. Training is teacher-forced
+(every position reads the target's true feature of the position before it) with the loss of
+EAGLE: a feature regression (smooth L1 between the predicted and the target's feature, weight
+``feature_weight``) plus the kit's token-distribution loss against the target's distribution.
+
+``draft_vocab_size=Vd`` gives a reduced head over the ``Vd`` token ids most frequent in the
+training data (counted over the examples' tokens and the target's top-1 predictions), started
+from the target head's rows of those ids (EAGLE-3 / FR-Spec): a draft step then costs a
+``Vd / V`` part of a full head. The distribution loss leaves out the mass the reduced head
+cannot express.
+
+The folder: ``model.safetensors`` (the drafter's own weights, the map ``draft_to_target``
+included) and ``eagle_config.json`` (feature layers, draft vocabulary size, hidden size).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from specdecode.drafters.eagle import EagleDrafter, EagleModel
+from specdecode.models import check_feature_layers, vocab_rows
+from specdecode.training.artifacts import WEIGHTS_FILE
+
+__all__ = ["CONFIG_FILE", "DESCRIPTION", "NAME", "Built", "EagleTraining", "build", "drafter", "forward", "load",
+           "prepare", "save", "vocab_record"]
+
+NAME = "eagle"
+DESCRIPTION = "a feature drafter (EAGLE): one decoder layer on the target's hidden state and the next token"
+CONFIG_FILE = "eagle_config.json"
+_INIT_SEED = 0
+
+
+class EagleTraining(nn.Module):
+    """What the loop trains: the :class:`EagleModel` (a submodule) beside the target, which is
+    held outside the module tree (never trained, never saved)."""
+
+    def __init__(self, target: nn.Module, eagle: EagleModel, feature_weight: float, unroll: int = 1) -> None:
+        super().__init__()
+        self.eagle = eagle
+        self._target = (target,)
+        self.feature_weight = feature_weight
+        self.unroll = unroll
+
+    @property
+    def target(self) -> nn.Module:
+        return self._target[0]
+
+
+@dataclass
+class Built:
+    """A drafter ready to train: the module, the parameters to train (by name; ``prepare`` may
+    replace them), the feature layers (recorded as ``layers``, and asked of the data)."""
+
+    model: EagleTraining
+    params: dict[str, nn.Parameter]
+    layers: list[int]
+    feature_layers: tuple[int, ...]
+    draft_vocab_size: int | None = None
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+def _new_model(target: nn.Module, layers: tuple[int, ...], draft_vocab: Tensor | None, init_from_target: bool
+               ) -> EagleModel:
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(_INIT_SEED)
+        model = EagleModel(target, layers, draft_vocab, init_from_target=init_from_target)
+    model.decoder.get_input_embeddings().weight.requires_grad_(False)  # unused: inputs come as embeddings
+    return model
+
+
+def _trainable(model: EagleTraining) -> dict[str, nn.Parameter]:
+    return {name: p for name, p in model.named_parameters() if p.requires_grad}
+
+
+def build(target: nn.Module, *, feature_layers: tuple[int, ...] | list[int] = (-1,), draft_vocab_size: int | None = None,
+          feature_weight: float = 1.0, init_from_target: bool = False, unroll: int = 1) -> Built:
+    """An untrained EAGLE drafter for ``target`` (only read). ``feature_layers``: indices into
+    the target's ``hidden_states`` (default the last); ``draft_vocab_size``: a reduced head
+    (chosen from the data in :func:`prepare`), None for the target's own; ``feature_weight``:
+    the weight of the feature regression (used when the feature is the last hidden state);
+    ``init_from_target``: start from the target's first decoder layer (a one-layer layer-skip
+    drafter before training) instead of a random layer; ``unroll``: 2 also trains the second
+    draft step, which reads the drafter's own predicted feature (training-time test), 1 teacher
+    forcing only."""
+    layers = check_feature_layers(target, tuple(feature_layers) if isinstance(feature_layers, list)
+                                  else feature_layers)
+    vocab = vocab_rows(target)
+    if draft_vocab_size is not None and (isinstance(draft_vocab_size, bool) or not isinstance(draft_vocab_size, int)
+                                         or not 1 <= draft_vocab_size <= vocab):
+        raise ValueError(f"draft_vocab_size: expected an int in [1, {vocab}] or None, got {draft_vocab_size!r}")
+    if isinstance(feature_weight, bool) or not isinstance(feature_weight, (int, float)) or feature_weight < 0:
+        raise ValueError(f"feature_weight: expected a number >= 0, got {feature_weight!r}")
+    if unroll not in (1, 2) or isinstance(unroll, bool):
+        raise ValueError(f"unroll: expected 1 or 2, got {unroll!r}")
+    if unroll == 2 and layers != (-1,):
+        raise ValueError("unroll: the second draft step is trained against the target's last hidden state; "
+                         f"use feature_layers=(-1,), got {layers}")
+    if not isinstance(init_from_target, bool):
+        raise ValueError(f"init_from_target: expected a bool, got {init_from_target!r}")
+    model = EagleTraining(target, _new_model(target, layers, None, init_from_target), float(feature_weight), unroll)
+    return Built(model, _trainable(model), list(layers), layers, draft_vocab_size,
+                 {"init_from_target": init_from_target})
+
+
+def draft_vocabulary(examples: list[Any], vocab_size: int, size: int) -> Tensor:
+    """The ``size`` ids most frequent in ``examples`` (their tokens and the target's top-1
+    predictions), most frequent first, ties by id. Shape: returns ``[size]`` int64."""
+    counts = torch.zeros(vocab_size, dtype=torch.long)
+    for e in examples:
+        counts += torch.bincount(e.input_ids.long().clamp(0, vocab_size - 1), minlength=vocab_size)
+        counts += torch.bincount(e.top_ids[:, 0].long().clamp(0, vocab_size - 1), minlength=vocab_size)
+    order = sorted(range(vocab_size), key=lambda i: (-int(counts[i]), i))
+    return torch.tensor(order[:size], dtype=torch.long)
+
+
+def prepare(built: Built, examples: list[Any]) -> None:
+    """With a reduced head: choose its vocabulary from ``examples`` and rebuild the drafter
+    with it (``built.params`` updated in place)."""
+    if built.draft_vocab_size is None:
+        return
+    target = built.model.target
+    ids = draft_vocabulary(examples, vocab_rows(target), built.draft_vocab_size)
+    built.model.eagle = _new_model(target, built.feature_layers, ids, built.options["init_from_target"])
+    built.params.clear()
+    built.params.update(_trainable(built.model))
+
+
+def forward(model: EagleTraining, input_ids: Tensor, attention_mask: Tensor, features: Tensor | None = None
+            ) -> tuple[Tensor, Tensor | None]:
+    """Teacher-forced logits on a right-padded batch and the weighted feature regression.
+
+    Shape:
+        input_ids, attention_mask: ``[b, t]``; features: ``[b, t, F]`` the target's features.
+        Returns ``([b, t, V], scalar or None)``.
+    """
+    if features is None:
+        raise ValueError("features: the eagle kind trains on target features; label the data with "
+                         "DataSettings(feature_layers=...)")
+    eagle, target = model.eagle, model.target
+    dtype = eagle.fc.weight.dtype
+    feats = features.to(dtype)
+    previous = torch.cat([torch.zeros_like(feats[:, :1]), feats[:, :-1]], 1)
+    with torch.no_grad():
+        embeds = target.get_input_embeddings()(input_ids)
+    positions = (attention_mask.long().cumsum(1) - 1).clamp_min(0)
+    hidden = eagle(eagle.input_features(previous), embeds, attention_mask, positions)
+    head = target.get_output_embeddings()
+    weight = head.weight.detach()
+    bias = None if getattr(head, "bias", None) is None else head.bias.detach()
+    head_fn = lambda h: F.linear(h, weight, bias)  # noqa: E731 - the target's head, frozen
+    logits = eagle.logits(hidden, head_fn, vocab_rows(target))
+    terms = []
+    mask = attention_mask.bool()
+    if model.feature_weight > 0 and eagle.feature_layers == (-1,):
+        terms.append(model.feature_weight * F.smooth_l1_loss(hidden[mask].float(), feats[mask].float()))
+    if model.unroll > 1:
+        second = _second_step(eagle, eagle.input_features(previous), embeds, hidden, attention_mask, positions)
+        log_p = torch.log_softmax(head_fn(feats).float()[..., : logits.shape[-1]], -1)
+        log_q = torch.log_softmax(eagle.logits(second, head_fn, vocab_rows(target)).float(), -1)
+        kl = torch.where(torch.isneginf(log_q), torch.zeros_like(log_q), log_p.exp() * (log_p - log_q)).sum(-1)
+        counted = mask.clone()
+        counted[:, 0] = False  # position 0 has no previous feature, predicted or not
+        terms.append(kl[counted].mean())
+    return logits, (sum(terms) if terms else None)
+
+
+def _second_step(eagle: EagleModel, inputs: Tensor, embeds: Tensor, hidden: Tensor, attention_mask: Tensor,
+                 positions: Tensor) -> Tensor:
+    """The drafter's outputs at its *second* draft step (training-time test): position ``t``
+    reads its own prediction ``o_{t-1}`` instead of the target's ``f_{t-1}``, while attending
+    to the earlier positions as they were fed with the target's features (as when drafting).
+    One forward over both copies of the sequence with a 4D mask.
+
+    Shape:
+        inputs, embeds, hidden: ``[b, t, hidden]``; attention_mask, positions: ``[b, t]``.
+        Returns ``[b, t, hidden]``.
+    """
+    b, t, _ = embeds.shape
+    own = torch.cat([torch.zeros_like(hidden[:, :1]), hidden[:, :-1]], 1)
+    i = torch.arange(t, device=embeds.device)
+    real = attention_mask.bool()[:, None, :]
+    first = (i[None, :] <= i[:, None])[None] & real  # [b, t, t]
+    earlier = (i[None, :] < i[:, None])[None] & real
+    itself = torch.eye(t, dtype=torch.bool, device=embeds.device)[None].expand(b, -1, -1)
+    allowed = torch.cat([torch.cat([first, torch.zeros_like(first)], 2), torch.cat([earlier, itself], 2)], 1)
+    dtype = eagle.fc.weight.dtype
+    additive = torch.zeros(allowed.shape, dtype=dtype, device=embeds.device).masked_fill(
+        ~allowed, torch.finfo(dtype).min)[:, None]
+    out = eagle(torch.cat([inputs, own], 1), torch.cat([embeds, embeds], 1), additive,
+                torch.cat([positions, positions], 1))
+    return out[:, t:]
+
+
+def save(model: EagleTraining, out_dir: Path) -> None:
+    """``model.safetensors`` (the drafter's weights) and ``eagle_config.json``."""
+    from safetensors.torch import save_file
+
+    eagle = model.eagle
+    state = {k: v.detach().contiguous().cpu() for k, v in eagle.state_dict().items()}
+    save_file(state, str(Path(out_dir) / WEIGHTS_FILE))
+    config = {"feature_layers": list(eagle.feature_layers), "draft_vocab_size": eagle.draft_vocab_size,
+              "hidden_size": eagle.hidden_size, "target_vocab": eagle.target_vocab}
+    (Path(out_dir) / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+
+
+def load(folder: Path, target: nn.Module, record: dict[str, Any]) -> EagleDrafter:
+    """The saved drafter as an :class:`EagleDrafter` for ``target`` (already checked to be
+    the model it was trained for)."""
+    from safetensors.torch import load_file
+
+    config = json.loads((Path(folder) / CONFIG_FILE).read_text(encoding="utf-8"))
+    size = config["draft_vocab_size"]
+    placeholder = None if size is None else torch.arange(size)
+    eagle = EagleModel(target, tuple(config["feature_layers"]), placeholder)
+    eagle.load_state_dict(load_file(str(Path(folder) / WEIGHTS_FILE)))
+    return EagleDrafter(target, eagle.eval())
+
+
+def drafter(model: EagleTraining, target: nn.Module) -> EagleDrafter:
+    """The trained drafter, ready to pass as ``draft``."""
+    return EagleDrafter(target, model.eagle.eval())
+
+
+def vocab_record(model: EagleTraining) -> dict[str, Any]:
+    """The record's ``vocab``: the draft vocabulary's size and where its map to target ids is."""
+    eagle = model.eagle
+    if eagle.draft_vocab_size is None:
+        return {"size": eagle.target_vocab, "map": None}
+    return {"size": eagle.draft_vocab_size, "map": "draft_to_target (model.safetensors)"}

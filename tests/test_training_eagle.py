@@ -1,0 +1,158 @@
+"""The training kit's ``eagle`` kind: the data carries the target's features, training on the
+demo target lowers the loss and raises acceptance on held-out prompts, a reduced head keeps
+its vocabulary through save and load, a saved drafter refuses another target, bad options are
+refused."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_generate_models import PAD, _one_thread, left_padded, make_model  # noqa: F401
+
+import specdecode
+from specdecode.drafters.eagle import EagleDrafter
+from specdecode.training import train_drafter
+from specdecode.training import eagle as eagle_kind
+from specdecode.training.data import DataSettings
+from specdecode.training.loop import LoopSettings
+
+
+@pytest.fixture(scope="module")
+def demo_eagle(tmp_path_factory):
+    """The demo target, its tokenizer, and an EAGLE drafter trained on it for 30 steps."""
+    target, _, tokenizer = specdecode.load_demo_pair()
+    out = tmp_path_factory.mktemp("demo-eagle")
+    result = train_drafter("eagle", target, out, tokenizer=tokenizer, target_name="demo", max_steps=30, num_prompts=16,
+                           data_settings=DataSettings(max_length=96, max_new_tokens=32, batch_size=8),
+                           loop_settings=LoopSettings(batch_size=8, lr=3e-3, warmup_steps=5), progress=False)
+    return target, tokenizer, result
+
+
+def test_demo_training_lowers_the_loss_and_raises_acceptance(demo_eagle):
+    from specdecode.demo import demo_prompts
+
+    target, tokenizer, result = demo_eagle
+    t = result.record["training"]
+    assert result.record["kind"] == "eagle" and result.record["layers"] == [-1]
+    assert t["steps"] == 30 and t["after"]["loss"] < t["before"]["loss"]
+    assert t["after"]["greedy_acceptance"] > t["before"]["greedy_acceptance"]
+    # In generation, on held-out prompts never trained on (the benchmark's), against the untrained drafter.
+    tokenizer.padding_side = "left"
+    batch = tokenizer(demo_prompts(3), return_tensors="pt", padding=True)
+    ids, mask = batch.input_ids[:, -48:], batch.attention_mask[:, -48:]
+    want = target.generate(ids, attention_mask=mask, max_new_tokens=24, do_sample=False,
+                           pad_token_id=tokenizer.pad_token_id)
+    untrained = EagleDrafter(target, eagle_kind.build(target).model.eagle)
+    rates = []
+    for drafter in (untrained, result.drafter):
+        out = specdecode.generate(target, drafter, ids, mask, num_draft_tokens=4, max_new_tokens=24,
+                                  pad_token_id=tokenizer.pad_token_id)
+        assert torch.equal(out.sequences, want[:, : out.sequences.shape[1]])
+        rates.append(out.stats.acceptance_rate)
+    assert rates[1] > rates[0], rates
+
+
+def test_round_trip_and_target_check(demo_eagle):
+    target, _, result = demo_eagle
+    loaded = specdecode.load_drafter(result.path, target)
+    assert isinstance(loaded, EagleDrafter) and loaded.feature_layers == (-1,)
+    want = result.drafter.model.state_dict()
+    got = loaded.model.state_dict()
+    assert want.keys() == got.keys() and all(torch.equal(want[k], got[k]) for k in want)
+    other = make_model("llama", vocab=4096, layers=2)
+    with pytest.raises(ValueError, match="target: the drafter in"):
+        specdecode.load_drafter(result.path, other)
+
+
+def test_data_carries_the_target_features_and_a_reduced_head_round_trips(tmp_path):
+    target = make_model("gpt2", vocab=111, layers=2, init=0.08)
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(3, 111, (4,), generator=g).tolist() for _ in range(8)]
+    result = train_drafter("eagle", target, tmp_path, data=prompts, max_steps=3, progress=False,
+                           data_settings=DataSettings(max_length=24, max_new_tokens=12, batch_size=4, top_k=16),
+                           loop_settings=LoopSettings(batch_size=4, warmup_steps=1), draft_vocab_size=40)
+    assert result.record["vocab"]["size"] == 40
+    batches = sorted((tmp_path / "data").glob("*/batch_*.pt"))
+    row = torch.load(batches[0])[0]
+    with torch.no_grad():
+        hidden = target(row["input_ids"][None], output_hidden_states=True).hidden_states[-1][0]
+    torch.testing.assert_close(row["features"].float(), hidden, rtol=2e-3, atol=2e-3)  # stored as float16
+    loaded = specdecode.load_drafter(tmp_path, target)
+    assert loaded.model.draft_vocab_size == 40
+    assert torch.equal(loaded.model.draft_to_target, result.drafter.model.draft_to_target)
+    ids, mask = left_padded([5, 2, 7], vocab=111, seed=2)
+    out = specdecode.generate(target, loaded, ids, mask, num_draft_tokens=3, max_new_tokens=10)
+    want = target.generate(ids, attention_mask=mask, max_new_tokens=10, do_sample=False, pad_token_id=PAD)
+    assert torch.equal(out.sequences, want)
+
+
+def test_draft_vocabulary_is_the_most_frequent_ids():
+    from specdecode.training.data import Example
+
+    examples = [Example(torch.tensor([5, 5, 5, 2, 2, 9]), torch.zeros(6, 1), torch.tensor([[5], [2], [7], [7], [7], [7]]))]
+    assert eagle_kind.draft_vocabulary(examples, 10, 4).tolist() == [5, 7, 2, 9]
+
+
+def test_bad_options_are_refused(tmp_path):
+    target = make_model("llama", vocab=111, layers=2)
+    for bad in (0, 112, 2.5, True):
+        with pytest.raises(ValueError, match="draft_vocab_size"):
+            eagle_kind.build(target, draft_vocab_size=bad)
+    with pytest.raises(ValueError, match="feature_weight"):
+        eagle_kind.build(target, feature_weight=-1)
+    with pytest.raises(ValueError, match="feature_layers"):
+        eagle_kind.build(target, feature_layers=(3,))
+    with pytest.raises(ValueError, match="features"):
+        eagle_kind.forward(eagle_kind.build(target).model, torch.zeros((1, 3), dtype=torch.long),
+                           torch.ones((1, 3), dtype=torch.long))
+
+
+def test_second_step_is_what_drafting_computes():
+    """The training-time test's second pass at position t equals the drafter fed positions
+    0..t-1 with the target's features (its cache) and then position t with its own o_{t-1}."""
+    from specdecode.models import kv_cache
+    from specdecode.training.eagle import _second_step
+
+    target = make_model("qwen2", vocab=111, layers=2)
+    model = eagle_kind.build(target, unroll=2).model.eagle
+    ids = torch.randint(3, 111, (1, 7), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(ids)
+    positions = torch.arange(7)[None]
+    with torch.no_grad():
+        feats = target(ids, output_hidden_states=True).hidden_states[-1]
+        previous = torch.cat([torch.zeros_like(feats[:, :1]), feats[:, :-1]], 1)
+        embeds = target.get_input_embeddings()(ids)
+        hidden = model(previous, embeds, mask, positions)
+        second = _second_step(model, previous, embeds, hidden, mask, positions)
+        for t in (1, 4, 6):
+            cache = kv_cache.new_cache()
+            model(previous[:, :t], embeds[:, :t], None, positions[:, :t], cache)
+            step = model(hidden[:, t - 1: t], embeds[:, t: t + 1], None, positions[:, t: t + 1], cache)
+            torch.testing.assert_close(second[:, t], step[:, 0], rtol=1e-4, atol=1e-5)
+
+
+def test_unroll_trains_and_is_checked(tmp_path):
+    target = make_model("llama", vocab=111, layers=2)
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(3, 111, (4,), generator=g).tolist() for _ in range(4)]
+    result = train_drafter("eagle", target, tmp_path, data=prompts, max_steps=2, progress=False, unroll=2,
+                           data_settings=DataSettings(max_length=16, max_new_tokens=8, batch_size=4, top_k=16),
+                           loop_settings=LoopSettings(batch_size=4, warmup_steps=1))
+    assert result.record["training"]["steps"] == 2 and result.record["training"]["options"]["unroll"] == 2
+    for bad in (0, 3, True):
+        with pytest.raises(ValueError, match="unroll"):
+            eagle_kind.build(target, unroll=bad)
+    with pytest.raises(ValueError, match="unroll"):
+        eagle_kind.build(target, unroll=2, feature_layers=(0, -1))
+
+
+def test_command_refuses_eagle_options_for_other_kinds():
+    import argparse
+
+    from specdecode.training.command import run_train
+
+    base = dict(target="demo", out="unused", minutes=None, data=None, seed=0, max_steps=1, threads=None)
+    with pytest.raises(ValueError, match="draft_vocab: only the eagle kind"):
+        run_train(argparse.Namespace(kind="draft", draft_vocab=8, unroll=None, **base))
+    with pytest.raises(ValueError, match="unroll: only the eagle kind"):
+        run_train(argparse.Namespace(kind="draft", draft_vocab=None, unroll=2, **base))
