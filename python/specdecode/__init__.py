@@ -47,6 +47,14 @@ if TYPE_CHECKING:  # names in annotations only
     import torch
 
 
+def load_pair(*args, **kwargs):  # noqa: ANN002, ANN003 - same signature as specdecode.pairs.load_pair
+    """``(target, drafter, tokenizer)`` of a named pair, ``"demo"`` or ``"smollm2"``
+    (:func:`specdecode.pairs.load_pair`; imported lazily, it loads transformers)."""
+    from specdecode.pairs import load_pair as load
+
+    return load(*args, **kwargs)
+
+
 def load_demo_pair(*args, **kwargs):  # noqa: ANN002, ANN003 - same signature as the demo's
     """``(target, draft, tokenizer)``: the embedded trained demo pair
     (:func:`specdecode.demo.load_demo_pair`; imported lazily, it loads transformers)."""
@@ -81,6 +89,7 @@ __all__ = [
     "SamplingParams",
     "TokenizerBridgeDrafter",
     "load_demo_pair",
+    "load_pair",
     "load_drafter",
     "RuleInfo",
     "SpeculativeOutput",

