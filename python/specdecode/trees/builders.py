@@ -43,7 +43,9 @@ import torch
 from torch import Tensor
 
 from specdecode.sampling import SamplingParams, processed_probs, sample_logits
+from specdecode.trees.calibration import AcceptanceCalibration
 from specdecode.trees.dynamic import prune_to_budget, select_frontier
+from specdecode.trees.outcomes import NodeRecord, path_outcomes
 from specdecode.trees.sequoia import acceptance_from_conditional, sequoia_shape
 from specdecode.trees.shapes import TreeShape
 from specdecode.trees.stochastic import draw_children
@@ -92,6 +94,15 @@ class TreeBuilder:
 
     def observe(self, rank_tried: Sequence[int], rank_accepted: Sequence[int]) -> None:
         """Running counts per child rank: how often the rank-r child was tried / accepted."""
+        return None
+
+    def record(self, accepted_nodes: Tensor) -> None:
+        """The accepted path of each row of the tree built last (root first, ``-1`` padded), which
+        the drafter reports from its ``commit``; builders that learn from it override this.
+
+        Shape:
+            accepted_nodes: ``[b, D + 1]`` int64, rows as in the last :meth:`build`.
+        """
         return None
 
 
@@ -254,20 +265,48 @@ class SequoiaTree(StaticTree):
 
 class DynamicTree(TreeBuilder):
     """EAGLE-2's dynamic tree: at each of ``max_depth`` levels, the ``top_k`` frontier nodes with
-    the highest path value (product of draft probabilities along the path, at temperature 1)
-    get their ``top_k`` most likely children; at the end the ``num_nodes`` best nodes overall
-    (root included, ancestors kept) form the tree. Children are deterministic (lossless with
-    the ``deterministic`` rule at any temperature, ``greedy`` at temperature 0).
+    the highest path value get their ``top_k`` most likely children; at the end the ``num_nodes``
+    best nodes overall (root included, ancestors kept) form the tree. Children are deterministic
+    (lossless with the ``deterministic`` rule at any temperature, ``greedy`` at temperature 0).
+
+    A node's path value is the product, along its path, of the probability that each node is
+    accepted once its parent is. With ``calibrated=True`` (the default) that factor is the rate
+    measured while generating for the node's depth, rank and draft-probability bucket
+    (:class:`~specdecode.trees.calibration.AcceptanceCalibration`, in ``self.calibration``; the
+    drafter reports each step's accepted path through :meth:`record`); with ``False`` it is the
+    draft's own probability (EAGLE-2 as published). Growing stops early once no deeper node can
+    enter the best ``num_nodes`` (path values only fall along a path), which saves draft forwards
+    and changes nothing else. ``max_depth`` defaults to ``min(num_nodes - 1, 16)`` calibrated, 6 raw.
+
+    The calibration lives in this object: per generation when ``generate`` builds the builder from
+    ``tree="dynamic"``, per drafter when you pass your own (it keeps learning across generations).
     """
 
     children = "deterministic"
 
-    def __init__(self, num_nodes: int = 16, max_depth: int = 6, top_k: int = 4) -> None:
+    def __init__(self, num_nodes: int = 16, max_depth: int | None = None, top_k: int = 4, calibrated: bool = True,
+                 calibration: AcceptanceCalibration | None = None) -> None:
+        if max_depth is None:
+            max_depth = min(num_nodes - 1, 16) if calibrated and isinstance(num_nodes, int) else 6
         for name, value, low in (("num_nodes", num_nodes, 2), ("max_depth", max_depth, 1), ("top_k", top_k, 1)):
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ValueError(f"{name}: expected an int >= {low}, got {value!r}")
+        if not isinstance(calibrated, bool):
+            raise TypeError(f"calibrated: expected a bool, got {type(calibrated).__name__}")
+        if calibration is not None and not isinstance(calibration, AcceptanceCalibration):
+            raise TypeError(f"calibration: expected an AcceptanceCalibration or None, got {type(calibration).__name__}")
         self.num_nodes, self.max_depth, self.top_k = num_nodes, max_depth, top_k
         self.max_nodes = num_nodes
+        self.calibrated = calibrated
+        self.calibration = calibration if calibration is not None else AcceptanceCalibration(max_depth=max(max_depth, 1))
+        self._last: NodeRecord | None = None
+
+    def _log_factor(self, log_probs: Tensor, depth: int) -> Tensor:
+        """log of each candidate's acceptance factor; ``log_probs`` ``[b, f, k]`` in rank order."""
+        if not self.calibrated:
+            return log_probs
+        rank = torch.arange(log_probs.shape[-1], device=log_probs.device).expand(log_probs.shape)
+        return self.calibration.predict(log_probs.exp(), torch.full_like(rank, depth), rank).log()
 
     def build(self, root_tokens: Tensor, root_logits: Tensor, expand: Expand, sampling: SamplingParams,
               coins: Coins) -> BuiltTree:
@@ -277,6 +316,9 @@ class DynamicTree(TreeBuilder):
         tokens = [root_tokens[:, None]]
         parents = [torch.full((b, 1), -1, dtype=torch.long, device=device)]
         values = [torch.zeros((b, 1), dtype=torch.float32, device=device)]
+        probs = [torch.ones((b, 1), dtype=torch.float32, device=device)]
+        depths = [torch.zeros((b, 1), dtype=torch.long, device=device)]
+        ranks = [torch.zeros((b, 1), dtype=torch.long, device=device)]
         frontier = torch.zeros((b, 1), dtype=torch.long, device=device)  # node ids
         frontier_logits = root_logits[:, None]
         size, calls = 1, 0
@@ -284,18 +326,23 @@ class DynamicTree(TreeBuilder):
             logq = torch.log_softmax(frontier_logits.float(), -1)
             top = logq.topk(k, dim=-1)  # [b, f, k]
             base = torch.cat(values, 1).gather(1, frontier)  # [b, f]
-            cand_values = (base[:, :, None] + top.values).flatten(1)
+            cand_values = (base[:, :, None] + self._log_factor(top.values, depth)).flatten(1)
             cand_tokens = top.indices.flatten(1)
             cand_parents = frontier[:, :, None].expand(-1, -1, k).flatten(1)
             tokens.append(cand_tokens)
             parents.append(cand_parents)
             values.append(cand_values)
+            probs.append(top.values.exp().flatten(1))
+            depths.append(torch.full_like(cand_tokens, depth))
+            ranks.append(torch.arange(k, device=device).repeat(top.values.shape[1]).expand(b, -1))
             first = size
             size += cand_tokens.shape[1]
             if depth == self.max_depth:
                 break
             valid = torch.isfinite(cand_values)
             chosen = select_frontier(cand_values, valid, k).clamp_min(0)  # [b, k] candidate positions
+            if self._deeper_cannot_enter(torch.cat(values[1:], 1), cand_values.gather(1, chosen)):
+                break
             frontier = first + chosen
             frontier_logits = expand(frontier, cand_tokens.gather(1, chosen), cand_parents.gather(1, chosen), depth)
             calls += 1
@@ -304,7 +351,26 @@ class DynamicTree(TreeBuilder):
         num_valid = torch.full((b,), all_tokens.shape[1], dtype=torch.long, device=device)
         pruned = prune_to_budget(all_parents, all_values, num_valid, min(self.num_nodes, all_tokens.shape[1]))
         tree = TokenTree(all_tokens.gather(1, pruned.keep), pruned.parents, pruned.num_nodes)
+        keep = pruned.keep
+        self._last = NodeRecord(tree.parents, tree.num_nodes, torch.cat(probs, 1).gather(1, keep),
+                                torch.cat(depths, 1).gather(1, keep), torch.cat(ranks, 1).gather(1, keep))
         return BuiltTree(tree, None, self.children, calls)
+
+    def _deeper_cannot_enter(self, values: Tensor, frontier_values: Tensor) -> bool:
+        """True when every row already has ``num_nodes - 1`` non-root nodes worth at least the best
+        frontier node: its descendants are worth no more and lose ties (higher indices)."""
+        best = frontier_values.max(1, keepdim=True).values
+        return bool(((values >= best).sum(1) >= self.num_nodes - 1).all())
+
+    def record(self, accepted_nodes: Tensor) -> None:
+        """Count the last built tree's offered and accepted nodes into the calibration."""
+        last, self._last = self._last, None
+        if last is None or not self.calibrated:
+            return
+        offered, accepted = path_outcomes(last.parents, last.num_nodes, accepted_nodes)
+        if offered is None:
+            return
+        self.calibration.update(last.probs, last.depth.clamp_min(1), last.rank, accepted, offered)
 
 
 def make_tree_builder(tree: str | TreeShape | TreeBuilder | Sequence[Sequence[int]], *, num_nodes: int = 16,
@@ -321,7 +387,7 @@ def make_tree_builder(tree: str | TreeShape | TreeBuilder | Sequence[Sequence[in
         if children not in (None, "deterministic"):
             raise ValueError("children: a dynamic tree re-ranks its children by probability, so they must be "
                              "deterministic (sampled children pruned by their own probability bias the law)")
-        return DynamicTree(num_nodes=num_nodes, max_depth=max_depth or 6)
+        return DynamicTree(num_nodes=num_nodes, max_depth=max_depth)
     if tree == "sequoia":
         return SequoiaTree(num_nodes=num_nodes, max_depth=max_depth or 8, acceptance_by_rank=acceptance_by_rank,
                            children=children or "without_replacement")
