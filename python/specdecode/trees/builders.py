@@ -45,8 +45,8 @@ from torch import Tensor
 from specdecode.sampling import SamplingParams, processed_probs, sample_logits
 from specdecode.trees.calibration import AcceptanceCalibration
 from specdecode.trees.dynamic import prune_to_budget, select_frontier
-from specdecode.trees.outcomes import NodeRecord, path_outcomes
-from specdecode.trees.sequoia import acceptance_from_conditional, sequoia_shape
+from specdecode.trees.outcomes import NodeRecord, RankDepthCounts, path_outcomes
+from specdecode.trees.sequoia import acceptance_from_conditional, sequoia_shape, sequoia_shape_by_depth
 from specdecode.trees.shapes import TreeShape
 from specdecode.trees.stochastic import draw_children
 from specdecode.trees.tree import TokenTree
@@ -221,32 +221,53 @@ def compact_tree(tokens: Tensor, parents: Tensor, valid: Tensor) -> tuple[TokenT
 
 class SequoiaTree(StaticTree):
     """Sequoia's optimal static shape (at most ``num_nodes`` nodes, root included, and
-    ``max_depth`` levels) for an acceptance-by-rank vector: the one given, or the one the
-    engine measures while generating (re-planned every ``replan_every`` steps until the
-    counts reach ``settle_after`` tries per rank). ``acceptance_by_rank[r]`` is the probability
-    that the accepted child is the rank-r child (see :func:`specdecode.trees.sequoia_shape`).
-    The shape is fixed before each step's draws, so ``children="iid"`` / ``"without_replacement"``
-    stay lossless.
+    ``max_depth`` levels) for a measured acceptance profile, or for the ``acceptance_by_rank``
+    vector given (then fixed). ``acceptance_by_rank[r]`` is the probability that the accepted
+    child is the rank-r child (see :func:`specdecode.trees.sequoia_shape`).
+
+    With ``by_depth=True`` (the default) the profile is the conditional acceptance by rank *and
+    depth* this builder counts from each step's accepted path (reported through :meth:`record`),
+    each depth's rate shrunk towards the rate pooled over depths and that towards ``PRIOR``
+    (``pooled_weight`` / ``depth_weight`` pseudo-counts); the shape is re-planned every
+    ``replan_every`` steps (:func:`specdecode.trees.sequoia.sequoia_shape_by_depth`). With
+    ``by_depth=False`` it is the engine's acceptance by rank over the whole generation
+    (``observe``), re-planned every ``replan_every`` steps until ``settle_after`` tries per rank.
+    Either way the shape of a step is fixed before that step's draws, from earlier steps only,
+    so ``children="iid"`` / ``"without_replacement"`` stay lossless.
     """
 
     #: Prior conditional acceptance per rank before anything was measured.
     PRIOR = (0.6, 0.3, 0.2, 0.15, 0.1, 0.1, 0.1, 0.1)
 
     def __init__(self, num_nodes: int = 16, max_depth: int = 8, acceptance_by_rank: Sequence[float] | None = None,
-                 children: str = "without_replacement", replan_every: int = 16, settle_after: int = 2000) -> None:
+                 children: str = "without_replacement", replan_every: int | None = None, settle_after: int = 2000,
+                 by_depth: bool = True, pooled_weight: float = 4.0, depth_weight: float = 8.0) -> None:
+        if replan_every is None:
+            replan_every = 1 if by_depth else 16
         for name, value in (("num_nodes", num_nodes), ("max_depth", max_depth), ("replan_every", replan_every)):
             if isinstance(value, bool) or not isinstance(value, int) or value < (2 if name == "num_nodes" else 1):
                 raise ValueError(f"{name}: expected an int >= {2 if name == 'num_nodes' else 1}, got {value!r}")
+        if not isinstance(by_depth, bool):
+            raise TypeError(f"by_depth: expected a bool, got {type(by_depth).__name__}")
+        for name, value in (("pooled_weight", pooled_weight), ("depth_weight", depth_weight)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise ValueError(f"{name}: expected a positive number, got {value!r}")
         self.num_nodes, self.max_depth = num_nodes, max_depth
         self.fixed = acceptance_by_rank is not None
+        self.by_depth = by_depth and not self.fixed
         self.replan_every, self.settle_after = replan_every, settle_after
+        self.pooled_weight, self.depth_weight = float(pooled_weight), float(depth_weight)
         self.steps = 0
+        self.counts = RankDepthCounts(max_depth=max_depth, max_rank=len(self.PRIOR) - 1)
         vector = list(acceptance_by_rank) if self.fixed else acceptance_from_conditional(list(self.PRIOR))
         shape, self.expected_accepted = sequoia_shape(vector, num_nodes, max_depth)
         self.acceptance_by_rank = vector
+        self.acceptance_by_depth = [vector]
         super().__init__(shape, children)
 
     def observe(self, rank_tried: Sequence[int], rank_accepted: Sequence[int]) -> None:
+        if self.by_depth:
+            return
         self.steps += 1
         if self.fixed or self.steps % self.replan_every or not rank_tried:
             return
@@ -260,6 +281,31 @@ class SequoiaTree(StaticTree):
         vector = acceptance_from_conditional(conditional)
         shape, value = sequoia_shape(vector, self.num_nodes, self.max_depth)
         self.acceptance_by_rank, self.expected_accepted = vector, value
+        self.set_shape(shape)
+
+    def build(self, root_tokens: Tensor, root_logits: Tensor, expand: Expand, sampling: SamplingParams,
+              coins: Coins) -> BuiltTree:
+        built = super().build(root_tokens, root_logits, expand, sampling, coins)
+        self._last = built.tree
+        return built
+
+    def record(self, accepted_nodes: Tensor) -> None:
+        """Count the last built trees' tries and acceptances by depth and rank (``self.counts``);
+        with ``by_depth``, re-plan."""
+        last, self._last = getattr(self, "_last", None), None
+        if last is None:
+            return
+        self.counts.update(last.parents, last.num_nodes, accepted_nodes)  # counted in every mode
+        if not self.by_depth:
+            return
+        self.steps += 1
+        if self.steps % self.replan_every:
+            return
+        prior = torch.tensor(self.PRIOR, dtype=torch.float64)
+        rates = self.counts.conditional(prior, self.pooled_weight, self.depth_weight)
+        table = [acceptance_from_conditional(row.clamp(0.0, 1.0).tolist()) for row in rates]
+        shape, value = sequoia_shape_by_depth(table, self.num_nodes, self.max_depth)
+        self.acceptance_by_depth, self.acceptance_by_rank, self.expected_accepted = table, table[0], value
         self.set_shape(shape)
 
 
