@@ -34,12 +34,15 @@ def test_calibration_prior_then_measurements():
     depth, rank = torch.tensor([[1, 2, 3]]), torch.tensor([[0, 1, 0]])
     assert torch.allclose(cal.predict(probs, depth, rank), torch.tensor([[0.025, 0.55, 0.97]]))
     # 30 nodes of confidence 0.03 at depth 1, all accepted: that cell rises, its depth-2 cell follows
-    # through the pooled rate, the other confidence buckets stay at their prior
+    # through the pooled rate, and the fitted exponent of rank 0 lifts the other buckets too
     many = torch.full((30, 1), 0.03)
     ones = torch.ones((30, 1), dtype=torch.bool)
     cal.update(many, torch.ones((30, 1), dtype=torch.long), torch.zeros((30, 1), dtype=torch.long), ones, ones)
     after = cal.predict(torch.tensor([[0.03, 0.03, 0.55]]), torch.tensor([[1, 2, 1]]), torch.tensor([[0, 0, 0]]))
-    assert after[0, 0] > 0.95 and 0.5 < after[0, 1] < after[0, 0] and abs(float(after[0, 2]) - 0.55) < 1e-6
+    assert after[0, 0] > 0.95 and 0.5 < after[0, 1] < after[0, 0] and after[0, 2] > 0.6
+    assert float(cal.powers()[0]) < 0.5 and float(cal.powers()[1]) == pytest.approx(1.0)  # rank 1: nothing measured
+    other_rank = cal.predict(torch.tensor([[0.55]]), torch.tensor([[1]]), torch.tensor([[1]]))
+    assert float(other_rank) == pytest.approx(0.55)
     cal.reset()
     assert float(cal.offered.sum()) == 0.0
 
