@@ -263,6 +263,7 @@ class SequoiaTree(StaticTree):
         shape, self.expected_accepted = sequoia_shape(vector, num_nodes, max_depth)
         self.acceptance_by_rank = vector
         self.acceptance_by_depth = [vector]
+        self._last: TokenTree | None = None
         super().__init__(shape, children)
 
     def observe(self, rank_tried: Sequence[int], rank_accepted: Sequence[int]) -> None:
@@ -292,7 +293,7 @@ class SequoiaTree(StaticTree):
     def record(self, accepted_nodes: Tensor) -> None:
         """Count the last built trees' tries and acceptances by depth and rank (``self.counts``);
         with ``by_depth``, re-plan."""
-        last, self._last = getattr(self, "_last", None), None
+        last, self._last = self._last, None
         if last is None:
             return
         self.counts.update(last.parents, last.num_nodes, accepted_nodes)  # counted in every mode
@@ -333,7 +334,7 @@ class DynamicTree(TreeBuilder):
     def __init__(self, num_nodes: int = 16, max_depth: int | None = None, top_k: int = 4, calibrated: bool = True,
                  calibration: AcceptanceCalibration | None = None) -> None:
         if max_depth is None:
-            max_depth = min(num_nodes - 1, 16) if calibrated and isinstance(num_nodes, int) else 6
+            max_depth = max(min(num_nodes - 1, 16), 1) if calibrated and isinstance(num_nodes, int) else 6
         for name, value, low in (("num_nodes", num_nodes, 2), ("max_depth", max_depth, 1), ("top_k", top_k, 1)):
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ValueError(f"{name}: expected an int >= {low}, got {value!r}")
