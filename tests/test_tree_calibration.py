@@ -195,3 +195,14 @@ def test_planner_peeking_at_its_draws_fails_the_same_test(sampling_pair):
     builder = PeekingPlanner(num_nodes=3, max_depth=1, acceptance_by_rank=[0.4, 0.4])
     out = _sample(target, ModelDrafter(draft, tree=builder))
     assert chi_square_p(out.sequences[:, len(PROMPT):], exact_joint(target, PROMPT)) < FAIL_P
+
+
+def test_calibrated_dynamic_trees_keep_the_law_when_sampling(sampling_pair):
+    """The tree of a step depends on earlier steps' outcomes (the calibration), never on this
+    step's coins: the deterministic rule keeps the target's law (the broken builders of
+    test_tree_generation.py fail this same test)."""
+    target, draft = sampling_pair
+    builder = DynamicTree(num_nodes=5, top_k=2)
+    out = _sample(target, ModelDrafter(draft, tree=builder))
+    assert out.stats.tree_rule == "deterministic" and float(builder.calibration.offered.sum()) > 0
+    assert chi_square_p(out.sequences[:, len(PROMPT):], exact_joint(target, PROMPT)) > PASS_P
