@@ -2,15 +2,21 @@
 
     python -m specdecode bench --trees             # full table (demo pair, 8 prompts x 48 tokens)
     python -m specdecode bench --trees --quick     # smoke run
+    python -m specdecode bench --trees --prompt-set report --max-new-tokens 64 --threads 1 --clock cpu
     python benchmarks/bench_trees.py --plot        # also tokens per target call vs tree size
 
-For every temperature (0 and 1) it runs the chain (gamma = 5, token rule) and the static,
-dynamic (EAGLE-2) and Sequoia trees with 8, 16 and 32 nodes (root included), each with its
+For every temperature (0 and 1) it runs the chain (gamma = 5, token rule), the chain with the
+trees' node budget (gamma = n - 1) and the static, dynamic (EAGLE-2, calibrated) and Sequoia
+(re-planned by rank and depth) trees with 8, 16 and 32 nodes (root included), each with its
 lossless rule: ``deterministic`` for static and dynamic trees (top-k children), ``rrs`` for
 Sequoia (children drawn without replacement). Reported per configuration: tokens per target
 call (block efficiency), acceptance by depth and by child rank, tokens/s (median over
-repeats), and the ratio of tokens per call to the chain's. A second table times the compiled
-``verify_tree`` op at N = 32 against one target forward over the same 32 tree nodes.
+repeats; ``--clock cpu``: this thread's CPU time), and the ratio of tokens per call to the
+chain's. ``--prompt-set`` picks the prompts: ``demo`` (the demo pair's held-out stdlib
+windows) or a set of :mod:`specdecode.bench.prompt_sets` (``tune`` / ``report``, code and
+prose). For Sequoia rows a second table gives the conditional acceptance by depth and rank that
+the builders counted (summed over prompts). A last table times the compiled ``verify_tree`` op
+at N = 32 against one target forward over the same 32 tree nodes.
 
 On this CPU a forward over 32 tree nodes costs several times a one-token decode step (matrix
 products are compute-bound beyond a few rows), so tokens/s hides much of the gain that tokens
@@ -30,19 +36,42 @@ from specdecode.bench.harness import (Column, base_parser, environment, format_t
                                      write_results)
 
 
-def _prompts(tokenizer: Any, n: int, max_prompt_tokens: int = 96) -> list[torch.Tensor]:
-    from specdecode.demo import demo_prompts
+def _prompts(tokenizer: Any, n: int, prompt_set: str = "demo", max_prompt_tokens: int = 96) -> list[torch.Tensor]:
+    if prompt_set == "demo":
+        from specdecode.demo import demo_prompts
 
-    return [tokenizer(t, return_tensors="pt").input_ids[:, -max_prompt_tokens:] for t in demo_prompts(n)]
+        texts = demo_prompts(n)
+    else:
+        from specdecode.bench.prompt_sets import prompt_set as named_set
+
+        texts = named_set(prompt_set)
+    return [tokenizer(t, return_tensors="pt").input_ids[:, -max_prompt_tokens:] for t in texts]
 
 
 def _configs(sizes: list[int]) -> list[dict[str, Any]]:
     configs: list[dict[str, Any]] = [{"method": "chain g=5", "tree": None, "nodes": 6}]
     for n in sizes:
+        if n != 6:
+            configs.append({"method": f"chain g={n - 1}", "tree": None, "nodes": n})
         configs.append({"method": f"static {n}", "tree": "static", "nodes": n})
         configs.append({"method": f"dynamic {n}", "tree": "dynamic", "nodes": n})
         configs.append({"method": f"sequoia {n}", "tree": "sequoia", "nodes": n})
+        if n == 16:  # the builders as they were before issue 19, for comparison
+            configs.append({"method": f"dynamic raw {n}", "tree": "dynamic-raw", "nodes": n})
+            configs.append({"method": f"sequoia/rank {n}", "tree": "sequoia-rank", "nodes": n})
     return configs
+
+
+def _builder(kind: str, nodes: int) -> Any:
+    """A fresh builder: ``make_tree_builder``'s, or the pre-issue-19 variants (raw EAGLE-2
+    values; Sequoia planned from the acceptance by rank only, re-planned every 16 steps)."""
+    from specdecode.trees.builders import DynamicTree, SequoiaTree, make_tree_builder
+
+    if kind == "dynamic-raw":
+        return DynamicTree(nodes, calibrated=False)
+    if kind == "sequoia-rank":
+        return SequoiaTree(nodes, by_depth=False)
+    return make_tree_builder(kind, num_nodes=nodes)
 
 
 def run(args: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -50,39 +79,59 @@ def run(args: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     from specdecode.demo import load_demo_pair
 
     torch.set_num_threads(args.threads)
+    clock = time.thread_time if args.clock == "cpu" else time.perf_counter
     target, draft, tokenizer = load_demo_pair()
-    prompts = _prompts(tokenizer, args.num_prompts)
+    prompts = _prompts(tokenizer, args.num_prompts, args.prompt_set)
+    rank_depth: list[dict[str, Any]] = []
     sizes = [8] if args.quick else args.sizes
     rows: list[dict[str, Any]] = []
     for temperature in args.temperatures:
         sampling = dict(do_sample=True, temperature=temperature) if temperature > 0 else dict(do_sample=False)
-        chain_eff = None
+        chain_eff = chain_speed = None
         for config in _configs(sizes):
             effs, speeds, depth_rates, rank_rates = [], [], [], []
+            tried = accepted = None
             for repeat in range(args.repeats):
                 stats = specdecode.SpeculativeStats()
+                seconds = 0.0
                 for i, ids in enumerate(prompts):
                     gen = torch.Generator().manual_seed(args.seed + 1000 * repeat + i)
-                    kwargs = dict(num_draft_tokens=5) if config["tree"] is None else dict(
-                        tree=config["tree"], num_nodes=config["nodes"])
-                    specdecode.generate(target, draft, ids, max_new_tokens=args.max_new_tokens, eos_token_id=[],
+                    drafter: Any = draft
+                    kwargs: dict[str, Any] = dict(num_draft_tokens=config["nodes"] - 1)
+                    if config["tree"] is not None:  # a fresh builder per generation, as tree=... makes
+                        builder = _builder(config["tree"], config["nodes"])
+                        drafter, kwargs = specdecode.ModelDrafter(draft, tree=builder), {}
+                    start = clock()
+                    specdecode.generate(target, drafter, ids, max_new_tokens=args.max_new_tokens, eos_token_id=[],
                                         generator=gen, stats=stats, **kwargs, **sampling)
+                    seconds += clock() - start
+                    counts = getattr(getattr(drafter, "tree", None), "counts", None)
+                    if counts is not None and repeat == 0:
+                        tried = counts.tried if tried is None else tried + counts.tried
+                        accepted = counts.accepted if accepted is None else accepted + counts.accepted
                 effs.append(stats.block_efficiency)
-                speeds.append(stats.new_tokens / max(stats.total_time, 1e-9))
+                speeds.append(stats.new_tokens / max(seconds, 1e-9))
                 depth_rates = stats.acceptance_rate_per_position
                 rank_rates = stats.acceptance_by_rank
+            if tried is not None:
+                for d in range(min(6, tried.shape[0])):
+                    if float(tried[d].sum()) > 0:
+                        rank_depth.append({"T": temperature, "method": config["method"], "depth": d + 1, **{
+                            f"r{r}": (f"{float(accepted[d, r] / tried[d, r]):.2f} ({int(tried[d, r])})"
+                                      if float(tried[d, r]) else "-") for r in range(4)}})
             eff = median(effs)
-            if config["tree"] is None:
-                chain_eff = eff
+            if config["method"] == "chain g=5":
+                chain_eff, chain_speed = eff, median(speeds)
             rows.append({
                 "T": temperature, "method": config["method"], "nodes": config["nodes"],
                 "rule": stats.tree_rule or "token", "tokens_per_call": eff,
                 "x_chain": eff / chain_eff if chain_eff else float("nan"), "tok_per_s": median(speeds),
+                "x_chain_tok_s": median(speeds) / chain_speed if chain_speed else float("nan"),
                 "accept_by_depth": " ".join(f"{r:.2f}" for r in depth_rates[:6]),
                 "accept_by_rank": " ".join(f"{r:.2f}" for r in rank_rates[:4]) or "-",
             })
             print(f"  T={temperature:g} {config['method']:12s} block efficiency {words.tokens(eff)}", flush=True)
-    return rows, _verify_cost(target, args)
+    return rows, rank_depth, _verify_cost(target, args)
 
 
 def _verify_cost(target: torch.nn.Module, args: Any) -> list[dict[str, Any]]:
@@ -160,26 +209,41 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
     parser.add_argument("--sizes", type=int, nargs="+", default=[8, 16, 32], help="tree sizes (nodes, root included)")
     parser.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
     parser.add_argument("--plot", action="store_true", help="write a PNG of tokens per call vs tree size")
+    parser.add_argument("--prompt-set", default="demo",
+                        choices=["demo", "tune", "tune-code", "tune-prose", "report", "report-code", "report-prose"],
+                        help="demo: the demo pair's held-out stdlib windows; tune / report (and their -code / -prose "
+                             "halves): specdecode.bench.prompt_sets (tune on one, report on the other)")
+    parser.add_argument("--clock", choices=["wall", "cpu"], default="wall",
+                        help="tokens/s from wall time or this thread's CPU time (cpu needs --threads 1)")
     args = parser.parse_args(argv)
+    if args.clock == "cpu" and args.threads != 1:
+        parser.error("--clock cpu counts only this thread's CPU time; run with --threads 1")
     if args.quick:
         args.num_prompts, args.max_new_tokens = min(args.num_prompts, 2), min(args.max_new_tokens, 16)
     args.repeats = args.repeats or 1
-    rows, cost = run(args)
+    rows, rank_depth, cost = run(args)
     print()
     temperature = Column("T", fmt=lambda v: f"{v:g}")
     print(format_table(rows, [temperature, Column("method"), Column("nodes"), Column("rule"),
                               Column("tokens_per_call", "block\nefficiency", words.tokens),
                               Column("x_chain", "vs\nchain", words.speedup),
                               Column("tok_per_s", "tok/s", words.per_second),
+                              Column("x_chain_tok_s", "tok/s vs\nchain", words.speedup),
                               Column("accept_by_depth", "acceptance\nby depth 1-4",
                                      lambda v: " ".join(v.split()[:4])),
                               Column("accept_by_rank", "acceptance\nby rank 0-2",
                                      lambda v: " ".join(v.split()[:3]))]))
+    if rank_depth:
+        print("\nconditional acceptance by depth and child rank (accepted / tried, tries in brackets), Sequoia rows")
+        print(format_table(rank_depth, [temperature, Column("method"), Column("depth")]
+                           + [Column(f"r{r}", f"rank {r}") for r in range(4)]))
     print()
     print(format_table(cost, [Column("what"), Column("median_us", "median µs", lambda v: f"{v:.0f}"),
                               Column("pct_of_forward", "% of the forward", lambda v: f"{v:.1f}%")]))
     meta = {"environment": environment(), "args": vars(args)}
     write_results(args.out, "bench_trees", rows, meta)
+    if rank_depth:
+        write_results(args.out, "bench_trees_rank_depth", rank_depth, meta)
     write_results(args.out, "bench_trees_verify_cost", cost, meta)
     if args.plot:
         print(f"figure: {plot(rows, args.out)}")

@@ -140,6 +140,8 @@ class ModelDrafter(DrafterBase):
                         forward_calls=1 + built.forward_calls, prefill_seconds=prefill_seconds)
 
     def commit(self, update: CommitUpdate) -> None:
+        if self.tree is not None and update.accepted_nodes is not None:
+            self.tree.record(update.accepted_nodes)  # builders that learn from each step's accepted path
         if self.cache is None:
             return
         valid = min(self.cached_columns, update.num_columns - 1)  # everything before the new pending token

@@ -43,8 +43,10 @@ import torch
 from torch import Tensor
 
 from specdecode.sampling import SamplingParams, processed_probs, sample_logits
+from specdecode.trees.calibration import AcceptanceCalibration
 from specdecode.trees.dynamic import prune_to_budget, select_frontier
-from specdecode.trees.sequoia import acceptance_from_conditional, sequoia_shape
+from specdecode.trees.outcomes import NodeRecord, RankDepthCounts, path_outcomes
+from specdecode.trees.sequoia import acceptance_from_conditional, sequoia_shape, sequoia_shape_by_depth
 from specdecode.trees.shapes import TreeShape
 from specdecode.trees.stochastic import draw_children
 from specdecode.trees.tree import TokenTree
@@ -92,6 +94,15 @@ class TreeBuilder:
 
     def observe(self, rank_tried: Sequence[int], rank_accepted: Sequence[int]) -> None:
         """Running counts per child rank: how often the rank-r child was tried / accepted."""
+        return None
+
+    def record(self, accepted_nodes: Tensor) -> None:
+        """The accepted path of each row of the tree built last (root first, ``-1`` padded), which
+        the drafter reports from its ``commit``; builders that learn from it override this.
+
+        Shape:
+            accepted_nodes: ``[b, D + 1]`` int64, rows as in the last :meth:`build`.
+        """
         return None
 
 
@@ -210,32 +221,54 @@ def compact_tree(tokens: Tensor, parents: Tensor, valid: Tensor) -> tuple[TokenT
 
 class SequoiaTree(StaticTree):
     """Sequoia's optimal static shape (at most ``num_nodes`` nodes, root included, and
-    ``max_depth`` levels) for an acceptance-by-rank vector: the one given, or the one the
-    engine measures while generating (re-planned every ``replan_every`` steps until the
-    counts reach ``settle_after`` tries per rank). ``acceptance_by_rank[r]`` is the probability
-    that the accepted child is the rank-r child (see :func:`specdecode.trees.sequoia_shape`).
-    The shape is fixed before each step's draws, so ``children="iid"`` / ``"without_replacement"``
-    stay lossless.
+    ``max_depth`` levels) for a measured acceptance profile, or for the ``acceptance_by_rank``
+    vector given (then fixed). ``acceptance_by_rank[r]`` is the probability that the accepted
+    child is the rank-r child (see :func:`specdecode.trees.sequoia_shape`).
+
+    With ``by_depth=True`` (the default) the profile is the conditional acceptance by rank *and
+    depth* this builder counts from each step's accepted path (reported through :meth:`record`),
+    each depth's rate shrunk towards the rate pooled over depths and that towards ``PRIOR``
+    (``pooled_weight`` / ``depth_weight`` pseudo-counts); the shape is re-planned every
+    ``replan_every`` steps (:func:`specdecode.trees.sequoia.sequoia_shape_by_depth`). With
+    ``by_depth=False`` it is the engine's acceptance by rank over the whole generation
+    (``observe``), re-planned every ``replan_every`` steps until ``settle_after`` tries per rank.
+    Either way the shape of a step is fixed before that step's draws, from earlier steps only,
+    so ``children="iid"`` / ``"without_replacement"`` stay lossless.
     """
 
     #: Prior conditional acceptance per rank before anything was measured.
     PRIOR = (0.6, 0.3, 0.2, 0.15, 0.1, 0.1, 0.1, 0.1)
 
     def __init__(self, num_nodes: int = 16, max_depth: int = 8, acceptance_by_rank: Sequence[float] | None = None,
-                 children: str = "without_replacement", replan_every: int = 16, settle_after: int = 2000) -> None:
+                 children: str = "without_replacement", replan_every: int | None = None, settle_after: int = 2000,
+                 by_depth: bool = True, pooled_weight: float = 4.0, depth_weight: float = 8.0) -> None:
+        if replan_every is None:
+            replan_every = 1 if by_depth else 16
         for name, value in (("num_nodes", num_nodes), ("max_depth", max_depth), ("replan_every", replan_every)):
             if isinstance(value, bool) or not isinstance(value, int) or value < (2 if name == "num_nodes" else 1):
                 raise ValueError(f"{name}: expected an int >= {2 if name == 'num_nodes' else 1}, got {value!r}")
+        if not isinstance(by_depth, bool):
+            raise TypeError(f"by_depth: expected a bool, got {type(by_depth).__name__}")
+        for name, value in (("pooled_weight", pooled_weight), ("depth_weight", depth_weight)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise ValueError(f"{name}: expected a positive number, got {value!r}")
         self.num_nodes, self.max_depth = num_nodes, max_depth
         self.fixed = acceptance_by_rank is not None
+        self.by_depth = by_depth and not self.fixed
         self.replan_every, self.settle_after = replan_every, settle_after
+        self.pooled_weight, self.depth_weight = float(pooled_weight), float(depth_weight)
         self.steps = 0
+        self.counts = RankDepthCounts(max_depth=max_depth, max_rank=len(self.PRIOR) - 1)
         vector = list(acceptance_by_rank) if self.fixed else acceptance_from_conditional(list(self.PRIOR))
         shape, self.expected_accepted = sequoia_shape(vector, num_nodes, max_depth)
         self.acceptance_by_rank = vector
+        self.acceptance_by_depth = [vector]
+        self._last: TokenTree | None = None
         super().__init__(shape, children)
 
     def observe(self, rank_tried: Sequence[int], rank_accepted: Sequence[int]) -> None:
+        if self.by_depth:
+            return
         self.steps += 1
         if self.fixed or self.steps % self.replan_every or not rank_tried:
             return
@@ -251,23 +284,76 @@ class SequoiaTree(StaticTree):
         self.acceptance_by_rank, self.expected_accepted = vector, value
         self.set_shape(shape)
 
+    def build(self, root_tokens: Tensor, root_logits: Tensor, expand: Expand, sampling: SamplingParams,
+              coins: Coins) -> BuiltTree:
+        built = super().build(root_tokens, root_logits, expand, sampling, coins)
+        self._last = built.tree
+        return built
+
+    def record(self, accepted_nodes: Tensor) -> None:
+        """Count the last built trees' tries and acceptances by depth and rank (``self.counts``);
+        with ``by_depth``, re-plan."""
+        last, self._last = self._last, None
+        if last is None:
+            return
+        self.counts.update(last.parents, last.num_nodes, accepted_nodes)  # counted in every mode
+        if not self.by_depth:
+            return
+        self.steps += 1
+        if self.steps % self.replan_every:
+            return
+        prior = torch.tensor(self.PRIOR, dtype=torch.float64)
+        rates = self.counts.conditional(prior, self.pooled_weight, self.depth_weight)
+        table = [acceptance_from_conditional(row.clamp(0.0, 1.0).tolist()) for row in rates]
+        shape, value = sequoia_shape_by_depth(table, self.num_nodes, self.max_depth)
+        self.acceptance_by_depth, self.acceptance_by_rank, self.expected_accepted = table, table[0], value
+        self.set_shape(shape)
+
 
 class DynamicTree(TreeBuilder):
     """EAGLE-2's dynamic tree: at each of ``max_depth`` levels, the ``top_k`` frontier nodes with
-    the highest path value (product of draft probabilities along the path, at temperature 1)
-    get their ``top_k`` most likely children; at the end the ``num_nodes`` best nodes overall
-    (root included, ancestors kept) form the tree. Children are deterministic (lossless with
-    the ``deterministic`` rule at any temperature, ``greedy`` at temperature 0).
+    the highest path value get their ``top_k`` most likely children; at the end the ``num_nodes``
+    best nodes overall (root included, ancestors kept) form the tree. Children are deterministic
+    (lossless with the ``deterministic`` rule at any temperature, ``greedy`` at temperature 0).
+
+    A node's path value is the product, along its path, of the probability that each node is
+    accepted once its parent is. With ``calibrated=True`` (the default) that factor is the rate
+    measured while generating for the node's depth, rank and draft-probability bucket
+    (:class:`~specdecode.trees.calibration.AcceptanceCalibration`, in ``self.calibration``; the
+    drafter reports each step's accepted path through :meth:`record`); with ``False`` it is the
+    draft's own probability (EAGLE-2 as published). Growing stops early once no deeper node can
+    enter the best ``num_nodes`` (path values only fall along a path), which saves draft forwards
+    and changes nothing else. ``max_depth`` defaults to ``min(num_nodes - 1, 16)`` calibrated, 6 raw.
+
+    The calibration lives in this object: per generation when ``generate`` builds the builder from
+    ``tree="dynamic"``, per drafter when you pass your own (it keeps learning across generations).
     """
 
     children = "deterministic"
 
-    def __init__(self, num_nodes: int = 16, max_depth: int = 6, top_k: int = 4) -> None:
+    def __init__(self, num_nodes: int = 16, max_depth: int | None = None, top_k: int = 4, calibrated: bool = True,
+                 calibration: AcceptanceCalibration | None = None) -> None:
+        if max_depth is None:
+            max_depth = max(min(num_nodes - 1, 16), 1) if calibrated and isinstance(num_nodes, int) else 6
         for name, value, low in (("num_nodes", num_nodes, 2), ("max_depth", max_depth, 1), ("top_k", top_k, 1)):
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ValueError(f"{name}: expected an int >= {low}, got {value!r}")
+        if not isinstance(calibrated, bool):
+            raise TypeError(f"calibrated: expected a bool, got {type(calibrated).__name__}")
+        if calibration is not None and not isinstance(calibration, AcceptanceCalibration):
+            raise TypeError(f"calibration: expected an AcceptanceCalibration or None, got {type(calibration).__name__}")
         self.num_nodes, self.max_depth, self.top_k = num_nodes, max_depth, top_k
         self.max_nodes = num_nodes
+        self.calibrated = calibrated
+        self.calibration = calibration if calibration is not None else AcceptanceCalibration(max_depth=max(max_depth, 1))
+        self._last: NodeRecord | None = None
+
+    def _log_factor(self, log_probs: Tensor, depth: int) -> Tensor:
+        """log of each candidate's acceptance factor; ``log_probs`` ``[b, f, k]`` in rank order."""
+        if not self.calibrated:
+            return log_probs
+        rank = torch.arange(log_probs.shape[-1], device=log_probs.device).expand(log_probs.shape)
+        return self.calibration.predict(log_probs.exp(), torch.full_like(rank, depth), rank).log()
 
     def build(self, root_tokens: Tensor, root_logits: Tensor, expand: Expand, sampling: SamplingParams,
               coins: Coins) -> BuiltTree:
@@ -277,6 +363,9 @@ class DynamicTree(TreeBuilder):
         tokens = [root_tokens[:, None]]
         parents = [torch.full((b, 1), -1, dtype=torch.long, device=device)]
         values = [torch.zeros((b, 1), dtype=torch.float32, device=device)]
+        probs = [torch.ones((b, 1), dtype=torch.float32, device=device)]
+        depths = [torch.zeros((b, 1), dtype=torch.long, device=device)]
+        ranks = [torch.zeros((b, 1), dtype=torch.long, device=device)]
         frontier = torch.zeros((b, 1), dtype=torch.long, device=device)  # node ids
         frontier_logits = root_logits[:, None]
         size, calls = 1, 0
@@ -284,18 +373,23 @@ class DynamicTree(TreeBuilder):
             logq = torch.log_softmax(frontier_logits.float(), -1)
             top = logq.topk(k, dim=-1)  # [b, f, k]
             base = torch.cat(values, 1).gather(1, frontier)  # [b, f]
-            cand_values = (base[:, :, None] + top.values).flatten(1)
+            cand_values = (base[:, :, None] + self._log_factor(top.values, depth)).flatten(1)
             cand_tokens = top.indices.flatten(1)
             cand_parents = frontier[:, :, None].expand(-1, -1, k).flatten(1)
             tokens.append(cand_tokens)
             parents.append(cand_parents)
             values.append(cand_values)
+            probs.append(top.values.exp().flatten(1))
+            depths.append(torch.full_like(cand_tokens, depth))
+            ranks.append(torch.arange(k, device=device).repeat(top.values.shape[1]).expand(b, -1))
             first = size
             size += cand_tokens.shape[1]
             if depth == self.max_depth:
                 break
             valid = torch.isfinite(cand_values)
             chosen = select_frontier(cand_values, valid, k).clamp_min(0)  # [b, k] candidate positions
+            if self._deeper_cannot_enter(torch.cat(values[1:], 1), cand_values.gather(1, chosen)):
+                break
             frontier = first + chosen
             frontier_logits = expand(frontier, cand_tokens.gather(1, chosen), cand_parents.gather(1, chosen), depth)
             calls += 1
@@ -304,7 +398,26 @@ class DynamicTree(TreeBuilder):
         num_valid = torch.full((b,), all_tokens.shape[1], dtype=torch.long, device=device)
         pruned = prune_to_budget(all_parents, all_values, num_valid, min(self.num_nodes, all_tokens.shape[1]))
         tree = TokenTree(all_tokens.gather(1, pruned.keep), pruned.parents, pruned.num_nodes)
+        keep = pruned.keep
+        self._last = NodeRecord(tree.parents, tree.num_nodes, torch.cat(probs, 1).gather(1, keep),
+                                torch.cat(depths, 1).gather(1, keep), torch.cat(ranks, 1).gather(1, keep))
         return BuiltTree(tree, None, self.children, calls)
+
+    def _deeper_cannot_enter(self, values: Tensor, frontier_values: Tensor) -> bool:
+        """True when every row already has ``num_nodes - 1`` non-root nodes worth at least the best
+        frontier node: its descendants are worth no more and lose ties (higher indices)."""
+        best = frontier_values.max(1, keepdim=True).values
+        return bool(((values >= best).sum(1) >= self.num_nodes - 1).all())
+
+    def record(self, accepted_nodes: Tensor) -> None:
+        """Count the last built tree's offered and accepted nodes into the calibration."""
+        last, self._last = self._last, None
+        if last is None or not self.calibrated:
+            return
+        offered, accepted = path_outcomes(last.parents, last.num_nodes, accepted_nodes)
+        if offered is None:
+            return
+        self.calibration.update(last.probs, last.depth.clamp_min(1), last.rank, accepted, offered)
 
 
 def make_tree_builder(tree: str | TreeShape | TreeBuilder | Sequence[Sequence[int]], *, num_nodes: int = 16,
@@ -321,7 +434,7 @@ def make_tree_builder(tree: str | TreeShape | TreeBuilder | Sequence[Sequence[in
         if children not in (None, "deterministic"):
             raise ValueError("children: a dynamic tree re-ranks its children by probability, so they must be "
                              "deterministic (sampled children pruned by their own probability bias the law)")
-        return DynamicTree(num_nodes=num_nodes, max_depth=max_depth or 6)
+        return DynamicTree(num_nodes=num_nodes, max_depth=max_depth)
     if tree == "sequoia":
         return SequoiaTree(num_nodes=num_nodes, max_depth=max_depth or 8, acceptance_by_rank=acceptance_by_rank,
                            children=children or "without_replacement")

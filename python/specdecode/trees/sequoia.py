@@ -44,7 +44,8 @@ from torch import Tensor
 
 from specdecode.trees.shapes import TreeShape
 
-__all__ = ["acceptance_from_conditional", "expected_accepted_length", "sequoia_shape"]
+__all__ = ["acceptance_from_conditional", "expected_accepted_length", "expected_accepted_length_by_depth",
+           "sequoia_shape", "sequoia_shape_by_depth"]
 
 _SUM_TOLERANCE = 1e-9
 
@@ -143,7 +144,52 @@ def sequoia_shape(acceptance_by_rank: Sequence[float] | Tensor, num_nodes: int,
     a = _check_acceptance(acceptance_by_rank)
     n = _check_count(num_nodes, "num_nodes", 1)
     d = min(_check_count(max_depth, "max_depth", 0), n - 1)
-    num_ranks = min(len(a), n - 1)
+    shape = _best_shape([a] * d, n, d)
+    return shape, expected_accepted_length(shape, a)
+
+
+def sequoia_shape_by_depth(acceptance_by_depth: Sequence[Sequence[float]], num_nodes: int,
+                           max_depth: int) -> tuple[TreeShape, float]:
+    """:func:`sequoia_shape` when the acceptance vector depends on the depth:
+    ``acceptance_by_depth[i]`` is the vector ``a`` of the children at depth ``i + 1`` (depths
+    past the table use its last row). The same dynamic program, each level of remaining depth
+    reading the vector of the absolute depth its children sit at.
+
+    >>> shape, value = sequoia_shape_by_depth([[0.9], [0.3, 0.3]], num_nodes=4, max_depth=2)
+    >>> shape.paths(), round(value, 12)
+    ([[0], [0, 0], [0, 1]], 1.44)
+    """
+    if isinstance(acceptance_by_depth, (str, bytes)) or not isinstance(acceptance_by_depth, Sequence) \
+            or len(acceptance_by_depth) == 0:
+        raise TypeError("acceptance_by_depth: expected a non-empty sequence of acceptance vectors (one per depth)")
+    table = [_check_acceptance(row) for row in acceptance_by_depth]
+    n = _check_count(num_nodes, "num_nodes", 1)
+    d = min(_check_count(max_depth, "max_depth", 0), n - 1)
+    shape = _best_shape([table[min(i, len(table) - 1)] for i in range(d)], n, d)
+    return shape, expected_accepted_length_by_depth(shape, table)
+
+
+def expected_accepted_length_by_depth(shape: TreeShape, acceptance_by_depth: Sequence[Sequence[float]]) -> float:
+    """:func:`expected_accepted_length` with a vector per depth (as :func:`sequoia_shape_by_depth`).
+
+    >>> expected_accepted_length_by_depth(TreeShape.chain(3), [[0.5], [1.0]])   # 0.5 + 0.5 + 0.5
+    1.5
+    """
+    if not isinstance(shape, TreeShape):
+        raise TypeError(f"shape: expected a TreeShape, got {type(shape).__name__}")
+    table = [_check_acceptance(row) for row in acceptance_by_depth]
+    reach = [1.0] * shape.num_nodes
+    for i in range(1, shape.num_nodes):
+        row = table[min(shape.depth[i] - 1, len(table) - 1)]
+        rank = shape.child_rank[i]
+        reach[i] = reach[shape.parents[i]] * (row[rank] if rank < len(row) else 0.0)
+    return math.fsum(reach[1:])
+
+
+def _best_shape(layers: list[list[float]], n: int, d: int) -> TreeShape:
+    """The dynamic program; ``layers[i]`` is the acceptance vector of the children at depth ``i + 1``."""
+    num_ranks = min(max((len(a) for a in layers), default=1), max(n - 1, 1))
+    layers = [list(a[:num_ranks]) + [0.0] * (num_ranks - len(a[:num_ranks])) for a in layers]
 
     # best[m] = S(m, e - 1) for m in 1..n-1 (index 0 unused); choices[e][r][m] = nodes given to
     # the rank-r child (0 = no such child) when ranks >= r share a budget of m nodes. numpy:
@@ -154,7 +200,8 @@ def sequoia_shape(acceptance_by_rank: Sequence[float] | Tensor, num_nodes: int,
     infeasible = np.where((budget[None, :] >= 1) & (offsets >= 0), 0.0, -np.inf)
     gather_at = np.maximum(offsets, 0)
     choices: list[list[list[int]]] = [[]]
-    for _ in range(1, d + 1):
+    for e in range(1, d + 1):
+        a = layers[d - e]                                       # children at absolute depth d - e + 1
         child_gain = 1.0 + best                                 # [j]: a child of <= j nodes
         later = np.zeros(n)                                     # no ranks left: worth 0
         sizes = np.zeros((num_ranks, n), dtype=np.int64)
@@ -181,5 +228,4 @@ def sequoia_shape(acceptance_by_rank: Sequence[float] | Tensor, num_nodes: int,
 
     paths: list[list[int]] = []
     build([], n, d, paths)
-    shape = TreeShape.from_paths(paths)
-    return shape, expected_accepted_length(shape, a)
+    return TreeShape.from_paths(paths)
