@@ -14,6 +14,9 @@ from test_generate_sampling import K, PROMPT, chi_square_p, exact_joint
 from test_generate_sampling import pair as sampling_pair  # noqa: F401
 
 import specdecode
+from specdecode.sampling import processed_probs
+from specdecode.trees.builders import StaticTree
+from specdecode.trees.transport import draw_hub_children
 from specdecode.trees import TokenTree, list_tree_rules
 from specdecode.trees.python_rules import ROW_RULES
 from specdecode.trees.reference import CoinChooser
@@ -132,7 +135,7 @@ def test_python_rules_refuse_bad_input():
 
 
 @pytest.mark.parametrize("rule, children", [("traversal", "without_replacement"), ("traversal_iid", "iid"),
-                                            ("spectr", "iid"), ("gbv", "iid")])
+                                            ("spectr", "iid"), ("gbv", "iid"), ("spechub", "hub")])
 def test_generate_with_python_tree_rules(rule, children):
     """The engine verifies sampled trees with the rule (at temperature 0 every tree rule is the
     greedy walk, which the op-level test above checks)."""
@@ -154,6 +157,38 @@ def test_traversal_generation_keeps_the_target_law(sampling_pair):
                               tree_children="without_replacement", rule="traversal")
     assert out.stats.tree_rule == "traversal"
     assert chi_square_p(out.sequences[:, len(PROMPT):], exact_joint(target, PROMPT)) > 1e-4
+
+
+class HubClaimedIid(StaticTree):
+    """Broken: SpecHub's hub pairs, verified as if they were i.i.d. draws (specinfer)."""
+
+    def _draw(self, logits, counts, sampling, coins):
+        stacked = torch.stack(logits, 1)
+        b, m, V = stacked.shape
+        k = max(counts)
+        probs = processed_probs(stacked.reshape(b * m, V), sampling)
+        drawn = draw_hub_children(probs, k, coins(b * m, k)).view(b, m, k)
+        return [drawn[:, j, : counts[j]] for j in range(m)]
+
+
+def _hub_run(target, draft, builder, n):
+    ids = torch.tensor([PROMPT]).expand(n, -1)
+    return specdecode.generate(target, draft, ids, do_sample=True, max_new_tokens=K, eos_token_id=[], pad_token_id=PAD,
+                               generator=torch.Generator().manual_seed(1), tree=builder)
+
+
+def test_spechub_generation_keeps_the_target_law_and_a_mislabelled_hub_tree_fails(sampling_pair):
+    """Whole-loop exact test of hub-pair trees (tree_children="hub") verified by spechub; the
+    same trees verified as i.i.d. children by specinfer fail it."""
+    target, draft = sampling_pair
+    joint = exact_joint(target, PROMPT)
+    shape = [[0], [1], [0, 0], [1, 0]]
+    out = _hub_run(target, draft, StaticTree(shape, children="hub"), 20000)
+    assert out.stats.tree_rule == "spechub"
+    assert chi_square_p(out.sequences[:, len(PROMPT):], joint) > 1e-4
+    broken = _hub_run(target, draft, HubClaimedIid(shape, children="iid"), 20000)
+    assert broken.stats.tree_rule == "specinfer"
+    assert chi_square_p(broken.sequences[:, len(PROMPT):], joint) < 1e-6
 
 
 def test_traversal_on_a_chain_equals_the_compiled_block_rule():

@@ -17,6 +17,10 @@ children                    how a node's children are produced         lossless 
 ``"deterministic"``         the draft's top-k (a function of context)  ``deterministic``
 ``"iid"``                   i.i.d. draws from the processed ``q``      ``specinfer``
 ``"without_replacement"``   draws without replacement from ``q``       ``rrs``
+``"hub"``                   SpecHub's pair: ``x1 ~ q``, then the hub   ``spechub``
+                            (``argmax q``, or a draw without it when
+                            ``x1`` is the hub), then without
+                            replacement
 ==========================  =========================================  ==================
 
 - :class:`StaticTree`: a fixed :class:`TreeShape` (Medusa / EAGLE "choices"), any scheme.
@@ -49,11 +53,13 @@ from specdecode.trees.outcomes import NodeRecord, RankDepthCounts, path_outcomes
 from specdecode.trees.sequoia import acceptance_from_conditional, sequoia_shape, sequoia_shape_by_depth
 from specdecode.trees.shapes import TreeShape
 from specdecode.trees.stochastic import draw_children
+from specdecode.trees.transport import draw_hub_children
 from specdecode.trees.tree import TokenTree
 
-CHILDREN_SCHEMES = ("deterministic", "iid", "without_replacement")
+CHILDREN_SCHEMES = ("deterministic", "iid", "without_replacement", "hub")
 #: The lossless tree rule for each children scheme.
-LOSSLESS_RULE = {"deterministic": "deterministic", "iid": "specinfer", "without_replacement": "rrs"}
+LOSSLESS_RULE = {"deterministic": "deterministic", "iid": "specinfer", "without_replacement": "rrs",
+                 "hub": "spechub"}
 
 Expand = Callable[[Tensor, Tensor, Tensor, int], Tensor]
 Coins = Callable[..., Tensor]
@@ -188,6 +194,9 @@ class StaticTree(TreeBuilder):
         elif scheme == "iid":
             flat = stacked.reshape(b * m, V).repeat_interleave(k, 0)
             drawn = sample_logits(flat, sampling, uniforms=coins(b * m * k)).view(b, m, k)
+        elif scheme == "hub":
+            probs = processed_probs(stacked.reshape(b * m, V), sampling)
+            drawn = draw_hub_children(probs, k, coins(b * m, k)).view(b, m, k)
         else:
             probs = processed_probs(stacked.reshape(b * m, V), sampling)
             drawn = draw_children(probs, k, False, coins(b * m, k)).view(b, m, k)

@@ -136,7 +136,7 @@ def generate(
     children), ``"sequoia"`` (optimal shape for the acceptance measured as it runs, children
     drawn without replacement), ``"static"``, a :class:`~specdecode.trees.TreeShape`, rank
     paths or a tree builder; ``num_nodes`` (root included), ``tree_depth`` and
-    ``tree_children`` (``"deterministic"``, ``"iid"``, ``"without_replacement"``) shape it.
+    ``tree_children`` (``"deterministic"``, ``"iid"``, ``"without_replacement"``, ``"hub"``) shape it.
     ``eos_token_id`` / ``pad_token_id`` default to the target's generation config; each row
     stops at EOS, ``max_new_tokens`` or a stopping criterion and is then right-padded.
     ``streamer`` (batch 1) receives the prompt, each step's tokens, then ``end()``.
