@@ -10,6 +10,10 @@
 - :class:`TokenizerBridgeDrafter`: a draft model with its own tokenizer (text is re-encoded
   both ways).
 - :class:`LayerSkipDrafter`: self-speculation with some of the target's own decoder layers.
+- :class:`ExitAdapterDrafter`: self-speculation through the target's first layers and a small
+  trained exit adapter (``python -m specdecode train exit``).
+- :class:`VerticalCascadeDrafter` / :class:`HorizontalCascadeDrafter`: cascades (a draft model
+  drafting with prompt lookup inside; a model for the first positions, prompt lookup after).
 """
 
 from specdecode.drafters.base import (
@@ -22,6 +26,8 @@ from specdecode.drafters.base import (
     StaticDraftState,
     point_mass_logits,
 )
+from specdecode.drafters.cascade import HorizontalCascadeDrafter, VerticalCascadeDrafter
+from specdecode.drafters.exit_adapter import ExitAdapter, ExitAdapterDrafter
 from specdecode.drafters.layer_skip import LayerSkipDrafter
 from specdecode.drafters.model import ModelDrafter
 from specdecode.drafters.ngram import NgramDrafter
@@ -32,6 +38,9 @@ __all__ = [
     "DraftState",
     "Drafter",
     "DrafterBase",
+    "ExitAdapter",
+    "ExitAdapterDrafter",
+    "HorizontalCascadeDrafter",
     "LayerSkipDrafter",
     "ModelDrafter",
     "NgramDrafter",
@@ -39,5 +48,6 @@ __all__ = [
     "StaticDraftState",
     "StaticDrafter",
     "TokenizerBridgeDrafter",
+    "VerticalCascadeDrafter",
     "point_mass_logits",
 ]

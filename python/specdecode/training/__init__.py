@@ -8,7 +8,9 @@
 
 A *kind* is one module with ``NAME``, ``DESCRIPTION``, ``build(target, **options)``,
 ``forward(model, input_ids, attention_mask)``, ``save(model, folder)`` and
-``load(folder, target, record)``, and one entry in :data:`KINDS`; everything else is shared:
+``load(folder, target, record)`` (optionally ``prepare(model, examples)``, called once the data
+is made, and ``record_extras(model)``, a dict merged into the saved record), and one entry in
+:data:`KINDS`; everything else is shared:
 the data (``data.py``: the target's own generations labelled with its distributions, cached),
 the loop (``loop.py``), the losses (``losses.py``), the folder format and :func:`load_drafter`
 (``artifacts.py``), the target names (``targets.py``).
@@ -37,7 +39,7 @@ __all__ = ["DATA_SHARE", "KINDS", "StepInfo", "TrainResult", "kind_module", "lis
            "train_drafter"]
 
 #: Drafter kinds: name -> the module that builds, runs, saves and loads one.
-KINDS: dict[str, str] = {"draft": "specdecode.training.draft"}
+KINDS: dict[str, str] = {"draft": "specdecode.training.draft", "exit": "specdecode.training.exit"}
 #: Share of a time budget (``minutes``) that the data stage may use; training gets the rest.
 DATA_SHARE = 0.4
 #: Prompts continued by the target when neither ``data`` nor ``num_prompts`` says otherwise.
@@ -97,7 +99,7 @@ def train_drafter(kind: str, target: Any, out_dir: str | Path, *, tokenizer: Any
     """Train a drafter of kind ``kind`` for ``target`` and save it in ``out_dir``.
 
     Args:
-        kind: a name from :func:`list_kinds` (``"draft"``).
+        kind: a name from :func:`list_kinds` (``"draft"``, ``"exit"``).
         target: the target model, or a name: ``"demo"``, ``"smollm2"`` or a model folder
             (loaded with its tokenizer, :mod:`specdecode.training.targets`). Only read.
         out_dir: where the drafter, the data cache and the checkpoint go; a run with the same
@@ -118,7 +120,8 @@ def train_drafter(kind: str, target: Any, out_dir: str | Path, *, tokenizer: Any
         callback: called with a :class:`StepInfo` after every step.
         progress: draw progress bars (on stderr).
         **kind_options: options of the kind's ``build`` (for ``draft``: ``layers``,
-            ``num_layers``, ``train_embeddings``).
+            ``num_layers``, ``train_embeddings``; for ``exit``: ``exit_layer``, ``adapter``,
+            ``head_tokens``).
     """
     module = kind_module(kind)
     _check_number("minutes", minutes, integer=False, minimum=1e-3)
@@ -165,6 +168,9 @@ def train_drafter(kind: str, target: Any, out_dir: str | Path, *, tokenizer: Any
     n_val = min(len(examples) // 10, 32) if len(examples) >= 8 else 0
     train, val = (examples[: len(examples) - n_val], examples[-n_val:]) if n_val else (examples, examples)
 
+    prepare = getattr(module, "prepare", None)
+    if prepare is not None:
+        prepare(built.model, train)
     if max_steps is None and deadline is None:
         max_steps = DEFAULT_MAX_STEPS
     result = run_loop(built.model, built.params, module.forward, train, val, out, loop_cfg,
@@ -184,5 +190,13 @@ def train_drafter(kind: str, target: Any, out_dir: str | Path, *, tokenizer: Any
                      "data_seconds": round(data_seconds, 1), "total_seconds":
                      round(time.monotonic() - start, 1), "options": dict(kind_options)},
     }
+    extras = getattr(module, "record_extras", None)
+    if extras is not None:
+        extra = dict(extras(built.model))
+        vocab_map = extra.pop("vocab_map", None)
+        if vocab_map is not None:
+            record["vocab"]["map"] = vocab_map
+        record.update(extra)
     write_record(out, record)
-    return TrainResult(out, built.model, record)
+    drafter = module.load(out, target, record) if getattr(module, "RETURNS_DRAFTER", False) else built.model
+    return TrainResult(out, drafter, record)
