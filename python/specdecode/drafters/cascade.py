@@ -93,8 +93,8 @@ class VerticalCascadeDrafter(DrafterBase):
         self.model = self.drafter.model  # the model the engine may put on the CPU fast path
         self.device = self.drafter.device
         self.max_columns = self.drafter.max_columns
-        self.guessed = 0
-        self.guesses_used = 0
+        self.guessed = 0  # n-gram guesses fed to the draft model, over this drafter's life
+        self.guesses_used = 0  # guesses that held (each saved the draft a forward for that row)
 
     def reset(self) -> None:
         self.drafter.reset()
@@ -120,10 +120,17 @@ class VerticalCascadeDrafter(DrafterBase):
         return np.where(invalid, 0, guess), counts
 
     @staticmethod
-    def _guess_holds(drawn: Tensor, guess: Tensor) -> Tensor:
-        """Rows whose drawn token equals the guess the next logits were computed after (only
-        then do those logits condition on the drawn prefix)."""
-        return drawn == guess
+    def _verify_guess(drawn: Tensor, guess: Tensor, has_guess: Tensor) -> tuple[Tensor, Tensor]:
+        """The draft's own check of the inner guess at one position: ``(token, holds)``. The
+        token is always the one drawn from ``q`` (a point-mass guess accepted with probability
+        ``q(guess)``, else a draw from ``q`` without it, is the same law); the guess holds
+        where it equals the drawn token, and only there do the logits computed after the guess
+        condition on the drafted prefix.
+
+        Shape:
+            drawn, guess: ``[b]`` int64; has_guess: ``[b]`` bool. Returns two ``[b]`` tensors.
+        """
+        return drawn, has_guess & (drawn == guess)
 
     @torch.no_grad()
     def propose(self, state: DraftState, num_tokens: int) -> Proposal:
@@ -193,11 +200,10 @@ class VerticalCascadeDrafter(DrafterBase):
             logits = state.process_draft_logits(logits, drafted)
             coins = None if state.sampling.is_greedy else state.uniforms(b)
             drawn = sample_logits(logits, state.sampling, uniforms=coins)
-            tokens.append(drawn)
-            logits_out.append(logits)
-            has_guess = ptr < block_count
             guess_here = block_guess[rows, ptr.clamp_max(width - 2)]
-            holds = has_guess & self._guess_holds(drawn.to(dev), guess_here)
+            token, holds = self._verify_guess(drawn.to(dev), guess_here, ptr < block_count)
+            tokens.append(token.to(state.device))
+            logits_out.append(logits)
             self.guesses_used += int(holds.sum())
             # Columns from the failed guess on no longer condition on this row's prefix.
             stale = torch.arange(local.shape[1], device=dev)[None, :] >= (first_column + ptr)[:, None]
@@ -270,6 +276,7 @@ class HorizontalCascadeDrafter(DrafterBase):
             if getattr(first, attr, None) is not None:
                 setattr(self, attr, getattr(first, attr))
         self._first_len = 0
+        self.tail_tokens = 0  # prompt-lookup tokens proposed after ``first``'s, over this drafter's life
 
     def reset(self) -> None:
         self.first.reset()
@@ -310,6 +317,7 @@ class HorizontalCascadeDrafter(DrafterBase):
         tokens = torch.cat([first.draft_tokens, tail.draft_tokens], 1)
         logits = torch.cat([q1.to(torch.float32), self._tail_logits(tail.draft_tokens, vocab)], 1)
         counts = counts1 + counts2
+        self.tail_tokens += int(counts2.sum())
         ragged = bool((counts != tokens.shape[1]).any())
         return Proposal(tokens, logits, counts if ragged else None, forward_calls=first.forward_calls,
                         prefill_seconds=first.prefill_seconds)
