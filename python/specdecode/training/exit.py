@@ -5,13 +5,16 @@ The target's first ``k`` layers, its embedding and its LM head stay frozen; only
 (one decoder layer started from the target's layer ``k`` and a final norm, or a residual
 projection and a norm) learns to map the layer-``k`` feature to the target's next-token
 distribution, with the kit's KL loss on the target's own generations. While training, the
-frozen layers run without recording an autograd graph and the head's weight is read detached,
-so no gradient is computed for (or stored on) any target parameter.
+frozen layers run once per example without autograd (their layer-``k`` features are cached in
+memory for the run, keyed by the example's tokens) and the head's weight is read detached, so
+no gradient is computed for (or stored on) any target parameter, and a step costs only the
+adapter and the head.
 
-Training always uses the full head. With ``head_tokens=N`` the saved drafter drafts over the
-``N`` tokens the training data uses most (the target's top-1 choices and the tokens of the
-examples, counted over every example), a reduced head whose rows are the target's: greedy
-drafts are unchanged whenever the target's choice is among them.
+With ``head_tokens=N`` the drafter drafts over the ``N`` tokens the training data uses most (the
+target's top-1 choices and the tokens of the examples, counted over every example): a reduced
+head whose rows are the target's. Training then computes only those rows
+(:class:`~specdecode.training.losses.SubsetLogits`): the loss is the KL against the reduced
+head's distribution, with a detached floor for target tokens outside it.
 
 Saved as ``model.safetensors`` (the adapter's weights and, for a reduced head, its token ids)
 and ``exit_adapter.json`` (the exit layer, the adapter shape, the head size).
@@ -27,8 +30,10 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from specdecode.drafters.exit_adapter import ExitAdapter, ExitAdapterDrafter, exit_model
+from specdecode.drafters.exit_adapter import ExitAdapter, ExitAdapterDrafter, exit_model, final_norm_name
 from specdecode.models import decoder_layers
+from specdecode.models.layer_view import layer_subset_view
+from specdecode.training.losses import SubsetLogits
 
 __all__ = ["CONFIG_FILE", "DESCRIPTION", "NAME", "Built", "build", "default_exit_layer", "forward", "load",
            "prepare", "record_extras", "save"]
@@ -55,57 +60,108 @@ def default_exit_layer(num_target_layers: int) -> int:
     return max(1, num_target_layers // 4)
 
 
-class _NoGrad(nn.Module):
-    """Runs a frozen module without recording autograd (attributes read through to it)."""
+class _Replay(nn.Module):
+    """Stands for one of the frozen layers ``0 .. k-1`` in the training view: the first returns
+    the batch's layer-``k`` features (computed once per example, then cached), the others pass
+    their input through. Other attributes (``attention_type``, ...) are the replaced layer's."""
 
-    def __init__(self, inner: nn.Module) -> None:
+    def __init__(self, replaced: nn.Module, first: bool) -> None:
         super().__init__()
-        self.inner = inner
+        self.__dict__["replaced"] = replaced  # not a submodule: its parameters are not trained
+        self.first = first
+        self.features: Tensor | None = None
 
-    def forward(self, *args: Any, **kwargs: Any) -> Any:
-        with torch.no_grad():
-            return self.inner(*args, **kwargs)
+    def forward(self, hidden: Tensor, *args: Any, **kwargs: Any) -> Tensor:
+        return self.features if self.first else hidden
 
     def __getattr__(self, name: str) -> Any:
         try:
             return super().__getattr__(name)
         except AttributeError:
-            return getattr(self._modules["inner"], name)
+            return getattr(self.__dict__["replaced"], name)
 
 
-class _DetachedHead(nn.Module):
-    """The target's head with its weight read detached: gradients reach its input only.
+class _TrainingHead(nn.Module):
+    """The target's head with its weight read detached (gradients reach its input only); with
+    ``token_ids`` (a reduced head) only those rows, as :class:`SubsetLogits`.
 
     Shape:
-        hidden: ``[..., H]``; returns ``[..., V]``.
+        hidden: ``[..., H]``; returns ``[..., V]`` logits, or ``[..., N]`` as SubsetLogits.
     """
 
     def __init__(self, head: nn.Module) -> None:
         super().__init__()
         self.__dict__["head"] = head  # not a submodule: its parameters are not the adapter's
+        self.token_ids: Tensor | None = None
+        self.column_of: Tensor | None = None
 
-    def forward(self, hidden: Tensor) -> Tensor:
+    def set_tokens(self, token_ids: Tensor) -> None:
+        weight = self.head.weight
+        self.token_ids = token_ids.to(weight.device)
+        self.column_of = torch.full((weight.shape[0],), -1, dtype=torch.long, device=weight.device)
+        self.column_of[self.token_ids] = torch.arange(self.token_ids.numel(), device=weight.device)
+
+    def forward(self, hidden: Tensor) -> Any:
+        weight = self.head.weight.detach()
         bias = getattr(self.head, "bias", None)
-        return nn.functional.linear(hidden, self.head.weight.detach(), None if bias is None else bias.detach())
+        bias = None if bias is None else bias.detach()
+        if self.token_ids is None:
+            return nn.functional.linear(hidden, weight, bias)
+        ids = self.token_ids
+        kept = nn.functional.linear(hidden, weight[ids], None if bias is None else bias[ids])
+        return SubsetLogits(kept, ids, self.column_of)
 
 
 class TrainingModel(nn.Module):
     """The adapter (its only registered submodule, so ``parameters()`` are the trainable ones)
-    and the training view of the target that runs it."""
+    and the views of the target that train it: ``capture`` computes the layer-``k`` features of
+    new examples (without autograd), ``view`` runs the adapter and the head on cached features."""
 
     def __init__(self, target: nn.Module, adapter: ExitAdapter) -> None:
         super().__init__()
         self.adapter = adapter
+        k = adapter.exit_layer
+        capture = layer_subset_view(target, list(range(k)))
+        norm_parent, norm_name = final_norm_name(capture).rsplit(".", 1)
+        _module(capture, norm_parent)._modules[norm_name] = nn.Identity()
         view = exit_model(target, adapter)
-        layers = decoder_layers(view)
-        for i in range(adapter.exit_layer):
-            layers[i] = _NoGrad(layers[i])
         head = target.get_output_embeddings()
-        names = [name for name, module in view._modules.items() if module is head]
-        if head is not None and names:
-            view._modules[names[0]] = _DetachedHead(head)
-        self.__dict__["view"] = view
-        self.__dict__["target"] = target
+        for root in (capture, view):
+            names = [name for name, module in root._modules.items() if module is head]
+            if head is None or not names:
+                raise ValueError("target: cannot find the LM head among the model's top-level modules")
+            root._modules[names[0]] = nn.Identity() if root is capture else _TrainingHead(head)
+        layers = decoder_layers(view)
+        for i in range(k):
+            layers[i] = _Replay(layers[i], first=i == 0)
+        self.__dict__.update(target=target, capture=capture, view=view, features={})
+
+    @torch.no_grad()
+    def layer_features(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        """The target's layer-``k`` features of a right-padded batch, each example computed once.
+
+        Shape:
+            input_ids, attention_mask: ``[b, t]``; returns ``[b, t, H]``.
+        """
+        lengths = attention_mask.sum(1).tolist()
+        keys = [input_ids[row, :n].cpu().numpy().tobytes() for row, n in enumerate(lengths)]
+        missing = [row for row, key in enumerate(keys) if key not in self.features]
+        if missing:
+            index = torch.tensor(missing, device=input_ids.device)
+            fresh = self.capture(input_ids=input_ids[index], attention_mask=attention_mask[index],
+                                 use_cache=False).logits
+            for j, row in enumerate(missing):
+                self.features[keys[row]] = fresh[j, : lengths[row]].clone()
+        out = self.adapter.norm.weight.new_zeros((*input_ids.shape, self.features[keys[0]].shape[-1]))
+        for row, key in enumerate(keys):
+            out[row, : lengths[row]] = self.features[key]
+        return out
+
+
+def _module(root: nn.Module, path: str) -> nn.Module:
+    for name in path.split("."):
+        root = root._modules[name]
+    return root
 
 
 def build(target: nn.Module, *, exit_layer: int | None = None, adapter: str = "layer",
@@ -129,7 +185,8 @@ def build(target: nn.Module, *, exit_layer: int | None = None, adapter: str = "l
 
 def prepare(model: TrainingModel, examples: list[Any]) -> None:
     """Choose the reduced head's tokens (when ``head_tokens`` was asked for) from the data: the
-    most frequent among the examples' tokens and the target's top-1 choices."""
+    most frequent among the examples' tokens and the target's top-1 choices. Training then
+    computes only those rows of the head."""
     wanted = model.__dict__.get("head_tokens")
     if wanted is None:
         return
@@ -140,16 +197,28 @@ def prepare(model: TrainingModel, examples: list[Any]) -> None:
         counts += torch.bincount(example.top_ids[:, 0].long().clamp(0, size - 1), minlength=size)
     keep = min(wanted, size)
     model.adapter.set_head_tokens(counts.topk(keep).indices.sort().values)
+    head = next(m for m in model.view._modules.values() if isinstance(m, _TrainingHead))
+    head.set_tokens(model.adapter.head_token_ids)
 
 
-def forward(model: TrainingModel, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
-    """The adapter's logits (full head) on a right-padded batch.
+def forward(model: TrainingModel, input_ids: Tensor, attention_mask: Tensor) -> Tensor | SubsetLogits:
+    """The adapter's logits on a right-padded batch (:class:`SubsetLogits` with a reduced head).
 
     Shape:
-        input_ids, attention_mask: ``[b, t]``; returns ``[b, t, V]``.
+        input_ids, attention_mask: ``[b, t]``; returns ``[b, t, V]`` (or ``[b, t, N]`` subset logits).
     """
-    # The view was built before prepare() chose any head tokens: it reads the full head.
-    return model.view(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
+    features = model.layer_features(input_ids, attention_mask)
+    first = decoder_layers(model.view)[0]
+    first.features = features
+    captured: list[Any] = []
+    head = next(m for m in model.view._modules.values() if isinstance(m, _TrainingHead))
+    handle = head.register_forward_hook(lambda module, args, output: captured.append(output))
+    try:
+        out = model.view(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+    finally:
+        first.features = None
+        handle.remove()
+    return captured[0] if isinstance(captured[0], SubsetLogits) else out.logits
 
 
 def record_extras(model: TrainingModel) -> dict[str, Any]:
