@@ -43,8 +43,8 @@ def demo_run(tmp_path_factory):
 
 
 def test_kinds():
-    assert list_kinds() == ["draft"]
-    with pytest.raises(ValueError, match="kind: expected one of draft"):
+    assert list_kinds() == ["draft", "exit"]
+    with pytest.raises(ValueError, match="kind: expected one of draft, exit"):
         train_drafter("eagle", torch.nn.Linear(2, 2), "unused")
 
 

@@ -224,7 +224,8 @@ class _ExtendedState:
         n = state.num_columns
         k = drafted.shape[1]
         self.tokens = torch.cat([state.tokens[:, :n], drafted.to(state.tokens.device)], 1)
-        self.attention_mask = torch.cat([state.attention_mask[:, :n], state.attention_mask.new_ones((state.batch_size, k))], 1)
+        ones = state.attention_mask.new_ones((state.batch_size, k))
+        self.attention_mask = torch.cat([state.attention_mask[:, :n], ones], 1)
         steps = torch.arange(1, k + 1, device=state.positions.device)
         self.positions = torch.cat([state.positions[:, :n], state.positions[:, n - 1: n] + steps], 1)
         self.num_columns = n + k
