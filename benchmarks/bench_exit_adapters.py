@@ -56,20 +56,19 @@ PROMPTS = {
 
 def step_cost(model: torch.nn.Module, clock: Any, repeats: int = 15) -> float:
     """Median seconds of a one-token forward after a 64-token prompt (KV cache cropped back)."""
-    from transformers import DynamicCache
 
-    from specdecode.models import cache_kwargs
+    from specdecode.models import cache_kwargs, kv_cache
 
     ids = torch.randint(100, 1000, (1, 65), generator=torch.Generator().manual_seed(0))
     times = []
     with torch.no_grad():
-        cache = DynamicCache()
+        cache = kv_cache.new_cache()
         model(input_ids=ids[:, :64], **cache_kwargs(model, cache))
         for _ in range(repeats + 2):
             start = clock()
             model(input_ids=ids[:, 64:], position_ids=torch.tensor([[64]]), **cache_kwargs(model, cache))
             times.append(clock() - start)
-            cache.crop(64)
+            kv_cache.crop(cache, 64)
     return median(times[2:])
 
 
