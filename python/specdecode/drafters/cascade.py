@@ -210,6 +210,13 @@ class VerticalCascadeDrafter(DrafterBase):
             local &= ~(stale & ~holds[:, None])
             ptr = ptr + holds.long()
             need = ~holds
+            # Columns no row uses any more leave the cache (at batch 1: every failed guess), so
+            # later forwards need no mask where nothing else is masked.
+            used = local.any(0).nonzero()
+            keep = int(used[-1]) + 1 if used.numel() else 0
+            if keep < local.shape[1]:
+                kv_cache.crop(d.cache, pending + 1 + keep)
+                local = local[:, :keep]
         d.cached_columns = pending + 1
         return Proposal(torch.stack(tokens, 1), torch.stack(logits_out, 1), forward_calls=forwards,
                         prefill_seconds=state.clock() - start if prefilling else 0.0)
