@@ -70,8 +70,10 @@ class VerticalCascadeDrafter(DrafterBase):
     forward. At temperature 0 the proposal equals the draft model's greedy chain.
 
     The guesses' columns stay in the draft's cache during the step (masked for rows they do
-    not belong to) and are dropped at ``commit``; the next step feeds the accepted drafts again
-    in its first forward.
+    not belong to; columns no row uses are cut off at once). When, at the end of the step, every
+    remaining column is valid for every row (always at batch 1) they are the drafted tokens in
+    order and are kept like :class:`ModelDrafter` keeps its drafts; otherwise ``commit`` drops
+    them and the next step feeds the accepted drafts again in its first forward.
 
     Example:
         >>> drafter = VerticalCascadeDrafter(draft_model, NgramDrafter(max_ngram=3), inner_tokens=4)
@@ -217,7 +219,10 @@ class VerticalCascadeDrafter(DrafterBase):
             if keep < local.shape[1]:
                 kv_cache.crop(d.cache, pending + 1 + keep)
                 local = local[:, :keep]
-        d.cached_columns = pending + 1
+        # Where every step column is valid for every row (always at batch 1, once unused columns
+        # are gone), they hold y_1 .. y_L in order: the engine's next columns, kept like
+        # ModelDrafter keeps its drafts (commit cuts them back to the accepted ones).
+        d.cached_columns = pending + 1 + (local.shape[1] if bool(local.all()) else 0)
         return Proposal(torch.stack(tokens, 1), torch.stack(logits_out, 1), forward_calls=forwards,
                         prefill_seconds=state.clock() - start if prefilling else 0.0)
 
