@@ -9,8 +9,9 @@
 A *kind* is one module with ``NAME``, ``DESCRIPTION``, ``build(target, **options)``,
 ``forward(model, input_ids, attention_mask)``, ``save(model, folder)`` and
 ``load(folder, target, record)`` (optionally ``prepare(model, examples)``, called once the data
-is made, and ``record_extras(model)``, a dict merged into the saved record), and one entry in
-:data:`KINDS`; everything else is shared:
+is made; ``record_extras(model)``, a dict merged into the saved record; ``RETURNS_DRAFTER =
+True`` when :class:`TrainResult` should hold the loaded drafter rather than the trained model),
+and one entry in :data:`KINDS`; everything else is shared:
 the data (``data.py``: the target's own generations labelled with its distributions, cached),
 the loop (``loop.py``), the losses (``losses.py``), the folder format and :func:`load_drafter`
 (``artifacts.py``), the target names (``targets.py``).
@@ -64,7 +65,7 @@ def kind_module(kind: str) -> ModuleType:
 @dataclass
 class TrainResult:
     """What :func:`train_drafter` made: the folder, the trained drafter (the object to pass as
-    ``draft``) and the record saved beside it (``specdecode_drafter.json``)."""
+    ``draft``: the model for ``draft``, an ``ExitAdapterDrafter`` for ``exit``) and the record saved beside it (``specdecode_drafter.json``)."""
 
     path: Path
     drafter: Any
