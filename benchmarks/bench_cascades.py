@@ -65,7 +65,9 @@ def main() -> None:
     if args.pair == "demo":
         target, draft, tok = specdecode.load_demo_pair()
     else:
-        target, draft, tok = specdecode.demo.load_benchmark_pair()
+        from specdecode.demo import load_benchmark_pair
+
+        target, draft, tok = load_benchmark_pair()
     prompts = [tok(p, return_tensors="pt").input_ids[:, -96:] for p in prompt_sets(num_prompts)[args.prompts]]
     pad = tok.pad_token_id
     want = []
