@@ -43,8 +43,8 @@ def demo_run(tmp_path_factory):
 
 
 def test_kinds():
-    assert list_kinds() == ["draft", "eagle"]
-    with pytest.raises(ValueError, match="kind: expected one of draft, eagle"):
+    assert list_kinds() == ["draft", "eagle", "exit"]
+    with pytest.raises(ValueError, match="kind: expected one of draft, eagle, exit"):
         train_drafter("medusa", torch.nn.Linear(2, 2), "unused")
 
 

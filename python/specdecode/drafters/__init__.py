@@ -13,6 +13,10 @@
 - :class:`LookaheadDrafter`: Lookahead decoding (Jacobi iteration in the target's own forward
   feeds an n-gram pool); :class:`JacobiDrafter`: plain Jacobi decoding, its baseline.
 - :class:`EagleDrafter`: a feature drafter (EAGLE) reading the target's hidden states.
+- :class:`ExitAdapterDrafter`: self-speculation through the target's first layers and a small
+  trained exit adapter (``python -m specdecode train exit``).
+- :class:`VerticalCascadeDrafter` / :class:`HorizontalCascadeDrafter`: cascades (a draft model
+  drafting with prompt lookup inside; a model for the first positions, prompt lookup after).
 """
 
 from specdecode.drafters.base import (
@@ -28,6 +32,8 @@ from specdecode.drafters.base import (
 )
 from specdecode.drafters.eagle import EagleDrafter
 from specdecode.drafters.jacobi import JacobiDrafter
+from specdecode.drafters.cascade import HorizontalCascadeDrafter, VerticalCascadeDrafter
+from specdecode.drafters.exit_adapter import ExitAdapter, ExitAdapterDrafter
 from specdecode.drafters.layer_skip import LayerSkipDrafter
 from specdecode.drafters.lookahead import LookaheadDrafter
 from specdecode.drafters.model import ModelDrafter
@@ -41,6 +47,9 @@ __all__ = [
     "DrafterBase",
     "EagleDrafter",
     "JacobiDrafter",
+    "ExitAdapter",
+    "ExitAdapterDrafter",
+    "HorizontalCascadeDrafter",
     "LayerSkipDrafter",
     "LookaheadDrafter",
     "ModelDrafter",
@@ -50,5 +59,6 @@ __all__ = [
     "StaticDraftState",
     "StaticDrafter",
     "TokenizerBridgeDrafter",
+    "VerticalCascadeDrafter",
     "point_mass_logits",
 ]

@@ -10,7 +10,9 @@ A *kind* is one module with ``NAME``, ``DESCRIPTION``, ``build(target, **options
 ``forward(model, input_ids, attention_mask)``, ``save(model, folder)`` and
 ``load(folder, target, record)``, and one entry in :data:`KINDS` (optional: ``Built.feature_layers``
 to label the data with target features too, ``prepare(built, examples)`` once the data is
-made, ``drafter(model, target)`` for the object to pass as ``draft``, ``vocab_record(model)``);
+made, ``drafter(model, target)`` for the object to pass as ``draft``, ``vocab_record(model)``,
+``record_extras(model)`` (a dict merged into the saved record), ``RETURNS_DRAFTER = True`` when
+:class:`TrainResult` should hold the drafter loaded back from the folder);
 everything else is shared:
 the data (``data.py``: the target's own generations labelled with its distributions, cached),
 the loop (``loop.py``), the losses (``losses.py``), the folder format and :func:`load_drafter`
@@ -40,7 +42,8 @@ __all__ = ["DATA_SHARE", "KINDS", "StepInfo", "TrainResult", "kind_module", "lis
            "train_drafter"]
 
 #: Drafter kinds: name -> the module that builds, runs, saves and loads one.
-KINDS: dict[str, str] = {"draft": "specdecode.training.draft", "eagle": "specdecode.training.eagle"}
+KINDS: dict[str, str] = {"draft": "specdecode.training.draft", "eagle": "specdecode.training.eagle",
+                         "exit": "specdecode.training.exit"}
 #: Share of a time budget (``minutes``) that the data stage may use; training gets the rest.
 DATA_SHARE = 0.4
 #: Prompts continued by the target when neither ``data`` nor ``num_prompts`` says otherwise.
@@ -65,7 +68,7 @@ def kind_module(kind: str) -> ModuleType:
 @dataclass
 class TrainResult:
     """What :func:`train_drafter` made: the folder, the trained drafter (the object to pass as
-    ``draft``) and the record saved beside it (``specdecode_drafter.json``)."""
+    ``draft``: the model for ``draft``, an ``ExitAdapterDrafter`` for ``exit``) and the record saved beside it (``specdecode_drafter.json``)."""
 
     path: Path
     drafter: Any
@@ -100,7 +103,7 @@ def train_drafter(kind: str, target: Any, out_dir: str | Path, *, tokenizer: Any
     """Train a drafter of kind ``kind`` for ``target`` and save it in ``out_dir``.
 
     Args:
-        kind: a name from :func:`list_kinds` (``"draft"``, ``"eagle"``).
+        kind: a name from :func:`list_kinds` (``"draft"``, ``"eagle"``, ``"exit"``).
         target: the target model, or a name: ``"demo"``, ``"smollm2"`` or a model folder
             (loaded with its tokenizer, :mod:`specdecode.training.targets`). Only read.
         out_dir: where the drafter, the data cache and the checkpoint go; a run with the same
@@ -122,7 +125,8 @@ def train_drafter(kind: str, target: Any, out_dir: str | Path, *, tokenizer: Any
         progress: draw progress bars (on stderr).
         **kind_options: options of the kind's ``build`` (for ``draft``: ``layers``,
             ``num_layers``, ``train_embeddings``; for ``eagle``: ``feature_layers``,
-            ``draft_vocab_size``, ``feature_weight``).
+            ``draft_vocab_size``, ``feature_weight``; for ``exit``: ``exit_layer``, ``adapter``,
+            ``head_tokens``).
     """
     module = kind_module(kind)
     _check_number("minutes", minutes, integer=False, minimum=1e-3)
@@ -192,6 +196,18 @@ def train_drafter(kind: str, target: Any, out_dir: str | Path, *, tokenizer: Any
                      "data_seconds": round(data_seconds, 1), "total_seconds":
                      round(time.monotonic() - start, 1), "options": dict(kind_options)},
     }
+    extras = getattr(module, "record_extras", None)
+    if extras is not None:
+        extra = dict(extras(built.model))
+        vocab_map = extra.pop("vocab_map", None)
+        if vocab_map is not None:
+            record["vocab"]["map"] = vocab_map
+        record.update(extra)
     write_record(out, record)
-    drafter = module.drafter(built.model, target) if hasattr(module, "drafter") else built.model
+    if hasattr(module, "drafter"):
+        drafter = module.drafter(built.model, target)
+    elif getattr(module, "RETURNS_DRAFTER", False):
+        drafter = module.load(out, target, record)
+    else:
+        drafter = built.model
     return TrainResult(out, drafter, record)

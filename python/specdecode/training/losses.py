@@ -10,6 +10,11 @@ With the target's top-k log-probabilities ``log p_i`` (ids ``x_i``) and the draf
 * ``tvd``: total variation ``(sum_i |p_i - q(x_i)| + |p_rest - q_rest|) / 2``, where ``rest``
   is the mass outside the kept ids (exact when k covers the vocabulary; a lower bound
   otherwise). ``1 - TVD`` is the sampled acceptance rate itself (DistillSpec).
+
+A drafter with a reduced head (logits over ``N`` of the target's ``V`` ids) hands over
+:class:`SubsetLogits`: ``q`` is the softmax over its ``N`` ids, and a kept target id outside
+them gets ``log q`` = the smallest ``log q`` of the row minus 10 (a detached floor: it has no
+gradient, and keeps the loss finite where the target's top tokens fall outside the head).
 """
 
 from __future__ import annotations
@@ -19,9 +24,23 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-__all__ = ["LOSSES", "DistillMetrics", "distill_loss"]
+__all__ = ["LOSSES", "DistillMetrics", "SubsetLogits", "distill_loss"]
 
 LOSSES: tuple[str, ...] = ("kl", "tvd")
+
+
+@dataclass
+class SubsetLogits:
+    """A drafter's logits over a subset of the target's vocabulary.
+
+    Shape:
+        logits: ``[b, t, N]``; token_ids: ``[N]`` int64, the target id of each column;
+        column_of: ``[V]`` int64, the column of each target id (-1: not in the subset).
+    """
+
+    logits: Tensor
+    token_ids: Tensor
+    column_of: Tensor
 
 
 @dataclass
@@ -36,21 +55,29 @@ class DistillMetrics:
     positions: int
 
 
-def distill_loss(draft_logits: Tensor, top_logp: Tensor, top_ids: Tensor, mask: Tensor, loss: str = "kl"
-                 ) -> DistillMetrics:
+def distill_loss(draft_logits: Tensor | SubsetLogits, top_logp: Tensor, top_ids: Tensor, mask: Tensor,
+                 loss: str = "kl") -> DistillMetrics:
     """The distillation loss and acceptance estimates of one batch.
 
     Shape:
-        draft_logits: ``[b, t, V]`` the drafter's next-token logits.
+        draft_logits: ``[b, t, V]`` the drafter's next-token logits (or :class:`SubsetLogits`).
         top_logp: ``[b, t, k]`` the target's largest log-probabilities, decreasing.
         top_ids: ``[b, t, k]`` int, their token ids.
         mask: ``[b, t]`` bool, the positions that count.
     """
     if loss not in LOSSES:
         raise ValueError(f"loss: expected one of {', '.join(LOSSES)}, got {loss!r}")
-    log_q = torch.log_softmax(draft_logits.float(), dim=-1)
     ids = top_ids.long()
-    log_q_top = log_q.gather(-1, ids)
+    if isinstance(draft_logits, SubsetLogits):
+        log_q = torch.log_softmax(draft_logits.logits.float(), dim=-1)
+        columns = draft_logits.column_of[ids]
+        floor = log_q.detach().amin(-1, keepdim=True) - 10.0
+        log_q_top = torch.where(columns >= 0, log_q.gather(-1, columns.clamp_min(0)), floor)
+        argmax = draft_logits.token_ids[log_q.argmax(-1)]
+    else:
+        log_q = torch.log_softmax(draft_logits.float(), dim=-1)
+        log_q_top = log_q.gather(-1, ids)
+        argmax = log_q.argmax(-1)
     log_p = top_logp.float()
     p = log_p.exp()
     q_top = log_q_top.exp()
@@ -65,6 +92,6 @@ def distill_loss(draft_logits: Tensor, top_logp: Tensor, top_ids: Tensor, mask: 
     count = int(mask.sum())
     value = (per_position * mask).sum() / max(count, 1)
     with torch.no_grad():
-        greedy = ((log_q.argmax(-1) == ids[..., 0]) & mask).sum().item() / max(count, 1)
+        greedy = ((argmax == ids[..., 0]) & mask).sum().item() / max(count, 1)
         sampled = (torch.minimum(p, q_top).sum(-1) * mask).sum().item() / max(count, 1)
     return DistillMetrics(value, greedy, sampled, count)
