@@ -253,11 +253,13 @@ class MedusaDrafter(DrafterBase):
     def commit(self, update: CommitUpdate) -> None:
         feats = update.features
         if feats is not None and feats.shape[1] > 0:
-            # Columns old pending .. old pending + max accepted at a step (row r's last real one
-            # at index accepted_len[r]); after the prefill, the prompt's columns (the last one).
+            # A step: the columns old pending .. old pending + the longest accepted run of the rows
+            # that continue, row r's last real one at index accepted_len[r] (rows that finish may
+            # have accepted more: clamped, they leave). After the prefill (accepted_len all zero):
+            # the prompt's columns, the last one real in every row that has one.
             m = feats.shape[1]
             accepted = update.accepted_len.to(feats.device).long()
-            index = (accepted + (m - 1 - accepted.max())).clamp(0, m - 1)
+            index = accepted.clamp_max(m - 1) if bool(accepted.any()) else accepted.new_full(accepted.shape, m - 1)
             self.last_feature = feats[torch.arange(feats.shape[0], device=feats.device), index].to(self.device)
         if update.kept_rows is not None and self.last_feature is not None:
             self.last_feature = self.last_feature[update.kept_rows.to(self.device)]
