@@ -182,7 +182,10 @@ class ClaimsIid(MedusaDrafter):
 def test_broken_variants_fail_the_same_test(sampling_pair, joint, broken):
     target, _ = sampling_pair
     heads = random_heads(target, 2, std=1.0, seed=1)
-    drafter = SwappedLogits(target, heads) if broken == "swapped" else ClaimsIid(target, heads, tree=product_tree([3, 2]))
+    if broken == "swapped":
+        drafter = SwappedLogits(target, heads)
+    else:
+        drafter = ClaimsIid(target, heads, tree=product_tree([3, 2]))
     out = _sample(target, drafter, n=8000)
     assert chi_square_p(out.sequences[:, len(PROMPT):], joint) < FAIL_P
 

@@ -176,7 +176,8 @@ class MedusaDrafter(DrafterBase):
             raise TypeError(f"target: expected the target model (a torch.nn.Module), got {type(target).__name__}")
         if not isinstance(heads, MedusaHeads):
             raise TypeError(f"heads: expected MedusaHeads, got {type(heads).__name__}")
-        if heads.target_vocab != vocab_rows(target) or heads.hidden_size != target.get_input_embeddings().weight.shape[1]:
+        hidden = int(target.get_input_embeddings().weight.shape[1])
+        if heads.target_vocab != vocab_rows(target) or heads.hidden_size != hidden:
             raise ValueError(f"heads: built for a target with {heads.target_vocab} ids and hidden size "
                              f"{heads.hidden_size}, not for this {type(target).__name__}")
         self.target = target
