@@ -139,3 +139,17 @@ def test_command_line_and_bad_options(tmp_path):
     out = specdecode.generate(target, specdecode.load_drafter(tmp_path, target), ids, mask, max_new_tokens=8)
     assert torch.equal(out.sequences, target.generate(ids, attention_mask=mask, max_new_tokens=8, do_sample=False,
                                                       pad_token_id=0))
+
+
+def test_the_train_command_reports_the_heads(demo_medusa, monkeypatch, capsys):
+    import argparse
+
+    import specdecode.training as kit
+    from specdecode.training.command import run_train
+
+    _, _, result, out = demo_medusa
+    monkeypatch.setattr(kit, "train_drafter", lambda *args, **kwargs: result)
+    run_train(argparse.Namespace(kind="medusa", target="demo", out=str(out), minutes=None, data=None, seed=0,
+                                 max_steps=1, threads=None, draft_vocab=None, unroll=None, num_heads=3))
+    n = sum(p.numel() for p in result.drafter.heads.parameters())
+    assert f"drafter: medusa for demo -> {out} (target layers [-1], {n / 1e6:.2f}M parameters)" in capsys.readouterr().out

@@ -123,7 +123,9 @@ def run_train(args: argparse.Namespace) -> dict[str, Any]:
                            max_steps=args.max_steps, **options)
     record = result.record
     t = record["training"]
-    module = result.drafter if isinstance(result.drafter, torch.nn.Module) else result.drafter.model
+    drafter = result.drafter
+    module = drafter if isinstance(drafter, torch.nn.Module) else getattr(drafter, "model", None)
+    module = module if module is not None else drafter.heads  # medusa: the heads are the trained module
     n = sum(p.numel() for p in module.parameters())
     print(f"drafter: {record['kind']} for {record['target']['name']} -> {args.out} "
           f"(target layers {record['layers']}, {n / 1e6:.2f}M parameters)")
