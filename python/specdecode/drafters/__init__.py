@@ -13,6 +13,7 @@
 - :class:`LookaheadDrafter`: Lookahead decoding (Jacobi iteration in the target's own forward
   feeds an n-gram pool); :class:`JacobiDrafter`: plain Jacobi decoding, its baseline.
 - :class:`EagleDrafter`: a feature drafter (EAGLE) reading the target's hidden states.
+- :class:`MedusaDrafter`: Medusa-1 heads on the target's last hidden state (chains and top-k trees).
 """
 
 from specdecode.drafters.base import (
@@ -30,6 +31,7 @@ from specdecode.drafters.eagle import EagleDrafter
 from specdecode.drafters.jacobi import JacobiDrafter
 from specdecode.drafters.layer_skip import LayerSkipDrafter
 from specdecode.drafters.lookahead import LookaheadDrafter
+from specdecode.drafters.medusa import MedusaDrafter
 from specdecode.drafters.model import ModelDrafter
 from specdecode.drafters.ngram import NgramDrafter
 from specdecode.drafters.tokenizer_bridge import TokenizerBridgeDrafter
@@ -43,6 +45,7 @@ __all__ = [
     "JacobiDrafter",
     "LayerSkipDrafter",
     "LookaheadDrafter",
+    "MedusaDrafter",
     "ModelDrafter",
     "NgramDrafter",
     "Proposal",
