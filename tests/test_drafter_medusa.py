@@ -124,10 +124,10 @@ def test_head_i_drafts_position_i_plus_one():
     assert out.stats.acceptance_rate == 1.0
 
 
-def _sample(target, drafter, n: int = N):
+def _sample(target, drafter, n: int = N, **sampling):
     ids = torch.tensor([PROMPT]).expand(n, -1)
     out = specdecode.generate(target, drafter, ids, num_draft_tokens=2, do_sample=True, max_new_tokens=K,
-                              eos_token_id=[], pad_token_id=PAD, generator=torch.Generator().manual_seed(3))
+                              eos_token_id=[], pad_token_id=PAD, generator=torch.Generator().manual_seed(3), **sampling)
     assert out.sequences.shape == (n, len(PROMPT) + K)
     return out
 
@@ -141,6 +141,15 @@ def test_sampled_chain_is_lossless(sampling_pair, joint):
     target, _ = sampling_pair
     out = _sample(target, MedusaDrafter(target, random_heads(target, 2, std=1.0, seed=1)))
     assert 0.05 < out.stats.acceptance_rate < 0.95
+    assert chi_square_p(out.sequences[:, len(PROMPT):], joint) > PASS_P
+
+
+def test_sampled_chain_is_lossless_with_temperature_and_top_k(sampling_pair):
+    target, _ = sampling_pair
+    joint = exact_joint(target, PROMPT, temperature=0.7, top_k=4)
+    drafter = MedusaDrafter(target, random_heads(target, 2, std=1.0, seed=2))
+    out = _sample(target, drafter, temperature=0.7, top_k=4)
+    assert out.stats.accepted_tokens > 1000
     assert chi_square_p(out.sequences[:, len(PROMPT):], joint) > PASS_P
 
 
@@ -227,5 +236,7 @@ def test_bad_arguments_are_refused():
     with pytest.raises(ValueError, match="deeper"):
         MedusaDrafter(target, heads, tree=product_tree([2, 2, 2]))
     ids = left_padded([4], vocab=111, seed=0)[0]
+    with pytest.raises(ValueError, match="tree: a path asks for the rank-111"):
+        specdecode.generate(target, MedusaDrafter(target, heads, tree=[(0,), (111,)]), ids, max_new_tokens=4)
     with pytest.raises(ValueError, match="static"):
         specdecode.generate(target, MedusaDrafter(target, heads), ids, max_new_tokens=4, decode_path="static")

@@ -239,11 +239,15 @@ class MedusaDrafter(DrafterBase):
         return Proposal(torch.stack(tokens, 1), torch.stack(used, 1), forward_calls=1)
 
     def _propose_tree(self, state: DraftState, logits: Tensor) -> Proposal:
-        heads, ranks, parents, width = (t.to(state.device) if isinstance(t, Tensor) else t for t in self._layout)
+        heads, ranks, parents, width = self._layout
+        heads, ranks, parents = heads.to(state.device), ranks.to(state.device), parents.to(state.device)
+        if width > state.vocab_size:
+            raise ValueError(f"tree: a path asks for the rank-{width - 1} token of a head, but the vocabulary has "
+                             f"{state.vocab_size} ids")
         b = state.batch_size
         depth = int(heads.max()) + 1
-        top = logits[:, :depth].topk(min(width, logits.shape[-1]), dim=-1).indices  # [b, depth, width]
-        nodes = top[:, heads, ranks.clamp_max(top.shape[-1] - 1)]  # [b, N - 1]
+        top = logits[:, :depth].topk(width, dim=-1).indices  # [b, depth, width]: distinct ids per head
+        nodes = top[:, heads, ranks]  # [b, N - 1]
         root = state.tokens[:, state.num_columns - 1].to(state.device)
         tokens = torch.cat([root[:, None], nodes], 1)
         n = tokens.shape[1]
