@@ -11,7 +11,7 @@ Losses, per position ``s`` of an example (the data's distribution at ``s`` is th
 
 * head 0: its logits from ``f_{s-1}`` are returned as the drafter's logits at ``s`` and scored
   by the loop against the data's top-k distribution at ``s`` (the loss and acceptance estimates
-  the loop reports are head 0's; position 0 has no earlier feature and reads ``f_0``);
+  the loop reports are head 0's; position 0 has no earlier feature: uniform logits, no gradient);
 * head ``i >= 1``: forward KL to the target's full distribution at ``t + 1 + i`` from ``f_t``,
   computed exactly as the target's head on the stored feature ``f_{t+1+i}``, weighted
   ``head_decay ** i`` (Medusa's decaying weights) and added to the training loss.
@@ -104,7 +104,7 @@ def forward(model: MedusaTraining, input_ids: Tensor, attention_mask: Tensor, fe
     feats = features.to(heads.weight.dtype)
     out = heads(feats)  # [b, t, K, H]
     first = head_fn(out[:, :, 0])[..., :vocab]
-    logits = torch.cat([first[:, :1], first[:, :-1]], 1)  # position s reads f_{s-1}
+    logits = torch.cat([torch.zeros_like(first[:, :1]), first[:, :-1]], 1)  # s reads f_{s-1}; 0: uniform
     t = input_ids.shape[1]
     if heads.num_heads == 1 or t < 3:
         return logits, None
