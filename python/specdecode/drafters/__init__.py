@@ -17,6 +17,7 @@
   trained exit adapter (``python -m specdecode train exit``).
 - :class:`VerticalCascadeDrafter` / :class:`HorizontalCascadeDrafter`: cascades (a draft model
   drafting with prompt lookup inside; a model for the first positions, prompt lookup after).
+- :class:`MedusaDrafter`: Medusa-1 heads on the target's last hidden state (chains and top-k trees).
 """
 
 from specdecode.drafters.base import (
@@ -36,6 +37,7 @@ from specdecode.drafters.cascade import HorizontalCascadeDrafter, VerticalCascad
 from specdecode.drafters.exit_adapter import ExitAdapter, ExitAdapterDrafter
 from specdecode.drafters.layer_skip import LayerSkipDrafter
 from specdecode.drafters.lookahead import LookaheadDrafter
+from specdecode.drafters.medusa import MedusaDrafter
 from specdecode.drafters.model import ModelDrafter
 from specdecode.drafters.ngram import NgramDrafter
 from specdecode.drafters.tokenizer_bridge import TokenizerBridgeDrafter
@@ -52,6 +54,7 @@ __all__ = [
     "HorizontalCascadeDrafter",
     "LayerSkipDrafter",
     "LookaheadDrafter",
+    "MedusaDrafter",
     "ModelDrafter",
     "NgramDrafter",
     "Proposal",

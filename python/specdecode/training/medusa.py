@@ -1,0 +1,181 @@
+"""The ``medusa`` kind: Medusa-1 heads trained on the target's own features.
+
+The drafter is :class:`specdecode.drafters.medusa.MedusaHeads`: head ``i`` reads the target's
+last hidden state ``f_t`` (after the final norm) and predicts ``x_{t+2+i}`` through a residual
+block and the target's frozen LM head. Data: the kit's examples labelled with the target's
+top-k log-probabilities and its features (``DataSettings.feature_layers = (-1,)``), so training
+never runs the target.
+
+Losses, per position ``s`` of an example (the data's distribution at ``s`` is the target's for
+``x_{s+1}``):
+
+* head 0: its logits from ``f_{s-1}`` are returned as the drafter's logits at ``s`` and scored
+  by the loop against the data's top-k distribution at ``s`` (the loss and acceptance estimates
+  the loop reports are head 0's; position 0 has no earlier feature: uniform logits, no gradient);
+* head ``i >= 1``: forward KL to the target's full distribution at ``t + 1 + i`` from ``f_t``,
+  computed exactly as the target's head on the stored feature ``f_{t+1+i}``, weighted
+  ``head_decay ** i`` (Medusa's decaying weights) and added to the training loss.
+
+The folder: ``model.safetensors`` (the heads' ``weight`` and ``bias``) and
+``medusa_config.json`` (number of heads, hidden size, target vocabulary).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from specdecode.drafters.medusa import MedusaDrafter, MedusaHeads
+from specdecode.models import vocab_rows
+from specdecode.training.artifacts import WEIGHTS_FILE
+
+__all__ = ["CONFIG_FILE", "DESCRIPTION", "NAME", "Built", "MedusaTraining", "build", "drafter", "forward",
+           "head_accuracies", "load", "save"]
+
+NAME = "medusa"
+DESCRIPTION = "Medusa-1 heads: residual blocks on the target's last hidden state, each a token further ahead"
+CONFIG_FILE = "medusa_config.json"
+
+
+class MedusaTraining(nn.Module):
+    """What the loop trains: the heads (a submodule) beside the target, held outside the module
+    tree (never trained, never saved)."""
+
+    def __init__(self, target: nn.Module, heads: MedusaHeads, head_decay: float) -> None:
+        super().__init__()
+        self.heads = heads
+        self._target = (target,)
+        self.head_decay = head_decay
+
+    @property
+    def target(self) -> nn.Module:
+        return self._target[0]
+
+
+@dataclass
+class Built:
+    """Heads ready to train: the module, its parameters by name, the feature layers the data
+    is labelled with (recorded as ``layers``)."""
+
+    model: MedusaTraining
+    params: dict[str, nn.Parameter]
+    layers: list[int]
+    feature_layers: tuple[int, ...]
+
+
+def build(target: nn.Module, *, num_heads: int = 4, head_decay: float = 0.8) -> Built:
+    """Untrained Medusa heads for ``target`` (only read): ``num_heads`` heads (head ``i``
+    predicts the token ``i + 2`` positions after its feature's), ``head_decay`` the weight
+    ratio of successive heads' losses."""
+    if isinstance(head_decay, bool) or not isinstance(head_decay, (int, float)) or not 0 < head_decay <= 1:
+        raise ValueError(f"head_decay: expected a number in (0, 1], got {head_decay!r}")
+    model = MedusaTraining(target, MedusaHeads(target, num_heads), float(head_decay))
+    params = {name: p for name, p in model.named_parameters() if p.requires_grad}
+    return Built(model, params, [-1], (-1,))
+
+
+def _frozen_head(target: nn.Module) -> Any:
+    head = target.get_output_embeddings()
+    weight = head.weight.detach()
+    bias = None if getattr(head, "bias", None) is None else head.bias.detach()
+    return lambda h: F.linear(h, weight, bias)
+
+
+def forward(model: MedusaTraining, input_ids: Tensor, attention_mask: Tensor, features: Tensor | None = None
+            ) -> tuple[Tensor, Tensor | None]:
+    """Head 0's logits aligned with the data's positions and the weighted loss of the other heads.
+
+    Shape:
+        input_ids, attention_mask: ``[b, t]`` right-padded; features: ``[b, t, H]`` the target's
+        last hidden states. Returns ``([b, t, V], scalar or None)``.
+    """
+    if features is None:
+        raise ValueError("features: the medusa kind trains on target features; label the data with "
+                         "DataSettings(feature_layers=(-1,))")
+    heads, target = model.heads, model.target
+    vocab = vocab_rows(target)
+    head_fn = _frozen_head(target)
+    feats = features.to(heads.weight.dtype)
+    out = heads(feats)  # [b, t, K, H]
+    first = head_fn(out[:, :, 0])[..., :vocab]
+    logits = torch.cat([torch.zeros_like(first[:, :1]), first[:, :-1]], 1)  # s reads f_{s-1}; 0: uniform
+    t = input_ids.shape[1]
+    if heads.num_heads == 1 or t < 3:
+        return logits, None
+    with torch.no_grad():
+        log_p = torch.log_softmax(head_fn(feats).float()[..., :vocab], -1)  # the target's, at every position
+    real = attention_mask.bool()
+    terms = []
+    for i in range(1, min(heads.num_heads, t - 1)):
+        shift = 1 + i
+        log_q = torch.log_softmax(head_fn(out[:, : t - shift, i]).float()[..., :vocab], -1)
+        p_log = log_p[:, shift:]
+        kl = (p_log.exp() * (p_log - log_q)).sum(-1)
+        valid = real[:, shift:]
+        terms.append(model.head_decay ** i * kl[valid].sum() / valid.sum().clamp_min(1))
+    return logits, (sum(terms) if terms else None)
+
+
+@torch.no_grad()
+def head_accuracies(heads: MedusaHeads, target: nn.Module, examples: list[Any], ranks: int = 8) -> Tensor:
+    """How often head ``i``'s rank-``r`` token is the target's most likely token at its
+    position, over the counted positions of ``examples`` (their ``features`` and ``top_ids``):
+    the table :func:`specdecode.drafters.medusa.sparse_tree` reads.
+
+    Shape: returns ``[K, ranks]`` float64 (row ``i`` sums to head ``i``'s top-``ranks`` accuracy).
+    """
+    if not examples or any(e.features is None for e in examples):
+        raise ValueError("examples: need examples labelled with features (DataSettings(feature_layers=(-1,)))")
+    head_fn = _frozen_head(target)
+    vocab = vocab_rows(target)
+    hits = torch.zeros((heads.num_heads, ranks), dtype=torch.float64)
+    counts = torch.zeros(heads.num_heads, dtype=torch.float64)
+    device = heads.weight.device
+    for e in examples:
+        feats = e.features.to(device=device, dtype=heads.weight.dtype)
+        top = head_fn(heads(feats))[..., :vocab].topk(ranks, -1).indices.cpu()  # [t, K, ranks]
+        want = e.top_ids[:, 0].long()  # the target's argmax of x_{s+1}, at position s
+        n = len(e.input_ids)
+        for i in range(heads.num_heads):
+            shift = 1 + i
+            lo = max(e.start - shift, 0)
+            if n - shift <= lo:
+                continue
+            got = top[lo: n - shift, i]
+            hits[i] += (got == want[lo + shift: n, None]).double().sum(0)
+            counts[i] += n - shift - lo
+    return hits / counts.clamp_min(1)[:, None]
+
+
+def save(model: MedusaTraining, out_dir: Path) -> None:
+    """``model.safetensors`` (the heads' weights) and ``medusa_config.json``."""
+    from safetensors.torch import save_file
+
+    heads = model.heads
+    state = {k: v.detach().contiguous().cpu() for k, v in heads.state_dict().items()}
+    save_file(state, str(Path(out_dir) / WEIGHTS_FILE))
+    config = {"num_heads": heads.num_heads, "hidden_size": heads.hidden_size, "target_vocab": heads.target_vocab,
+              "feature_layers": list(heads.feature_layers), "head_decay": model.head_decay}
+    (Path(out_dir) / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+
+
+def load(folder: Path, target: nn.Module, record: dict[str, Any]) -> MedusaDrafter:
+    """The saved heads as a :class:`MedusaDrafter` (a chain) for ``target`` (already checked to
+    be the model they were trained for)."""
+    from safetensors.torch import load_file
+
+    config = json.loads((Path(folder) / CONFIG_FILE).read_text(encoding="utf-8"))
+    heads = MedusaHeads(target, int(config["num_heads"]))
+    heads.load_state_dict(load_file(str(Path(folder) / WEIGHTS_FILE)))
+    return MedusaDrafter(target, heads.eval())
+
+
+def drafter(model: MedusaTraining, target: nn.Module) -> MedusaDrafter:
+    """The trained heads as a chain drafter, ready to pass as ``draft``."""
+    return MedusaDrafter(target, model.heads.eval())

@@ -1,0 +1,156 @@
+"""The training kit's ``medusa`` kind: training on the demo target lowers the loss and raises
+head accuracies and acceptance on held-out prompts, the heads' losses read the right shifted
+positions, save and load round-trip and refuse another target, bad options are refused."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_generate_models import _one_thread, left_padded, make_model  # noqa: F401
+
+import specdecode
+from specdecode.drafters.medusa import MedusaDrafter, MedusaHeads, sparse_tree
+from specdecode.training import medusa as medusa_kind
+from specdecode.training import train_drafter
+from specdecode.training.data import DataSettings
+from specdecode.training.loop import LoopSettings
+
+
+@pytest.fixture(scope="module")
+def demo_medusa(tmp_path_factory):
+    """The demo target, its tokenizer, and three Medusa heads trained on it for 30 steps."""
+    target, _, tokenizer = specdecode.load_demo_pair()
+    out = tmp_path_factory.mktemp("demo-medusa")
+    result = train_drafter("medusa", target, out, tokenizer=tokenizer, target_name="demo", max_steps=30,
+                           num_prompts=16, num_heads=3,
+                           data_settings=DataSettings(max_length=96, max_new_tokens=32, batch_size=8),
+                           loop_settings=LoopSettings(batch_size=8, lr=3e-3, warmup_steps=5), progress=False)
+    return target, tokenizer, result, out
+
+
+def test_demo_training_lowers_the_loss_and_raises_acceptance(demo_medusa):
+    from specdecode.demo import demo_prompts
+
+    target, tokenizer, result, _ = demo_medusa
+    t = result.record["training"]
+    assert result.record["kind"] == "medusa" and result.record["layers"] == [-1]
+    assert t["steps"] == 30 and t["after"]["loss"] < t["before"]["loss"]
+    assert t["after"]["greedy_acceptance"] > t["before"]["greedy_acceptance"]
+    tokenizer.padding_side = "left"
+    batch = tokenizer(demo_prompts(3), return_tensors="pt", padding=True)
+    ids, mask = batch.input_ids[:, -48:], batch.attention_mask[:, -48:]
+    want = target.generate(ids, attention_mask=mask, max_new_tokens=24, do_sample=False,
+                           pad_token_id=tokenizer.pad_token_id)
+    untrained = MedusaDrafter(target, MedusaHeads(target, 3))
+    accepted = []
+    for drafter in (untrained, result.drafter):
+        out = specdecode.generate(target, drafter, ids, mask, num_draft_tokens=3, max_new_tokens=24,
+                                  pad_token_id=tokenizer.pad_token_id)
+        assert torch.equal(out.sequences, want[:, : out.sequences.shape[1]])
+        accepted.append(out.stats.accepted_tokens)
+    assert accepted[1] > accepted[0], accepted
+
+
+def test_head_accuracies_and_a_sparse_tree(demo_medusa):
+    target, _, result, out = demo_medusa
+    examples = [e for f in sorted((out / "data").glob("*/batch_*.pt")) for e in _examples(f)][:8]
+    acc = medusa_kind.head_accuracies(result.drafter.heads, target, examples, ranks=4)
+    assert acc.shape == (3, 4) and bool((acc.sum(1) <= 1 + 1e-9).all())
+    assert acc[0, 0] > acc[2, 0]  # the nearer head is the better one
+    choices = sparse_tree(acc, 6)
+    drafter = MedusaDrafter(target, result.drafter.heads, tree=choices)
+    ids = torch.tensor([[5, 17, 40, 99, 12]])
+    got = specdecode.generate(target, drafter, ids, max_new_tokens=12)
+    assert torch.equal(got.sequences, target.generate(ids, max_new_tokens=12, do_sample=False))
+
+
+def _examples(path):
+    from specdecode.training.data import Example
+
+    return [Example(**row) for row in torch.load(path)]
+
+
+def test_round_trip_and_target_check(demo_medusa):
+    target, _, result, _ = demo_medusa
+    loaded = specdecode.load_drafter(result.path, target)
+    assert isinstance(loaded, MedusaDrafter) and loaded.heads.num_heads == 3
+    want, got = result.drafter.heads.state_dict(), loaded.heads.state_dict()
+    assert want.keys() == got.keys() and all(torch.equal(want[k], got[k]) for k in want)
+    other = make_model("llama", vocab=4096, layers=2)
+    with pytest.raises(ValueError, match="target: the drafter in"):
+        specdecode.load_drafter(result.path, other)
+
+
+def test_shifted_losses_are_the_definition():
+    """Head 0's returned logits at s read f_{s-1}; head i's KL compares its logits from f_t with
+    the target's distribution at t + 1 + i."""
+    target = make_model("gpt2", vocab=50, layers=2, init=0.1)
+    built = medusa_kind.build(target, num_heads=3, head_decay=0.5)
+    with torch.no_grad():
+        built.model.heads.weight.normal_(0, 0.2)
+    ids = torch.randint(0, 50, (2, 7), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(ids)
+    mask[1, 5:] = 0
+    with torch.no_grad():
+        feats = target(ids, output_hidden_states=True).hidden_states[-1]
+        logits, extra = medusa_kind.forward(built.model, ids, mask, feats)
+        head = target.get_output_embeddings()
+        per_head = head(built.model.heads(feats))  # [b, t, K, V]
+        torch.testing.assert_close(logits[:, 1:], per_head[:, :-1, 0])
+        assert not logits[:, 0].any()
+        log_p = torch.log_softmax(head(feats), -1)
+        want = 0.0
+        for i in (1, 2):
+            terms = []
+            for r, n in ((0, 7), (1, 5)):
+                for t in range(n - 1 - i):
+                    p = log_p[r, t + 1 + i]
+                    q = torch.log_softmax(per_head[r, t, i], -1)
+                    terms.append((p.exp() * (p - q)).sum())
+            want += 0.5 ** i * torch.stack(terms).mean()
+        torch.testing.assert_close(extra, want, rtol=1e-4, atol=1e-5)
+
+
+def test_command_line_and_bad_options(tmp_path):
+    import argparse
+
+    from specdecode.training.command import run_train
+
+    target = make_model("llama", vocab=111, layers=2)
+    for bad in (0, 2.5, True):
+        with pytest.raises(ValueError, match="num_heads"):
+            medusa_kind.build(target, num_heads=bad)
+    for bad in (0, 1.5, True):
+        with pytest.raises(ValueError, match="head_decay"):
+            medusa_kind.build(target, head_decay=bad)
+    with pytest.raises(ValueError, match="features"):
+        medusa_kind.forward(medusa_kind.build(target).model, torch.zeros((1, 3), dtype=torch.long),
+                            torch.ones((1, 3), dtype=torch.long))
+    base = dict(target="demo", out=str(tmp_path), minutes=None, data=None, seed=0, max_steps=1, threads=None,
+                draft_vocab=None, unroll=None)
+    with pytest.raises(ValueError, match="num_heads: only the medusa kind"):
+        run_train(argparse.Namespace(kind="draft", num_heads=2, **base))
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(3, 111, (4,), generator=g).tolist() for _ in range(4)]
+    result = train_drafter("medusa", target, tmp_path, data=prompts, max_steps=2, progress=False, num_heads=2,
+                           data_settings=DataSettings(max_length=16, max_new_tokens=8, batch_size=4, top_k=16),
+                           loop_settings=LoopSettings(batch_size=4, warmup_steps=1))
+    assert result.record["training"]["options"]["num_heads"] == 2
+    ids, mask = left_padded([5, 2], vocab=111, seed=2)
+    out = specdecode.generate(target, specdecode.load_drafter(tmp_path, target), ids, mask, max_new_tokens=8)
+    assert torch.equal(out.sequences, target.generate(ids, attention_mask=mask, max_new_tokens=8, do_sample=False,
+                                                      pad_token_id=0))
+
+
+def test_the_train_command_reports_the_heads(demo_medusa, monkeypatch, capsys):
+    import argparse
+
+    import specdecode.training as kit
+    from specdecode.training.command import run_train
+
+    _, _, result, out = demo_medusa
+    monkeypatch.setattr(kit, "train_drafter", lambda *args, **kwargs: result)
+    run_train(argparse.Namespace(kind="medusa", target="demo", out=str(out), minutes=None, data=None, seed=0,
+                                 max_steps=1, threads=None, draft_vocab=None, unroll=None, num_heads=3))
+    n = sum(p.numel() for p in result.drafter.heads.parameters())
+    assert f"drafter: medusa for demo -> {out} (target layers [-1], {n / 1e6:.2f}M parameters)" in capsys.readouterr().out
