@@ -91,9 +91,9 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--clock", choices=["cpu", "wall"], default="cpu")
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--configs", nargs="*", default=["2x3:0.3", "4x3:0.3"],
+    parser.add_argument("--configs", nargs="*", default=["2x2:0.6:10:8", "4x3"],
                         help="Lookahead settings WINDOWxNGRAM[:MIN_POOL_GAIN[:CONTEXT_DEPTH[:EXPLORE_EVERY]]] "
-                             "(default: 2x3:0.3 4x3:0.3)")
+                             "(default: 2x2:0.6:10:8, chosen on --prompt-set tune, and 4x3)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     if args.clock == "cpu" and args.threads != 1:

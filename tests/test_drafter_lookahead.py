@@ -60,7 +60,8 @@ class Recording(LookaheadDrafter):
     def commit(self, update):
         self.seen.append(update.target_logits.clone())
         assert (update.side_logits is None) == self.drop_side
-        super().commit(update) if not self.drop_side else None
+        if not self.drop_side:
+            super().commit(update)
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
@@ -106,7 +107,9 @@ def test_side_tokens_are_checked():
 def test_arguments_are_checked():
     for kwargs, error, name in (({"window": 0}, ValueError, "window"), ({"ngram": 1}, ValueError, "ngram"),
                                 ({"window": 2.0}, TypeError, "window"), ({"use_context": 1}, TypeError, "use_context"),
-                                ({"max_candidates": 0}, ValueError, "max_candidates")):
+                                ({"max_candidates": 0}, ValueError, "max_candidates"),
+                                ({"min_pool_gain": -1}, ValueError, "min_pool_gain"),
+                                ({"min_pool_gain": "high"}, TypeError, "min_pool_gain")):
         with pytest.raises(error, match=name):
             LookaheadDrafter(**kwargs)
     with pytest.raises(ValueError, match="window"):

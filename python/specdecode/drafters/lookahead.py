@@ -95,8 +95,10 @@ class LookaheadDrafter(DrafterBase):
         _check_int("context_candidates", context_candidates, 1)
         _check_int("context_depth", context_depth, 1)
         _check_int("explore_every", explore_every, 1)
-        if isinstance(min_pool_gain, bool) or not isinstance(min_pool_gain, (int, float)) or min_pool_gain < 0:
-            raise ValueError(f"min_pool_gain: expected a number >= 0, got {min_pool_gain!r}")
+        if isinstance(min_pool_gain, bool) or not isinstance(min_pool_gain, (int, float)):
+            raise TypeError(f"min_pool_gain: expected a number >= 0, got {min_pool_gain!r}")
+        if min_pool_gain < 0:
+            raise ValueError(f"min_pool_gain: expected a number >= 0, got {min_pool_gain}")
         if max_candidates is not None:
             _check_int("max_candidates", max_candidates, 1)
         if max_pool is not None:
