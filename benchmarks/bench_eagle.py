@@ -31,22 +31,6 @@ import torch
 
 from specdecode.bench.harness import base_parser, format_table, time_call, write_results
 
-TUNE_CHAT = (
-    "Write a short paragraph about why people enjoy gardening.",
-    "What are three common mistakes new programmers make?",
-    "Explain how a refrigerator keeps food cold.",
-    "Give me a simple recipe for pancakes.",
-)
-EVAL_CHAT = (
-    "What is the difference between a virus and a bacterium?",
-    "Write a short story about a lighthouse keeper who finds a message in a bottle.",
-    "Explain what machine learning is to someone who has never heard of it.",
-    "Give me five tips for staying focused while studying.",
-    "Why do leaves change color in the fall?",
-    "Describe how to change a flat tire on a car.",
-    "What are the benefits of drinking water every day?",
-    "Write a friendly message inviting my neighbors to a summer barbecue.",
-)
 CLOCKS: dict[str, Callable[[], float]] = {"wall": time.perf_counter, "cpu": time.thread_time}
 
 
@@ -58,7 +42,9 @@ def prompts_for(target_name: str, tokenizer: Any, prompt_set: str, n: int) -> li
         every = demo_prompts(93)
         texts = every[-8:] if prompt_set == "tune" else every[:n]
         return [tokenizer(t, return_tensors="pt").input_ids[:, -96:] for t in texts[:n]]
-    texts = TUNE_CHAT if prompt_set == "tune" else EVAL_CHAT
+    from specdecode.bench.prompt_sets import chat_prompt_set
+
+    texts = chat_prompt_set("tune" if prompt_set == "tune" else "report")
     out = []
     for text in texts[:n]:
         ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,

@@ -166,6 +166,21 @@ def test_default_demo_prompts_are_not_the_held_out_ones():
     assert default_prompts("demo", 8, seed=1) == default_prompts("demo", 8, seed=1)
 
 
+def test_default_chat_prompts_are_many_and_not_the_benchmark_ones():
+    from specdecode.bench.prompt_sets import CHAT_PROMPT_SETS
+    from specdecode.training.prompts import chat_prompts, num_chat_prompts
+
+    prompts = default_prompts("smollm2", 1000, seed=2)
+    assert len(set(prompts)) == 1000 and prompts == default_prompts("smollm2", 1000, seed=2)
+    every = set(default_prompts("smollm2", num_chat_prompts() + 100))
+    for half in CHAT_PROMPT_SETS.values():
+        assert not every & set(half)
+    assert len(set(chat_prompts(num_chat_prompts()))) == num_chat_prompts() > 1500
+    for bad in (0, 2.5, True):
+        with pytest.raises(ValueError, match="count"):
+            chat_prompts(bad)
+
+
 def test_train_command(tmp_path, capsys):
     from specdecode.cli import main
 

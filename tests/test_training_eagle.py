@@ -86,6 +86,38 @@ def test_data_carries_the_target_features_and_a_reduced_head_round_trips(tmp_pat
     assert torch.equal(out.sequences, want)
 
 
+def test_a_frozen_reduced_head_is_the_target_rows_and_is_not_saved(tmp_path):
+    """train_head=False: the reduced head stays the target head's rows, the folder leaves it out,
+    loading rebuilds it from the target, and a shared data cache is reused by a second run."""
+    from safetensors.torch import load_file
+
+    target = make_model("llama", vocab=111, layers=2, init=0.08)
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(3, 111, (4,), generator=g).tolist() for _ in range(8)]
+    settings = dict(data=prompts, max_steps=2, progress=False, data_cache=tmp_path / "shared",
+                    data_settings=DataSettings(max_length=24, max_new_tokens=12, batch_size=4, top_k=16),
+                    loop_settings=LoopSettings(batch_size=4, warmup_steps=1), draft_vocab_size=30)
+    result = train_drafter("eagle", target, tmp_path / "a", train_head=False, **settings)
+    eagle = result.drafter.model
+    assert torch.equal(eagle.lm_head.weight, target.get_output_embeddings().weight[eagle.draft_to_target])
+    assert "lm_head.weight" not in load_file(str(tmp_path / "a" / "model.safetensors"))
+    assert not (tmp_path / "a" / "data").exists() and sorted((tmp_path / "shared").glob("*/batch_*.pt"))
+    loaded = specdecode.load_drafter(tmp_path / "a", target)
+    assert torch.equal(loaded.model.lm_head.weight, eagle.lm_head.weight)
+    ids, mask = left_padded([5, 2, 7], vocab=111, seed=4)
+    out = specdecode.generate(target, loaded, ids, mask, num_draft_tokens=3, max_new_tokens=10)
+    want = target.generate(ids, attention_mask=mask, max_new_tokens=10, do_sample=False, pad_token_id=PAD)
+    assert torch.equal(out.sequences, want)
+    second = train_drafter("eagle", target, tmp_path / "b", **settings)  # same data: read from the shared cache
+    assert second.record["training"]["data_seconds"] < result.record["training"]["data_seconds"] + 5
+    trained = second.drafter.model.lm_head.weight
+    assert not torch.equal(trained, target.get_output_embeddings().weight[second.drafter.model.draft_to_target])
+    with pytest.raises(ValueError, match="train_head"):
+        eagle_kind.build(target, train_head="no")
+    with pytest.raises(TypeError, match="data_cache"):
+        train_drafter("eagle", target, tmp_path / "c", **{**settings, "data_cache": 3})
+
+
 def test_draft_vocabulary_is_the_most_frequent_ids():
     from specdecode.training.data import Example
 
@@ -156,3 +188,5 @@ def test_command_refuses_eagle_options_for_other_kinds():
         run_train(argparse.Namespace(kind="draft", draft_vocab=8, unroll=None, **base))
     with pytest.raises(ValueError, match="unroll: only the eagle kind"):
         run_train(argparse.Namespace(kind="draft", draft_vocab=None, unroll=2, **base))
+    with pytest.raises(ValueError, match="freeze_head"):
+        run_train(argparse.Namespace(kind="eagle", draft_vocab=None, unroll=None, freeze_head=True, **base))

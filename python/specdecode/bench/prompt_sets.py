@@ -16,11 +16,15 @@ Each kind has two disjoint halves:
 ['report', 'report-code', 'report-prose', 'tune', 'tune-code', 'tune-prose']
 >>> len(PROMPT_SETS["report"]), set(PROMPT_SETS["tune"]).isdisjoint(PROMPT_SETS["report"])
 (16, True)
+
+**Chat** requests for chat targets (SmolLM2-135M-Instruct), :data:`CHAT_PROMPT_SETS`, in the same
+two halves: ``"tune"`` (4) and ``"report"`` (16). None of them is among the training kit's
+default prompts (:mod:`specdecode.training.prompts`), and their subjects are not in its lists.
 """
 
 from __future__ import annotations
 
-__all__ = ["PROMPT_SETS", "prompt_set"]
+__all__ = ["CHAT_PROMPT_SETS", "PROMPT_SETS", "chat_prompt_set", "prompt_set"]
 
 _TUNE_CODE = [
     "import sys\nimport json\n\n\nif __name__ == \"__main__\":\n    path = sys.argv[1]\n    with open(path) as f:\n"
@@ -116,3 +120,42 @@ def prompt_set(name: str) -> list[str]:
     if name not in PROMPT_SETS:
         raise ValueError(f"name: expected one of {', '.join(sorted(PROMPT_SETS))}, got {name!r}")
     return list(PROMPT_SETS[name])
+
+
+CHAT_PROMPT_SETS: dict[str, list[str]] = {
+    "tune": [
+        "Write a short paragraph about why people enjoy gardening.",
+        "What are three common mistakes new programmers make?",
+        "Explain how a refrigerator keeps food cold.",
+        "Give me a simple recipe for pancakes.",
+    ],
+    "report": [
+        "What is the difference between a virus and a bacterium?",
+        "Write a short story about a lighthouse keeper who finds a message in a bottle.",
+        "Explain what machine learning is to someone who has never heard of it.",
+        "Give me five tips for staying focused while studying.",
+        "Why do leaves change color in the fall?",
+        "Describe how to change a flat tire on a car.",
+        "What are the benefits of drinking water every day?",
+        "Write a friendly message inviting my neighbors to a summer barbecue.",
+        "What is the difference between a crocodile and an alligator?",
+        "Write a short speech for a friend's retirement party.",
+        "Explain how a bill becomes a law.",
+        "What should I know before adopting a rabbit?",
+        "Describe a typical day for a firefighter.",
+        "How do submarines dive and come back up?",
+        "Suggest a weekly workout plan for a beginner.",
+        "Write a short review of an imaginary fantasy novel.",
+    ],
+}
+
+
+def chat_prompt_set(name: str) -> list[str]:
+    """The chat requests of half ``name`` (``"tune"`` or ``"report"``), a new list.
+
+    >>> len(chat_prompt_set("report"))
+    16
+    """
+    if name not in CHAT_PROMPT_SETS:
+        raise ValueError(f"name: expected one of {', '.join(sorted(CHAT_PROMPT_SETS))}, got {name!r}")
+    return list(CHAT_PROMPT_SETS[name])

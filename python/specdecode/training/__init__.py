@@ -100,7 +100,7 @@ def train_drafter(kind: str, target: Any, out_dir: str | Path, *, tokenizer: Any
                   target_name: str | None = None, num_prompts: int | None = None, loss: str = "kl",
                   data_settings: DataSettings | None = None, loop_settings: LoopSettings | None = None,
                   callback: Callable[[StepInfo], None] | None = None, progress: bool = True,
-                  **kind_options: Any) -> TrainResult:
+                  data_cache: str | Path | None = None, **kind_options: Any) -> TrainResult:
     """Train a drafter of kind ``kind`` for ``target`` and save it in ``out_dir``.
 
     Args:
@@ -124,9 +124,12 @@ def train_drafter(kind: str, target: Any, out_dir: str | Path, *, tokenizer: Any
             ``loss`` above replace their fields of the same names).
         callback: called with a :class:`StepInfo` after every step.
         progress: draw progress bars (on stderr).
+        data_cache: the folder of the labelled-data cache (default ``out_dir/data``); runs of
+            different kinds that label the same data the same way (e.g. ``eagle`` and
+            ``medusa``, both on the last feature) can share one.
         **kind_options: options of the kind's ``build`` (for ``draft``: ``layers``,
             ``num_layers``, ``train_embeddings``; for ``eagle``: ``feature_layers``,
-            ``draft_vocab_size``, ``feature_weight``; for ``exit``: ``exit_layer``, ``adapter``,
+            ``draft_vocab_size``, ``feature_weight``, ``unroll``, ``train_head``; for ``exit``: ``exit_layer``, ``adapter``,
             ``head_tokens``; for ``medusa``: ``num_heads``, ``head_decay``).
     """
     module = kind_module(kind)
@@ -168,7 +171,10 @@ def train_drafter(kind: str, target: Any, out_dir: str | Path, *, tokenizer: Any
     previous = json.loads(progress_file.read_text()) if progress_file.is_file() else {}
     num_batches = previous.get("data_batches") if previous.get("run_key") == base_key else None
     data_deadline = None if deadline is None else start + DATA_SHARE * 60.0 * minutes
-    examples, num_batches = distill_examples(target, sequences, continue_them, data_cfg, out / "data", fingerprint,
+    if data_cache is not None and not isinstance(data_cache, (str, Path)):
+        raise TypeError(f"data_cache: expected a folder path or None, got {type(data_cache).__name__}")
+    cache_root = out / "data" if data_cache is None else Path(data_cache)
+    examples, num_batches = distill_examples(target, sequences, continue_them, data_cfg, cache_root, fingerprint,
                                              deadline=data_deadline, num_batches=num_batches, progress=progress)
     progress_file.write_text(json.dumps({"run_key": base_key, "data_batches": num_batches}) + "\n")
     data_seconds = time.monotonic() - start

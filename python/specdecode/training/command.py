@@ -103,6 +103,16 @@ def train_parser(sub: Any) -> argparse.ArgumentParser:
                    help="exit: draft over the N most frequent tokens of the data (default: the whole head)")
     t.add_argument("--num-heads", type=cli_args.int_at_least("num_heads", 1), default=None,
                    help="medusa: number of heads (default 4)")
+    t.add_argument("--num-prompts", type=cli_args.int_at_least("num_prompts", 1), default=None,
+                   help="default prompts to continue with the target (default 256; ignored with --data FILE)")
+    t.add_argument("--data-batch-size", type=cli_args.int_at_least("data_batch_size", 1), default=None,
+                   help="prompts per batch of target generations (default 8; larger batches make data faster "
+                        "on a many-core CPU or a GPU)")
+    t.add_argument("--data-cache", type=Path, default=None,
+                   help="folder of the labelled-data cache (default OUT/data), to share data between kinds")
+    t.add_argument("--freeze-head", action="store_true",
+                   help="eagle with --draft-vocab: keep the reduced head as the target head's rows (not trained, "
+                        "not saved)")
     t.add_argument("--threads", type=cli_args.int_at_least("threads", 1), default=None,
                    help="torch CPU threads (default: torch's choice)")
     return t
@@ -135,8 +145,18 @@ def run_train(args: argparse.Namespace) -> dict[str, Any]:
         if args.kind != "medusa":
             raise ValueError(f"num_heads: only the medusa kind has heads, not {args.kind!r}")
         options["num_heads"] = args.num_heads
+    if getattr(args, "freeze_head", False):
+        if args.kind != "eagle" or getattr(args, "draft_vocab", None) is None:
+            raise ValueError("freeze_head: only an eagle drafter with --draft-vocab has a reduced head to freeze")
+        options["train_head"] = False
+    data_settings = None
+    if getattr(args, "data_batch_size", None) is not None:
+        from specdecode.training.data import DataSettings
+
+        data_settings = DataSettings(batch_size=args.data_batch_size)
     result = train_drafter(args.kind, args.target, args.out, minutes=args.minutes, data=args.data, seed=args.seed,
-                           max_steps=args.max_steps, **options)
+                           max_steps=args.max_steps, num_prompts=getattr(args, "num_prompts", None),
+                           data_settings=data_settings, data_cache=getattr(args, "data_cache", None), **options)
     record = result.record
     t = record["training"]
     drafter = result.drafter

@@ -9,7 +9,8 @@ Sources (:func:`token_sequences`):
   acceptance estimates count the continuation only. Default prompts: for the ``demo`` target, def/class windows
   of the demo corpus' *train* split (never the held-out files that ``demo_prompts()`` and the
   benchmarks use); for any other target, :data:`GENERAL_PROMPTS`, a list written for this kit,
-  wrapped in the tokenizer's chat template when it has one.
+  and the templated requests of :mod:`specdecode.training.prompts` (about 1,900 distinct
+  prompts in all), wrapped in the tokenizer's chat template when it has one.
 * a file: ``.jsonl`` lines (``{"prompt": "..."}`` or a JSON string) are prompts as above; any
   other file is plain text, cut into windows of ``max_length`` tokens and used as it is.
 
@@ -150,7 +151,9 @@ def default_prompts(target_name: str, count: int, seed: int = 0) -> list[str]:
     if target_name == "demo":
         texts = list(_demo_train_prompts())
     else:
-        texts = list(GENERAL_PROMPTS)
+        from specdecode.training.prompts import chat_prompts, num_chat_prompts
+
+        texts = list(dict.fromkeys(list(GENERAL_PROMPTS) + chat_prompts(num_chat_prompts())))
     order = torch.randperm(len(texts), generator=torch.Generator().manual_seed(seed)).tolist()
     return [texts[order[i % len(order)]] for i in range(count)]
 

@@ -17,7 +17,9 @@ EAGLE: a feature regression (smooth L1 between the predicted and the target's fe
 training data (counted over the examples' tokens and the target's top-1 predictions), started
 from the target head's rows of those ids (EAGLE-3 / FR-Spec): a draft step then costs a
 ``Vd / V`` part of a full head. The distribution loss leaves out the mass the reduced head
-cannot express.
+cannot express. With ``train_head=False`` the reduced head stays those rows (FR-Spec): it is
+not trained and not saved (loading takes the rows from the target again), which keeps the
+folder to the decoder's size.
 
 The folder: ``model.safetensors`` (the drafter's own weights, the map ``draft_to_target``
 included) and ``eagle_config.json`` (feature layers, draft vocabulary size, hidden size).
@@ -76,12 +78,14 @@ class Built:
     options: dict[str, Any] = field(default_factory=dict)
 
 
-def _new_model(target: nn.Module, layers: tuple[int, ...], draft_vocab: Tensor | None, init_from_target: bool
-               ) -> EagleModel:
+def _new_model(target: nn.Module, layers: tuple[int, ...], draft_vocab: Tensor | None, init_from_target: bool,
+               train_head: bool = True) -> EagleModel:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(_INIT_SEED)
         model = EagleModel(target, layers, draft_vocab, init_from_target=init_from_target)
     model.decoder.get_input_embeddings().weight.requires_grad_(False)  # unused: inputs come as embeddings
+    if model.lm_head is not None and not train_head:
+        model.lm_head.weight.requires_grad_(False)  # the target head's rows, kept as they are
     return model
 
 
@@ -90,7 +94,8 @@ def _trainable(model: EagleTraining) -> dict[str, nn.Parameter]:
 
 
 def build(target: nn.Module, *, feature_layers: tuple[int, ...] | list[int] = (-1,), draft_vocab_size: int | None = None,
-          feature_weight: float = 1.0, init_from_target: bool = False, unroll: int = 1) -> Built:
+          feature_weight: float = 1.0, init_from_target: bool = False, unroll: int = 1,
+          train_head: bool = True) -> Built:
     """An untrained EAGLE drafter for ``target`` (only read). ``feature_layers``: indices into
     the target's ``hidden_states`` (default the last); ``draft_vocab_size``: a reduced head
     (chosen from the data in :func:`prepare`), None for the target's own; ``feature_weight``:
@@ -98,7 +103,8 @@ def build(target: nn.Module, *, feature_layers: tuple[int, ...] | list[int] = (-
     ``init_from_target``: start from the target's first decoder layer (a one-layer layer-skip
     drafter before training) instead of a random layer; ``unroll``: 2 also trains the second
     draft step, which reads the drafter's own predicted feature (training-time test), 1 teacher
-    forcing only."""
+    forcing only; ``train_head``: train a reduced head (True) or keep it the target head's rows
+    of its ids (False: not saved either)."""
     layers = check_feature_layers(target, tuple(feature_layers) if isinstance(feature_layers, list)
                                   else feature_layers)
     vocab = vocab_rows(target)
@@ -114,9 +120,11 @@ def build(target: nn.Module, *, feature_layers: tuple[int, ...] | list[int] = (-
                          f"use feature_layers=(-1,), got {layers}")
     if not isinstance(init_from_target, bool):
         raise ValueError(f"init_from_target: expected a bool, got {init_from_target!r}")
+    if not isinstance(train_head, bool):
+        raise ValueError(f"train_head: expected a bool, got {train_head!r}")
     model = EagleTraining(target, _new_model(target, layers, None, init_from_target), float(feature_weight), unroll)
     return Built(model, _trainable(model), list(layers), layers, draft_vocab_size,
-                 {"init_from_target": init_from_target})
+                 {"init_from_target": init_from_target, "train_head": train_head})
 
 
 def draft_vocabulary(examples: list[Any], vocab_size: int, size: int) -> Tensor:
@@ -137,7 +145,8 @@ def prepare(built: Built, examples: list[Any]) -> None:
         return
     target = built.model.target
     ids = draft_vocabulary(examples, vocab_rows(target), built.draft_vocab_size)
-    built.model.eagle = _new_model(target, built.feature_layers, ids, built.options["init_from_target"])
+    built.model.eagle = _new_model(target, built.feature_layers, ids, built.options["init_from_target"],
+                                   built.options["train_head"])
     built.params.clear()
     built.params.update(_trainable(built.model))
 
@@ -213,10 +222,13 @@ def save(model: EagleTraining, out_dir: Path) -> None:
     from safetensors.torch import save_file
 
     eagle = model.eagle
-    state = {k: v.detach().contiguous().cpu() for k, v in eagle.state_dict().items()}
+    head_from_target = eagle.lm_head is not None and not eagle.lm_head.weight.requires_grad
+    state = {k: v.detach().contiguous().cpu() for k, v in eagle.state_dict().items()
+             if not (head_from_target and k == "lm_head.weight")}
     save_file(state, str(Path(out_dir) / WEIGHTS_FILE))
     config = {"feature_layers": list(eagle.feature_layers), "draft_vocab_size": eagle.draft_vocab_size,
-              "hidden_size": eagle.hidden_size, "target_vocab": eagle.target_vocab}
+              "hidden_size": eagle.hidden_size, "target_vocab": eagle.target_vocab,
+              "head_from_target": head_from_target}
     (Path(out_dir) / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
 
 
@@ -229,7 +241,15 @@ def load(folder: Path, target: nn.Module, record: dict[str, Any]) -> EagleDrafte
     size = config["draft_vocab_size"]
     placeholder = None if size is None else torch.arange(size)
     eagle = EagleModel(target, tuple(config["feature_layers"]), placeholder)
-    eagle.load_state_dict(load_file(str(Path(folder) / WEIGHTS_FILE)))
+    if config.get("head_from_target"):
+        missing, unexpected = eagle.load_state_dict(load_file(str(Path(folder) / WEIGHTS_FILE)), strict=False)
+        if missing != ["lm_head.weight"] or unexpected:
+            raise ValueError(f"path: {str(folder)!r} does not hold the weights its config names "
+                             f"(missing {missing}, unexpected {unexpected})")
+        with torch.no_grad():  # the reduced head is the target head's rows of the saved map
+            eagle.lm_head.weight.copy_(target.get_output_embeddings().weight[eagle.draft_to_target])
+    else:
+        eagle.load_state_dict(load_file(str(Path(folder) / WEIGHTS_FILE)))
     return EagleDrafter(target, eagle.eval())
 
 
