@@ -202,7 +202,26 @@ def test_calibrated_dynamic_trees_keep_the_law_when_sampling(sampling_pair):
     step's coins: the deterministic rule keeps the target's law (the broken builders of
     test_tree_generation.py fail this same test)."""
     target, draft = sampling_pair
-    builder = DynamicTree(num_nodes=5, top_k=2)
+    builder = DynamicTree(num_nodes=5, top_k=2, sampled_children=None)
     out = _sample(target, ModelDrafter(draft, tree=builder))
     assert out.stats.tree_rule == "deterministic" and float(builder.calibration.offered.sum()) > 0
     assert chi_square_p(out.sequences[:, len(PROMPT):], exact_joint(target, PROMPT)) > PASS_P
+
+
+@pytest.mark.parametrize("children,rule", [("without_replacement", "rrs"), ("iid", "specinfer")])
+def test_dynamic_trees_sample_replanned_shapes_when_sampling(sampling_pair, children, rule):
+    """At temperature > 0 the dynamic tree samples its children in a shape planned from earlier
+    steps (its Sequoia planner), verified by the stochastic rule: the law holds (the peeking
+    planner above fails this same test), and greedy steps still use top-k children."""
+    target, draft = sampling_pair
+    builder = DynamicTree(num_nodes=5, max_depth=3, top_k=2, sampled_children=children)
+    out = _sample(target, ModelDrafter(draft, tree=builder))
+    assert out.stats.tree_rule == rule and float(builder.calibration.offered.sum()) == 0
+    assert int(builder.sampled.counts.tried.sum()) > 0
+    assert chi_square_p(out.sequences[:, len(PROMPT):], exact_joint(target, PROMPT)) > PASS_P
+    ids = torch.tensor([PROMPT])
+    greedy = specdecode.generate(target, ModelDrafter(draft, tree=builder), ids, max_new_tokens=K, pad_token_id=PAD)
+    assert greedy.stats.tree_rule == "deterministic" and float(builder.calibration.offered.sum()) > 0
+    for bad in ("deterministic", "sampled", 3):
+        with pytest.raises(ValueError, match="sampled_children"):
+            DynamicTree(num_nodes=5, sampled_children=bad)

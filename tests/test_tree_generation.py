@@ -139,7 +139,7 @@ def test_tree_misuse_is_refused():
     with pytest.raises(ValueError, match="tree rule"):
         specdecode.generate(target, draft, ids, rule="rrs", max_new_tokens=4)
     with pytest.raises(ValueError, match="children"):
-        specdecode.generate(target, draft, ids, tree="dynamic", tree_children="iid", max_new_tokens=4)
+        specdecode.generate(target, draft, ids, tree="dynamic", tree_children="hub", max_new_tokens=4)
     with pytest.raises(ValueError, match="tree"):
         specdecode.generate(target, ModelDrafter(draft), ids, tree="dynamic", max_new_tokens=4)
     with pytest.raises(ValueError, match="num_nodes"):

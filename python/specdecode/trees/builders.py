@@ -230,7 +230,8 @@ def compact_tree(tokens: Tensor, parents: Tensor, valid: Tensor) -> tuple[TokenT
 
 class SequoiaTree(StaticTree):
     """Sequoia's optimal static shape (at most ``num_nodes`` nodes, root included, and
-    ``max_depth`` levels) for a measured acceptance profile, or for the ``acceptance_by_rank``
+    ``max_depth`` levels, default ``min(num_nodes - 1, 16)``: deep enough for the chain of the
+    same budget, which at temperature 1 often wins) for a measured acceptance profile, or for the ``acceptance_by_rank``
     vector given (then fixed). ``acceptance_by_rank[r]`` is the probability that the accepted
     child is the rank-r child (see :func:`specdecode.trees.sequoia_shape`).
 
@@ -248,11 +249,14 @@ class SequoiaTree(StaticTree):
     #: Prior conditional acceptance per rank before anything was measured.
     PRIOR = (0.6, 0.3, 0.2, 0.15, 0.1, 0.1, 0.1, 0.1)
 
-    def __init__(self, num_nodes: int = 16, max_depth: int = 8, acceptance_by_rank: Sequence[float] | None = None,
+    def __init__(self, num_nodes: int = 16, max_depth: int | None = None,
+                 acceptance_by_rank: Sequence[float] | None = None,
                  children: str = "without_replacement", replan_every: int | None = None, settle_after: int = 2000,
                  by_depth: bool = True, pooled_weight: float = 4.0, depth_weight: float = 8.0) -> None:
         if replan_every is None:
             replan_every = 1 if by_depth else 16
+        if max_depth is None:
+            max_depth = max(min(num_nodes - 1, 16), 1) if isinstance(num_nodes, int) else 8
         for name, value in (("num_nodes", num_nodes), ("max_depth", max_depth), ("replan_every", replan_every)):
             if isinstance(value, bool) or not isinstance(value, int) or value < (2 if name == "num_nodes" else 1):
                 raise ValueError(f"{name}: expected an int >= {2 if name == 'num_nodes' else 1}, got {value!r}")
@@ -334,6 +338,14 @@ class DynamicTree(TreeBuilder):
     enter the best ``num_nodes`` (path values only fall along a path), which saves draft forwards
     and changes nothing else. ``max_depth`` defaults to ``min(num_nodes - 1, 16)`` calibrated, 6 raw.
 
+    At temperature > 0 top-k children verified by the ``deterministic`` rule are accepted with
+    probability ``p(child)`` only, and a shape that depends on the draws' own probabilities is
+    not lossless with the stochastic rules. So with ``sampled_children`` (the default: ``"without_replacement"``, verified by
+    ``rrs``; ``"iid"``: ``specinfer``; None keeps top-k children at every temperature) a sampling
+    step builds a tree whose shape is planned before its draws from the acceptance measured in
+    the earlier sampling steps, by rank and depth (:class:`SequoiaTree`, in ``self.sampled``), and
+    samples its children: the tree still adapts as generation runs, and stays lossless.
+
     The calibration lives in this object: per generation when ``generate`` builds the builder from
     ``tree="dynamic"``, per drafter when you pass your own (it keeps learning across generations).
     """
@@ -341,7 +353,8 @@ class DynamicTree(TreeBuilder):
     children = "deterministic"
 
     def __init__(self, num_nodes: int = 16, max_depth: int | None = None, top_k: int = 4, calibrated: bool = True,
-                 calibration: AcceptanceCalibration | None = None) -> None:
+                 calibration: AcceptanceCalibration | None = None,
+                 sampled_children: str | None = "without_replacement") -> None:
         if max_depth is None:
             max_depth = max(min(num_nodes - 1, 16), 1) if calibrated and isinstance(num_nodes, int) else 6
         for name, value, low in (("num_nodes", num_nodes, 2), ("max_depth", max_depth, 1), ("top_k", top_k, 1)):
@@ -355,7 +368,13 @@ class DynamicTree(TreeBuilder):
         self.max_nodes = num_nodes
         self.calibrated = calibrated
         self.calibration = calibration if calibration is not None else AcceptanceCalibration(max_depth=max(max_depth, 1))
+        if sampled_children is not None and (sampled_children == "deterministic"
+                                             or sampled_children not in CHILDREN_SCHEMES):
+            schemes = [c for c in CHILDREN_SCHEMES if c != "deterministic"]
+            raise ValueError(f"sampled_children: expected one of {', '.join(schemes)} or None, got {sampled_children!r}")
+        self.sampled = None if sampled_children is None else SequoiaTree(num_nodes, max_depth, children=sampled_children)
         self._last: NodeRecord | None = None
+        self._last_sampled = False
 
     def _log_factor(self, log_probs: Tensor, depth: int) -> Tensor:
         """log of each candidate's acceptance factor; ``log_probs`` ``[b, f, k]`` in rank order."""
@@ -366,6 +385,9 @@ class DynamicTree(TreeBuilder):
 
     def build(self, root_tokens: Tensor, root_logits: Tensor, expand: Expand, sampling: SamplingParams,
               coins: Coins) -> BuiltTree:
+        self._last_sampled = self.sampled is not None and not sampling.is_greedy
+        if self._last_sampled:
+            return self.sampled.build(root_tokens, root_logits, expand, sampling, coins)
         b, device = root_tokens.shape[0], root_tokens.device
         V = root_logits.shape[-1]
         k = min(self.top_k, V)
@@ -419,7 +441,12 @@ class DynamicTree(TreeBuilder):
         return bool(((values >= best).sum(1) >= self.num_nodes - 1).all())
 
     def record(self, accepted_nodes: Tensor) -> None:
-        """Count the last built tree's offered and accepted nodes into the calibration."""
+        """Count the last built tree's offered and accepted nodes into the calibration (or, after
+        a sampling step, into the sampled planner)."""
+        if self._last_sampled:
+            self._last_sampled = False
+            self.sampled.record(accepted_nodes)
+            return
         last, self._last = self._last, None
         if last is None or not self.calibrated:
             return
@@ -440,13 +467,15 @@ def make_tree_builder(tree: str | TreeShape | TreeBuilder | Sequence[Sequence[in
     if isinstance(tree, TreeShape) or (isinstance(tree, (list, tuple)) and tree and not isinstance(tree, str)):
         return StaticTree(tree, children or "deterministic")
     if tree == "dynamic":
-        if children not in (None, "deterministic"):
-            raise ValueError("children: a dynamic tree re-ranks its children by probability, so they must be "
-                             "deterministic (sampled children pruned by their own probability bias the law)")
-        return DynamicTree(num_nodes=num_nodes, max_depth=max_depth)
+        if children not in (None, "deterministic", "iid", "without_replacement"):
+            raise ValueError("children: a dynamic tree drafts top-k children ('deterministic') and, when sampling, "
+                             "'without_replacement' (default) or 'iid' children in a shape planned before the draws; "
+                             f"got {children!r}")
+        sampled = None if children == "deterministic" else children or "without_replacement"
+        return DynamicTree(num_nodes=num_nodes, max_depth=max_depth, sampled_children=sampled)
     if tree == "sequoia":
-        return SequoiaTree(num_nodes=num_nodes, max_depth=max_depth or 8, acceptance_by_rank=acceptance_by_rank,
-                           children=children or "without_replacement")
+        return SequoiaTree(num_nodes=num_nodes, max_depth=max_depth or min(num_nodes - 1, 16),
+                           acceptance_by_rank=acceptance_by_rank, children=children or "without_replacement")
     if tree == "static":
         return StaticTree(_default_static_paths(num_nodes, max_depth or 8), children or "deterministic")
     raise ValueError(
