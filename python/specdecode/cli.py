@@ -65,9 +65,9 @@ def _prompt_ids(args: argparse.Namespace, tokenizer: Any) -> torch.Tensor:
     """The prompt's ids; a chat model's prompt goes through its chat template."""
     if args.pair != "smollm2":
         return tokenizer(args.prompt, return_tensors="pt").input_ids
-    text = SMOLLM2_PROMPT if args.prompt == DEFAULT_PROMPT else args.prompt
-    return tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
-                                         return_tensors="pt", return_dict=True)["input_ids"]
+    from specdecode.bench.real_pair import chat_ids
+
+    return chat_ids(tokenizer, SMOLLM2_PROMPT if args.prompt == DEFAULT_PROMPT else args.prompt)
 
 
 def demo(args: argparse.Namespace) -> dict[str, Any]:

@@ -211,12 +211,13 @@ def report(rows: list[dict[str, Any]], title: str) -> str:
                Column("acceptance_rate", "accept-\nance", words.rate),
                Column("alpha_by_position", "alpha by position", words.rates),
                Column("cost_ratio", "c", words.cost), Column("tok_per_s", "tok/s", words.per_second),
-               Column("x_target", "vs target\nfast path", words.speedup),
+               Column("x_target", "vs\ntarget", words.speedup),
                Column("x_hf_lookup", "vs HF\nlookup", words.speedup)]
     notes = (f"tokens per call: {words.BLOCK_EFFICIENCY.definition}. acceptance: {words.ACCEPTANCE_RATE.definition}. "
              "alpha by position: accepted / verified drafts at each draft position. c: seconds per draft call / "
-             "seconds per target verification call (prefill excluded), measured in the generation. Speedups: "
-             "tok/s over the target alone through the same CPU path, and over HF prompt lookup.")
+             "seconds per target verification call (prefill excluded), measured in the generation. vs target, "
+             "vs HF lookup: tok/s over the target alone through the same CPU path (fast path row), and over HF "
+             "prompt lookup.")
     return format_table(rows, columns, title=title) + "\n\n" + textwrap.fill(notes, width=table_width())
 
 
