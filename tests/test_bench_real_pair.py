@@ -78,8 +78,7 @@ def test_speculative_row_pools_every_generation() -> None:
     assert row["tokens_per_call"] == pytest.approx(20 / 10)
     assert row["acceptance_rate"] == pytest.approx(10 / 28)
     assert row["alpha_by_position"] == [0.5, 0.2, 0.5, 0.25]
-    # draft: (1.0 - 0.2 + 0.6 - 0.1) s over 8 + 6 calls; target: (4 + 6) s over 4 + 6 calls
-    assert row["cost_ratio"] == pytest.approx((1.3 / 14) / (10 / 10))
+    assert row["cost_ratio"] == pytest.approx((1.6 / 16) / (12 / 12))
     assert real_pair.speculative_row([_stats()]) == {"tokens_per_call": 0.0, "acceptance_rate": 0.0,
                                                      "alpha_by_position": [], "cost_ratio": 0.0}
 
@@ -173,3 +172,22 @@ def test_drafter_dir_needs_the_real_pair(capsys: pytest.CaptureFixture[str]) -> 
         load_command_pair("gpt2")
     with pytest.raises(ValueError, match="^target_path: "):
         load_command_pair("benchmark", target_path="some/path")
+
+
+@pytest.mark.parametrize("change, error, named", [
+    (dict(repeats=0), ValueError, "repeats"),
+    (dict(max_new_tokens=2.0), TypeError, "max_new_tokens"),
+    (dict(num_draft_tokens=0), ValueError, "num_draft_tokens"),
+    (dict(temperatures=[]), ValueError, "temperatures"),
+    (dict(temperatures=[-1.0]), ValueError, "temperatures"),
+    (dict(prompts=[]), ValueError, "prompts"),
+    (dict(prompts=[torch.ones(2, 4, dtype=torch.long)]), ValueError, "prompts"),
+    (dict(drafters=[1]), TypeError, "drafters"),
+    (dict(drafters={"HF prompt lookup": None}), ValueError, "drafters"),
+])
+def test_measure_names_a_bad_argument(tiny_target: Any, change: dict[str, Any], error: type, named: str) -> None:
+    args: dict[str, Any] = dict(drafters={}, prompts=[torch.tensor([[BOS, 5, 6]])], temperatures=[0],
+                                num_draft_tokens=2, max_new_tokens=4, repeats=1)
+    args.update(change)
+    with pytest.raises(error, match=f"^{named}: "):
+        real_pair.measure(tiny_target, **args)

@@ -18,10 +18,11 @@ read with ``specdecode.load_drafter``; a tree drafter verifies with its lossless
 At temperature 0 every specdecode row's output is checked equal to the target's greedy output;
 a difference stops the benchmark. At temperature 1 every method samples from the same seed.
 
-Columns: tokens per target call (block efficiency), acceptance rate, alpha by draft position
-(accepted / verified drafts at each position), the cost ratio c (draft seconds per draft call /
-target seconds per target call, prefill excluded, from the engine's statistics), tok/s (median
-over --repeats), and the speedups against the target alone (fast path) and HF prompt lookup.
+Columns: tokens per target call (block efficiency: new tokens per verification call),
+acceptance rate, alpha by draft position (accepted / verified drafts at each position), the cost
+ratio c (draft seconds per draft call / target seconds per target call, prefill included, from
+the engine's statistics), tok/s (median over --repeats), and the speedups against the target
+alone (fast path) and HF prompt lookup.
 """
 
 from __future__ import annotations
@@ -94,25 +95,27 @@ def load_drafters(folders: Sequence[str | Path], target: Any) -> dict[str, Any]:
 
 
 def speculative_row(stats: Sequence[Any]) -> dict[str, Any]:
-    """The columns of one specdecode method from the statistics of its generations (pooled:
-    sums over every prompt and run, then the ratios)."""
+    """The columns of one specdecode method from the statistics of its generations, pooled (sums
+    over every prompt and run, then the ratios): tokens per target call (block efficiency: new
+    tokens per verification call), acceptance rate, alpha by draft position (accepted / verified
+    drafts at each position; by depth for trees) and the cost ratio c (draft seconds per draft
+    call / target seconds per target call, prefill included, as ``benchmarks/bench_eagle.py``
+    measures it)."""
     def total(field: str) -> float:
         return sum(getattr(s, field) for s in stats)
 
+    def ratio(num: float, den: float) -> float:
+        return num / den if den else 0.0
+
     depth = max((len(s.position_drafted) for s in stats), default=0)
-    by_position = []
-    for i in range(depth):
-        drafted = sum(s.position_drafted[i] for s in stats if i < len(s.position_drafted))
-        accepted = sum(s.position_accepted[i] for s in stats if i < len(s.position_accepted))
-        by_position.append(accepted / drafted if drafted else 0.0)
-    draft_calls = total("draft_calls") - sum(1 for s in stats if s.draft_calls)  # the draft's prefill
-    target_calls = total("target_calls") - total("target_prefill_calls")
-    draft_call_s = (total("draft_time") - total("draft_prefill_time")) / draft_calls if draft_calls else 0.0
-    target_call_s = (total("target_time") - total("target_prefill_time")) / target_calls if target_calls else 0.0
-    return {"tokens_per_call": total("new_tokens") / max(total("row_steps"), 1),
-            "acceptance_rate": total("accepted_tokens") / max(total("drafted_tokens"), 1),
+    by_position = [ratio(sum(s.position_accepted[i] for s in stats if i < len(s.position_accepted)),
+                         sum(s.position_drafted[i] for s in stats if i < len(s.position_drafted)))
+                   for i in range(depth)]
+    return {"tokens_per_call": ratio(total("new_tokens"), total("row_steps")),
+            "acceptance_rate": ratio(total("accepted_tokens"), total("drafted_tokens")),
             "alpha_by_position": [round(a, 4) for a in by_position],
-            "cost_ratio": draft_call_s / target_call_s if target_call_s else 0.0}
+            "cost_ratio": ratio(ratio(total("draft_time"), total("draft_calls")),
+                                ratio(total("target_time"), total("target_calls")))}
 
 
 def _generations(target: Any, drafter: Any, prompts: list[torch.Tensor], method: str, temperature: float, *,
@@ -149,9 +152,24 @@ def measure(target: Any, drafters: dict[str, Any], prompts: list[torch.Tensor], 
     timed run.
 
     Raises ``RuntimeError`` naming the method when, at temperature 0, a specdecode method's
-    output differs from the target's greedy output (the fast-path row's)."""
+    output differs from the target's greedy output (the fast-path row's); ``ValueError`` /
+    ``TypeError`` naming the argument for bad input."""
     from specdecode.bench.generate import without_eos
+    from specdecode.integrations.hf.arguments import check_int
 
+    for name, value in (("num_draft_tokens", num_draft_tokens), ("max_new_tokens", max_new_tokens),
+                        ("repeats", repeats)):
+        check_int(name, value, 1)
+    if not isinstance(drafters, dict) or not all(isinstance(k, str) for k in drafters):
+        raise TypeError(f"drafters: expected a dict of method name -> drafter, got {type(drafters).__name__}")
+    taken = set(drafters) & {TARGET_EAGER, TARGET_FAST, HF_LOOKUP}
+    if taken:
+        raise ValueError(f"drafters: {sorted(taken)} name baseline rows; choose other method names")
+    if not prompts or not all(isinstance(p, torch.Tensor) and p.dim() == 2 and p.shape[0] == 1 for p in prompts):
+        raise ValueError("prompts: expected one or more id tensors of shape [1, L] (batch 1)")
+    if not temperatures or any(isinstance(t, bool) or not isinstance(t, (int, float)) or t < 0
+                               for t in temperatures):
+        raise ValueError(f"temperatures: expected one or more numbers >= 0 (0 = greedy), got {temperatures!r}")
     config = target.generation_config
     try:
         return _measure(without_eos(target), drafters, prompts, temperatures, max_new_tokens, repeats, clock,
@@ -213,11 +231,14 @@ def report(rows: list[dict[str, Any]], title: str) -> str:
                Column("cost_ratio", "c", words.cost), Column("tok_per_s", "tok/s", words.per_second),
                Column("x_target", "vs\ntarget", words.speedup),
                Column("x_hf_lookup", "vs HF\nlookup", words.speedup)]
-    notes = (f"tokens per call: {words.BLOCK_EFFICIENCY.definition}. acceptance: {words.ACCEPTANCE_RATE.definition}. "
-             "alpha by position: accepted / verified drafts at each draft position. c: seconds per draft call / "
-             "seconds per target verification call (prefill excluded), measured in the generation. vs target, "
-             "vs HF lookup: tok/s over the target alone through the same CPU path (fast path row), and over HF "
-             "prompt lookup.")
+    notes = (f"tokens per call: {words.BLOCK_EFFICIENCY.name}, {words.BLOCK_EFFICIENCY.definition}. acceptance: "
+             f"{words.ACCEPTANCE_RATE.definition}. alpha by position: accepted / verified drafts at each draft "
+             "position. c: seconds per draft call / seconds per target call (prefill included), measured in the "
+             "generation. vs target, vs HF lookup: tok/s over the target alone through the same CPU path (fast "
+             "path row), and over HF prompt lookup.")
+    if any(r["temperature"] == 0 for r in rows):
+        notes += (" At T=0 every specdecode row's output was checked equal to the target's own greedy output "
+                  "(identical).")
     return format_table(rows, columns, title=title) + "\n\n" + textwrap.fill(notes, width=table_width())
 
 
