@@ -27,6 +27,7 @@ examples:
   python -m specdecode demo --target PATH --draft PATH      (any local Hugging Face pair)
   python -m specdecode bench --quick
   python -m specdecode bench --trees --quick
+  python -m specdecode bench --pair smollm2 --drafter-dir DIR   (SmolLM2, chat prompts)
   python -m specdecode bench --device cuda                  (decode paths on a GPU)
   python -m specdecode train draft --target demo --out runs/demo-draft --minutes 2
   python -m specdecode info
