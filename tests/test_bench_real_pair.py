@@ -191,3 +191,16 @@ def test_measure_names_a_bad_argument(tiny_target: Any, change: dict[str, Any], 
     args.update(change)
     with pytest.raises(error, match=f"^{named}: "):
         real_pair.measure(tiny_target, **args)
+
+
+def test_named_pairs_have_one_home(tiny_smollm2: Any, drafter_dir: Path) -> None:
+    """``specdecode.load_pair`` and the command line's ``load_command_pair`` read the same pairs."""
+    from specdecode.pairs import load_command_pair
+
+    target, drafter, tokenizer = specdecode.load_pair("smollm2")
+    assert target is tiny_smollm2 and isinstance(drafter, specdecode.NgramDrafter)
+    assert isinstance(tokenizer, ChatTokenizer)
+    target, drafter, _, description = load_command_pair("smollm2", drafter_dir=drafter_dir)
+    assert target is tiny_smollm2 and type(drafter) is type(tiny_smollm2) and "SmolLM2-135M-Instruct" in description
+    with pytest.raises(ValueError, match="^drafter: "):
+        specdecode.load_pair("demo", drafter=drafter_dir)
