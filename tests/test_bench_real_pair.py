@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import json
 import re
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -100,7 +101,11 @@ def test_drafter_folders(tiny_target: Any, drafter_dir: Path, tmp_path: Path) ->
     drafters = real_pair.load_drafters([drafter_dir], tiny_target)
     assert list(drafters) == [real_pair.NGRAM, f"specdecode draft ({drafter_dir.name})"]
     with pytest.raises(ValueError, match="drafter_dir"):
-        real_pair.load_drafters([drafter_dir, drafter_dir], tiny_target)
+        real_pair.load_drafters([drafter_dir, drafter_dir / ".." / drafter_dir.name], tiny_target)
+    twin = tmp_path / "twin" / drafter_dir.name  # another folder of the same name: named by its path
+    shutil.copytree(drafter_dir, twin)
+    assert list(real_pair.load_drafters([drafter_dir, twin], tiny_target))[1:] == [
+        f"specdecode draft ({drafter_dir.name})", f"specdecode draft ({twin})"]
     with pytest.raises(ValueError, match="^target: .*trained for"):
         real_pair.load_drafters([drafter_dir], make_model("llama", seed=5))
     with pytest.raises(ValueError, match="^path: .*no trained drafter"):

@@ -16,7 +16,8 @@ Rows: the target alone through Hugging Face ``generate``, eager and through the 
 ``NgramDrafter``; one row per --drafter-dir folder (any kind ``python -m specdecode train`` writes,
 read with ``specdecode.load_drafter``; a tree drafter verifies with its lossless tree rule).
 At temperature 0 every specdecode row's output is checked equal to the target's greedy output;
-a difference stops the benchmark. At temperature 1 every method samples from the same seed.
+a difference stops the benchmark. At temperature 1 every method samples from the same seed and
+from the whole distribution (no top-k filter on the HF rows either).
 
 Columns: tokens per target call (block efficiency: new tokens per verification call),
 acceptance rate, alpha by draft position (accepted / verified drafts at each position), the cost
@@ -86,11 +87,14 @@ def load_drafters(folders: Sequence[str | Path], target: Any) -> dict[str, Any]:
     from specdecode.training.artifacts import load_drafter, read_record
 
     drafters: dict[str, Any] = {NGRAM: NgramDrafter()}
+    seen: set[Path] = set()
     for folder in folders:
-        name = f"specdecode {read_record(folder)['kind']} ({Path(folder).name})"
-        if name in drafters:
+        if Path(folder).resolve() in seen:
             raise ValueError(f"drafter_dir: {str(folder)!r} is given twice")
-        drafters[name] = load_drafter(folder, target)
+        seen.add(Path(folder).resolve())
+        kind = read_record(folder)["kind"]
+        name = f"specdecode {kind} ({Path(folder).name})"
+        drafters[name if name not in drafters else f"specdecode {kind} ({folder})"] = load_drafter(folder, target)
     return drafters
 
 
@@ -131,7 +135,9 @@ def _generations(target: Any, drafter: Any, prompts: list[torch.Tensor], method:
     outputs: list[tuple[torch.Tensor, Any]] = []
     for ids in prompts:
         if drafter is None:  # HF generate: always with the mask (SmolLM2's pad id <|im_end|> is in chat prompts)
-            extra = dict(prompt_lookup_num_tokens=num_draft_tokens) if method == HF_LOOKUP else {}
+            extra: dict[str, Any] = dict(prompt_lookup_num_tokens=num_draft_tokens) if method == HF_LOOKUP else {}
+            if temperature > 0:  # HF samples from the top 50 unless told otherwise; specdecode from all
+                extra["top_k"] = 0
             with specdecode.cpu.accelerated(target, enabled=False if method == TARGET_EAGER else cpu_fast_path):
                 outputs.append((target.generate(ids, attention_mask=torch.ones_like(ids), **common, **extra), None))
         else:
