@@ -209,3 +209,44 @@ def test_named_pairs_have_one_home(tiny_smollm2: Any, drafter_dir: Path) -> None
     assert target is tiny_smollm2 and type(drafter) is type(tiny_smollm2) and "SmolLM2-135M-Instruct" in description
     with pytest.raises(ValueError, match="^drafter: "):
         specdecode.load_pair("demo", drafter=drafter_dir)
+
+
+@pytest.mark.parametrize("kind", ["eagle", "medusa", "exit"])
+def test_every_drafter_kind_gets_a_row(kind: str, tiny_target: Any, tmp_path: Path) -> None:
+    """A folder of any kind runs through the benchmark, greedy output checked at T=0."""
+    from specdecode.training import train_drafter
+    from specdecode.training.data import DataSettings
+    from specdecode.training.loop import LoopSettings
+
+    train_drafter(kind, tiny_target, tmp_path / kind, data=[[3 + i, 9, 4 + i, 7] for i in range(4)], max_steps=1,
+                  progress=False, data_settings=DataSettings(max_length=16, max_new_tokens=6, batch_size=4, top_k=8),
+                  loop_settings=LoopSettings(batch_size=4, warmup_steps=1))
+    drafters = real_pair.load_drafters([tmp_path / kind], tiny_target)
+    name = f"specdecode {kind} ({kind})"
+    rows = real_pair.measure(tiny_target, {name: drafters[name]}, real_pair.chat_prompts(ChatTokenizer(), "tune", 1),
+                             temperatures=[0, 1], num_draft_tokens=3, max_new_tokens=6)
+    spec = [r for r in rows if r["method"] == name]
+    assert len(spec) == 2 and all(r["tokens"] == 6 and r["tokens_per_call"] >= 1.0 for r in spec)
+
+
+def test_a_greedy_difference_stops_the_benchmark(tiny_smollm2: Any, monkeypatch: pytest.MonkeyPatch,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    from specdecode.cli import main
+
+    real_generate = specdecode.generate
+
+    def off_by_one(*args: Any, **kwargs: Any) -> Any:  # a broken engine: the last token changed
+        out = real_generate(*args, **kwargs)
+        out.sequences[0, -1] = (out.sequences[0, -1] + 1) % 128
+        return out
+
+    monkeypatch.setattr(specdecode, "generate", off_by_one)
+    with pytest.raises(RuntimeError, match="^specdecode ngram: greedy output differs"):
+        real_pair.measure(tiny_smollm2, {real_pair.NGRAM: specdecode.NgramDrafter()},
+                          real_pair.chat_prompts(ChatTokenizer(), "tune", 1), temperatures=[0], num_draft_tokens=2,
+                          max_new_tokens=4)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", "--pair", "smollm2", "--prompt-set", "tune", "--num-prompts", "1", "--max-new-tokens", "4",
+              "--repeats", "1", "--temperatures", "0", "--threads", "1", "--out", "unused"])
+    assert exit_info.value.code == 1
+    assert "error: specdecode ngram: greedy output differs" in capsys.readouterr().err
