@@ -24,14 +24,13 @@ from __future__ import annotations
 
 import copy
 import statistics
-import time
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
-from specdecode.bench.harness import base_parser, format_table, time_call, write_results
-
-CLOCKS: dict[str, Callable[[], float]] = {"wall": time.perf_counter, "cpu": time.thread_time}
+from specdecode.bench.harness import CLOCKS, base_parser, format_table, time_call, write_results
+from specdecode.bench.real_pair import speculative_row
+from specdecode.vocabulary import rates
 
 
 def prompts_for(target_name: str, tokenizer: Any, prompt_set: str, n: int) -> list[torch.Tensor]:
@@ -43,14 +42,10 @@ def prompts_for(target_name: str, tokenizer: Any, prompt_set: str, n: int) -> li
         texts = every[-8:] if prompt_set == "tune" else every[:n]
         return [tokenizer(t, return_tensors="pt").input_ids[:, -96:] for t in texts[:n]]
     from specdecode.bench.prompt_sets import chat_prompt_set
+    from specdecode.bench.real_pair import chat_prompts
 
-    texts = chat_prompt_set("tune" if prompt_set == "tune" else "report")
-    out = []
-    for text in texts[:n]:
-        ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
-                                            tokenize=True, return_dict=True)["input_ids"]
-        out.append(torch.tensor([list(ids)]))
-    return out
+    name = "tune" if prompt_set == "tune" else "report"
+    return chat_prompts(tokenizer, name, min(n, len(chat_prompt_set(name))))
 
 
 def full_head_variant(drafter: Any) -> Any:
@@ -146,17 +141,11 @@ def main(argv: list[str] | None = None) -> None:
         n = spec()
         times = time_call(spec, repeats=repeats, warmup=0, clock=clock)
         tps = n / statistics.median(times)
-        calls = sum(s.target_calls for s in stats)
-        drafted = [sum(s.position_drafted[i] for s in stats if len(s.position_drafted) > i) for i in range(args.gamma)]
-        accepted = [sum(s.position_accepted[i] for s in stats if len(s.position_accepted) > i)
-                    for i in range(args.gamma)]
-        per_position = " ".join(f"{a / d:.2f}" if d else "-" for a, d in zip(accepted, drafted))
-        draft_step = sum(s.draft_time for s in stats) / max(1, sum(s.draft_calls for s in stats))
-        target_step = sum(s.target_time for s in stats) / max(1, calls)
-        rows.append({"method": name, "tokens/call": n / max(1, calls),
-                     "acceptance": sum(s.accepted_tokens for s in stats) / max(1, sum(s.drafted_tokens for s in stats)),
-                     "per position": per_position, "c": draft_step / target_step, "tok/s": tps,
-                     "speedup": tps / base})
+        pooled = speculative_row(stats)
+        calls = sum(s.target_calls for s in stats)  # prefill included
+        rows.append({"method": name, "tokens/call": n / max(1, calls), "acceptance": pooled["acceptance_rate"],
+                     "per position": rates(pooled["alpha_by_position"][: args.gamma]), "c": pooled["cost_ratio"],
+                     "tok/s": tps, "speedup": tps / base})
     title = (f"{args.target}, {args.prompt_set} prompts ({len(prompts)}), batch 1, T=0, gamma {args.gamma}, "
              f"{args.max_new_tokens} new tokens, clock {args.clock}, threads {torch.get_num_threads()}, "
              f"cpu fast path {args.cpu_fast_path}")

@@ -84,6 +84,12 @@ MISUSE = [
     (["bench", "--max-new-tokens", "-5"], "--max-new-tokens", None),
     (["bench", "--draft", "some/path"], "--target", None),
     (["bench", "--drafters", "model", "eagle"], "--drafters", None),
+    (["bench", "--drafter-dir", "runs/smol-eagle"], "--drafter-dir", None),
+    (["bench", "--pair", "smollm2", "--num-prompts", "17"], "--num-prompts", None),
+    (["bench", "--pair", "smollm2", "--prompt-set", "tune", "--num-prompts", "5"], "--num-prompts", None),
+    (["bench", "--pair", "smollm2", "--gamma", "0"], "--num-draft-tokens", lambda: check_int("num_draft_tokens", 0, 1)),
+    (["bench", "--pair", "smollm2", "--temperatures", "-1"], "--temperatures", lambda: SamplingParams(temperature=-1.0)),
+    (["bench", "--pair", "smollm2", "--clock", "cpu", "--threads", "2"], "--clock", None),
 ]
 
 
@@ -93,14 +99,15 @@ def test_misuse_is_refused_before_any_model_loads(argv: list[str], named: str, a
                                                   capsys: pytest.CaptureFixture[str]) -> None:
     """Bad values stop the command at parse time, with the API's message: loading a model
     here would fail the test."""
-    import specdecode.bench.generate as bench
     import specdecode.demo as demo_module
+    import specdecode.pairs as pairs
     from specdecode.cli import main
 
     def no_loading(*args: object, **kwargs: object) -> None:
         raise AssertionError("a model was loaded before the arguments were checked")
 
-    monkeypatch.setattr(bench, "load_pair", no_loading)
+    monkeypatch.setattr(pairs, "load_command_pair", no_loading)
+    monkeypatch.setattr(pairs, "load_pair", no_loading)
     monkeypatch.setattr(demo_module, "load_demo_pair", no_loading)
     monkeypatch.setattr(demo_module, "load_benchmark_pair", no_loading)
     with pytest.raises(SystemExit) as exit_info:

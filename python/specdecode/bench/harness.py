@@ -1,5 +1,6 @@
 """Shared benchmark harness (used by the :mod:`specdecode.bench` modules and every script in
-``benchmarks/``): timing with warm-up and medians, a table that fits 100 columns, CSV/JSON.
+``benchmarks/``): timing with warm-up and medians, a table that fits 100 columns, CSV/JSON, and
+the options the end-to-end benchmarks share (:func:`add_run_options`).
 
 Machines here are noisy, so every benchmark reports medians and ratios against a baseline
 measured in the same run; absolute times mean little.
@@ -59,6 +60,11 @@ def capture_with_offset(fn: Callable[[], Any], offset: torch.Tensor) -> tuple[to
         outputs = fn()
         offset.add_(1)
     return graph, outputs
+
+
+#: --clock: wall time, or the benchmark thread's CPU time (CPU runs with --threads 1 only: on a
+#: machine shared with other work it is far less noisy; it does not see GPU time).
+CLOCKS: dict[str, Callable[[], float]] = {"wall": time.perf_counter, "cpu": time.thread_time}
 
 
 def median(values: Sequence[float]) -> float:
@@ -170,3 +176,38 @@ def base_parser(description: str, prog: str | None = None,
     parser.add_argument("--out", default="bench_results", help="directory for the CSV/JSON results")
     parser.add_argument("--seed", type=int_at_least("seed", 0), default=0, help="random seed")
     return parser
+
+
+def add_run_options(parser: argparse.ArgumentParser, full: dict[str, Any], quick: dict[str, Any], *, gamma: int,
+                    gamma_users: str) -> None:
+    """The options an end-to-end benchmark shares: --max-new-tokens (default ``full`` /
+    ``quick``'s, filled in by :func:`finish_run_options`), --num-draft-tokens (``gamma``, for
+    ``gamma_users``), --temperatures, --clock, --threads and --cpu-fast-path."""
+    from specdecode import cli_args
+
+    at_least = cli_args.int_at_least
+    parser.add_argument("--max-new-tokens", type=at_least("max_new_tokens", 1),
+                        help=f"tokens generated per prompt, EOS off (default: {full['max_new_tokens']}; "
+                             f"--quick: {quick['max_new_tokens']})")
+    parser.add_argument("--num-draft-tokens", "--gamma", type=at_least("num_draft_tokens", 1), default=gamma,
+                        help=f"gamma: draft tokens per step, for {gamma_users}")
+    parser.add_argument("--temperatures", type=cli_args.temperature, nargs="+", default=[0.0, 1.0],
+                        help="sampling temperatures; 0 is greedy")
+    parser.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
+                        help="wall time, or this thread's CPU time (with --threads 1 on a busy CPU machine)")
+    parser.add_argument("--threads", type=at_least("threads", 1), default=None,
+                        help="torch CPU threads (default: torch's choice; 1 avoids stalls on a busy machine)")
+    cli_args.add_cpu_fast_path(parser)
+
+
+def finish_run_options(parser: argparse.ArgumentParser, args: argparse.Namespace, full: dict[str, Any],
+                       quick: dict[str, Any]) -> None:
+    """After parsing: the defaults of a full or --quick run for what the command line left
+    unset, torch's thread count (--threads), and --clock cpu refused unless on one thread."""
+    for name, value in (quick if args.quick else full).items():
+        if getattr(args, name, None) is None:
+            setattr(args, name, value)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.clock == "cpu" and torch.get_num_threads() != 1:
+        parser.error("--clock cpu counts only this thread's CPU time; run with --threads 1")
