@@ -225,3 +225,15 @@ def test_dynamic_trees_sample_replanned_shapes_when_sampling(sampling_pair, chil
     for bad in ("deterministic", "sampled", 3):
         with pytest.raises(ValueError, match="sampled_children"):
             DynamicTree(num_nodes=5, sampled_children=bad)
+
+
+def test_the_named_static_tree_samples_its_children_when_sampling(sampling_pair):
+    """tree="static": top-k children at temperature 0, children sampled without replacement
+    (verified by rrs) when sampling; the law holds."""
+    from specdecode.trees.builders import make_tree_builder
+
+    target, draft = sampling_pair
+    out = _sample(target, ModelDrafter(draft, tree=make_tree_builder("static", num_nodes=5, max_depth=2)))
+    assert out.stats.tree_rule == "rrs"
+    assert chi_square_p(out.sequences[:, len(PROMPT):], exact_joint(target, PROMPT)) > PASS_P
+    assert make_tree_builder([[0], [1]]).children == "deterministic"  # a shape of the caller's: top-k by default

@@ -460,8 +460,9 @@ def make_tree_builder(tree: str | TreeShape | TreeBuilder | Sequence[Sequence[in
                       max_depth: int | None = None, children: str | None = None,
                       acceptance_by_rank: Sequence[float] | None = None) -> TreeBuilder:
     """A builder from ``generate``'s ``tree=`` argument: ``"dynamic"``, ``"sequoia"``,
-    ``"static"`` (a full tree of ``num_nodes`` nodes, branching 2 then 1), a :class:`TreeShape`,
-    a list of rank paths, or a :class:`TreeBuilder`."""
+    ``"static"`` (a full tree of ``num_nodes`` nodes, branching 2 then 1; its children are
+    sampled without replacement when sampling), a :class:`TreeShape` or a list of rank paths
+    (top-k children unless ``children`` says otherwise), or a :class:`TreeBuilder`."""
     if isinstance(tree, TreeBuilder):
         return tree
     if isinstance(tree, TreeShape) or (isinstance(tree, (list, tuple)) and tree and not isinstance(tree, str)):
@@ -476,8 +477,8 @@ def make_tree_builder(tree: str | TreeShape | TreeBuilder | Sequence[Sequence[in
     if tree == "sequoia":
         return SequoiaTree(num_nodes=num_nodes, max_depth=max_depth or min(num_nodes - 1, 16),
                            acceptance_by_rank=acceptance_by_rank, children=children or "without_replacement")
-    if tree == "static":
-        return StaticTree(_default_static_paths(num_nodes, max_depth or 8), children or "deterministic")
+    if tree == "static":  # top-k children at temperature 0; sampled without replacement (rrs) when sampling
+        return StaticTree(_default_static_paths(num_nodes, max_depth or 8), children or "without_replacement")
     raise ValueError(
         f"tree: expected 'dynamic', 'sequoia', 'static', a TreeShape, a list of rank paths or a TreeBuilder, got {tree!r}"
     )
