@@ -128,7 +128,7 @@ def test_command_line_and_bad_options(tmp_path):
                             torch.ones((1, 3), dtype=torch.long))
     base = dict(target="demo", out=str(tmp_path), minutes=None, data=None, seed=0, max_steps=1, threads=None,
                 draft_vocab=None, unroll=None)
-    with pytest.raises(ValueError, match="num_heads: only the medusa kind"):
+    with pytest.raises(ValueError, match="num_heads: only the medusa and hydra kinds"):
         run_train(argparse.Namespace(kind="draft", num_heads=2, **base))
     g = torch.Generator().manual_seed(3)
     prompts = [torch.randint(3, 111, (4,), generator=g).tolist() for _ in range(4)]
