@@ -9,10 +9,19 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_drafter_medusa import FAIL_P, PASS_P, target_model
+from test_drafter_medusa import (  # noqa: F401
+    FAIL_P,
+    PASS_P,
+    FeatureCheck,
+    _sample,
+    assert_drafter_refuses_bad_arguments,
+    assert_greedy_is_the_targets,
+    joint,
+    target_model,
+)
 from test_drafters import hf_greedy
-from test_generate_models import PAD, _one_thread, left_padded  # noqa: F401
-from test_generate_sampling import K, N, PROMPT, chi_square_p, exact_joint
+from test_generate_models import _one_thread, left_padded  # noqa: F401
+from test_generate_sampling import PROMPT, chi_square_p, exact_joint
 from test_generate_sampling import pair as sampling_pair  # noqa: F401
 
 import specdecode
@@ -36,13 +45,8 @@ def test_greedy_equals_target_greedy(arch, shape):
     target = target_model(arch)
     tree = product_tree([3, 2, 1]) if shape == "tree" else None
     drafter = HydraDrafter(target, random_heads(target), tree=tree)
-    one = left_padded([7], vocab=111, seed=2)[0]
-    ids, mask = left_padded([5, 9, 2], vocab=111, seed=3)
-    out_one = specdecode.generate(target, drafter, one, num_draft_tokens=3, max_new_tokens=16)
-    assert torch.equal(out_one.sequences, hf_greedy(target, one, max_new_tokens=16))
-    out = specdecode.generate(target, drafter, ids, mask, num_draft_tokens=3, max_new_tokens=16)
-    assert torch.equal(out.sequences, hf_greedy(target, ids, mask, max_new_tokens=16))
-    assert out.stats.drafter == "hydra" and out.stats.draft_calls > 0
+    assert drafter.name == "hydra"
+    assert_greedy_is_the_targets(target, drafter)
 
 
 class Oracle(HydraHeads):
@@ -92,21 +96,8 @@ def test_exact_heads_are_always_accepted(shape):
         assert out.stats.accepted_tokens >= 9
 
 
-class Checking(HydraDrafter):
-    """Before each proposal: the feature kept for every row is the last hidden state of a plain
-    forward over the row's context at its last committed token (the one before the pending)."""
-
-    checked = 0
-
-    def propose(self, state, num_tokens):
-        with torch.no_grad():
-            for r, context in enumerate(state.contexts()):
-                if len(context) < 2:
-                    continue
-                hidden = self.target(context[None], output_hidden_states=True).hidden_states[-1]
-                torch.testing.assert_close(self.last_feature[r], hidden[0, -2], rtol=1e-4, atol=1e-4)
-                Checking.checked += 1
-        return super().propose(state, num_tokens)
+class Checking(FeatureCheck, HydraDrafter):
+    pass
 
 
 def test_features_are_the_last_committed_tokens():
@@ -119,32 +110,13 @@ def test_features_are_the_last_committed_tokens():
     assert Checking.checked > 10
 
 
-def _sample(target, drafter, n: int = N, **sampling):
-    ids = torch.tensor([PROMPT]).expand(n, -1)
-    out = specdecode.generate(target, drafter, ids, num_draft_tokens=2, do_sample=True, max_new_tokens=K,
-                              eos_token_id=[], pad_token_id=PAD, generator=torch.Generator().manual_seed(3), **sampling)
-    assert out.sequences.shape == (n, len(PROMPT) + K)
-    return out
-
-
-@pytest.fixture(scope="module")
-def joint(sampling_pair):
-    return exact_joint(sampling_pair[0], PROMPT)
-
-
-def test_sampled_chain_is_lossless(sampling_pair, joint):
+@pytest.mark.parametrize("settings", [{}, {"temperature": 0.7, "top_k": 4}], ids=["plain", "t0.7-top4"])
+def test_sampled_chain_is_lossless(sampling_pair, joint, settings):
     target, _ = sampling_pair
-    out = _sample(target, HydraDrafter(target, random_heads(target, 2, std=1.0, seed=1)))
-    assert 0.05 < out.stats.acceptance_rate < 0.95
-    assert chi_square_p(out.sequences[:, len(PROMPT):], joint) > PASS_P
-
-
-def test_sampled_chain_is_lossless_with_temperature_and_top_k(sampling_pair):
-    target, _ = sampling_pair
-    joint = exact_joint(target, PROMPT, temperature=0.7, top_k=4)
-    out = _sample(target, HydraDrafter(target, random_heads(target, 2, std=0.5, seed=2)), temperature=0.7, top_k=4)
-    assert out.stats.accepted_tokens > 1000
-    assert chi_square_p(out.sequences[:, len(PROMPT):], joint) > PASS_P
+    want = exact_joint(target, PROMPT, **settings) if settings else joint
+    out = _sample(target, HydraDrafter(target, random_heads(target, 2, std=1.0, seed=1)), **settings)
+    assert 0.05 < out.stats.acceptance_rate < 0.95 and out.stats.accepted_tokens > 1000
+    assert chi_square_p(out.sequences[:, len(PROMPT):], want) > PASS_P
 
 
 def test_tree_is_lossless(sampling_pair, joint):
@@ -197,24 +169,10 @@ def test_bad_arguments_are_refused():
             HydraHeads(target, bad)
         with pytest.raises(ValueError, match="head_layers"):
             HydraHeads(target, 2, bad)
-    with pytest.raises(TypeError, match="target"):
-        HydraHeads("target", 2)
-    with pytest.raises(TypeError, match="heads"):
-        HydraDrafter(target, target)
-    with pytest.raises(TypeError, match="target"):
-        HydraDrafter("target", heads)
-    with pytest.raises(ValueError, match="heads: built for a target"):
-        HydraDrafter(target_model("llama", vocab=64), heads)
-    with pytest.raises(ValueError, match="deeper"):
-        HydraDrafter(target, heads, tree=product_tree([2, 2, 2]))
     with pytest.raises(ValueError, match="tree"):
         HydraDrafter(target, heads, tree=[(0, 0)])
     with pytest.raises(ValueError, match="embeds"):
         heads(torch.zeros(1, 48), torch.zeros(1, 1, 48), 1)
     with pytest.raises(ValueError, match="head"):
         heads(torch.zeros(1, 48), torch.zeros(1, 3, 48), 2)
-    ids = left_padded([4], vocab=111, seed=0)[0]
-    with pytest.raises(ValueError, match="tree: a path asks for the rank-111"):
-        specdecode.generate(target, HydraDrafter(target, heads, tree=[(0,), (111,)]), ids, max_new_tokens=4)
-    with pytest.raises(ValueError, match="static"):
-        specdecode.generate(target, HydraDrafter(target, heads), ids, max_new_tokens=4, decode_path="static")
+    assert_drafter_refuses_bad_arguments(target, HydraHeads, HydraDrafter)

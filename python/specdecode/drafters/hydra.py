@@ -39,22 +39,18 @@ from torch import Tensor, nn
 from specdecode.drafters.base import DraftState, Proposal
 from specdecode.drafters.last_feature import (
     LastFeatureDrafter,
+    check_count,
     check_heads_target,
     check_width,
     draw,
+    heads_setup,
     tree_layout,
     tree_proposal,
 )
 from specdecode.drafters.medusa import check_choices
-from specdecode.models import input_device, vocab_rows
+from specdecode.models import input_device
 
 __all__ = ["HydraDrafter", "HydraHeads"]
-
-
-def _check_count(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name}: expected an int >= 1, got {value!r}")
-    return value
 
 
 class HydraHeads(nn.Module):
@@ -70,17 +66,9 @@ class HydraHeads(nn.Module):
 
     def __init__(self, target: nn.Module, num_heads: int = 4, head_layers: int = 1) -> None:
         super().__init__()
-        _check_count("num_heads", num_heads)
-        _check_count("head_layers", head_layers)
-        if not isinstance(target, nn.Module):
-            raise TypeError(f"target: expected the target model (a torch.nn.Module), got {type(target).__name__}")
-        hidden = int(target.get_input_embeddings().weight.shape[1])
-        reference = next(target.parameters())
-        factory = {"dtype": reference.dtype, "device": reference.device}
-        self.num_heads = num_heads
-        self.head_layers = head_layers
-        self.hidden_size = hidden
-        self.target_vocab = vocab_rows(target)
+        self.head_layers = check_count("head_layers", head_layers)
+        factory = heads_setup(self, target, num_heads)
+        hidden = self.hidden_size
         self.inputs = nn.ModuleList(nn.Linear((i + 2) * hidden, hidden, **factory) for i in range(num_heads))
         self.layers = nn.ModuleList(
             nn.ModuleList(nn.Linear(hidden, hidden, **factory) for _ in range(head_layers - 1))

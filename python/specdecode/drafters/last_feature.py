@@ -16,7 +16,29 @@ from specdecode.models import vocab_rows
 from specdecode.sampling import sample_logits
 from specdecode.trees.tree import TokenTree
 
-__all__ = ["LastFeatureDrafter", "check_heads_target", "check_width", "draw", "tree_proposal", "tree_layout"]
+__all__ = ["LastFeatureDrafter", "check_count", "check_heads_target", "check_width", "draw", "heads_setup",
+           "tree_layout", "tree_proposal"]
+
+
+def check_count(name: str, value: object) -> int:
+    """``value``, or ``ValueError`` naming ``name`` unless it is an int >= 1."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name}: expected an int >= 1, got {value!r}")
+    return value
+
+
+def heads_setup(heads: nn.Module, target: nn.Module, num_heads: int) -> dict:
+    """Checks ``num_heads`` and ``target`` and records on ``heads`` what a head module built for
+    ``target`` keeps (``num_heads``, ``hidden_size``, ``target_vocab``); returns the
+    ``dtype`` / ``device`` keywords for its parameters (the target's)."""
+    check_count("num_heads", num_heads)
+    if not isinstance(target, nn.Module):
+        raise TypeError(f"target: expected the target model (a torch.nn.Module), got {type(target).__name__}")
+    reference = next(target.parameters())
+    heads.num_heads = num_heads
+    heads.hidden_size = int(target.get_input_embeddings().weight.shape[1])
+    heads.target_vocab = vocab_rows(target)
+    return {"dtype": reference.dtype, "device": reference.device}
 
 
 def check_heads_target(target: nn.Module, heads: nn.Module, kind: type) -> None:

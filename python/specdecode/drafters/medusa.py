@@ -42,10 +42,11 @@ from specdecode.drafters.last_feature import (
     check_heads_target,
     check_width,
     draw,
+    heads_setup,
     tree_layout,
     tree_proposal,
 )
-from specdecode.models import input_device, vocab_rows
+from specdecode.models import input_device
 
 __all__ = ["MedusaDrafter", "MedusaHeads", "check_choices", "product_tree", "sparse_tree"]
 
@@ -62,16 +63,8 @@ class MedusaHeads(nn.Module):
 
     def __init__(self, target: nn.Module, num_heads: int = 4) -> None:
         super().__init__()
-        if isinstance(num_heads, bool) or not isinstance(num_heads, int) or num_heads < 1:
-            raise ValueError(f"num_heads: expected an int >= 1, got {num_heads!r}")
-        if not isinstance(target, nn.Module):
-            raise TypeError(f"target: expected the target model (a torch.nn.Module), got {type(target).__name__}")
-        hidden = int(target.get_input_embeddings().weight.shape[1])
-        reference = next(target.parameters())
-        factory = {"dtype": reference.dtype, "device": reference.device}
-        self.num_heads = num_heads
-        self.hidden_size = hidden
-        self.target_vocab = vocab_rows(target)
+        factory = heads_setup(self, target, num_heads)
+        hidden = self.hidden_size
         self.weight = nn.Parameter(torch.zeros((num_heads, hidden, hidden), **factory))
         self.bias = nn.Parameter(torch.zeros((num_heads, hidden), **factory))
 

@@ -24,7 +24,8 @@ kinds:
           one trained decoder layer and norm, then the target's LM head (or a reduced head of
           the --head-tokens most frequent tokens)
   hydra   Hydra heads: like medusa, but head i also reads the embeddings of the tokens drafted
-          before it (the pending token, then heads 0..i-1's drafts) (--num-heads K, default 4)
+          before it (the pending token, then heads 0..i-1's drafts) (--num-heads K, default 4;
+          --head-layers L, each head's MLP depth, default 1)
   medusa  Medusa-1 heads: residual blocks on the target's last hidden state, head i drafting
           the token i+2 positions ahead through the target's head (--num-heads K, default 4)
 
@@ -81,7 +82,8 @@ def train_parser(sub: Any) -> argparse.ArgumentParser:
     """The ``train`` subcommand's parser, added to ``sub``."""
     t = sub.add_parser("train", help="train a drafter for a target (python -m specdecode train --help)",
                        description=TRAIN_DESCRIPTION, formatter_class=cli_args.HelpFormatter)
-    t.add_argument("kind", type=cli_args.checked(_kind, "kind"), help="drafter kind: draft, eagle, exit, hydra or medusa")
+    t.add_argument("kind", type=cli_args.checked(_kind, "kind"),
+                   help="drafter kind: draft, eagle, exit, hydra or medusa")
     t.add_argument("--target", required=True, type=cli_args.checked(_target, "target"),
                    help="'demo', 'smollm2' or a Hugging Face model folder")
     t.add_argument("--out", required=True, type=cli_args.checked(_out, "out"),
@@ -106,6 +108,8 @@ def train_parser(sub: Any) -> argparse.ArgumentParser:
                    help="exit: draft over the N most frequent tokens of the data (default: the whole head)")
     t.add_argument("--num-heads", type=cli_args.int_at_least("num_heads", 1), default=None,
                    help="medusa, hydra: number of heads (default 4)")
+    t.add_argument("--head-layers", type=cli_args.int_at_least("head_layers", 1), default=None,
+                   help="hydra: layers of each head's MLP (default 1)")
     t.add_argument("--threads", type=cli_args.int_at_least("threads", 1), default=None,
                    help="torch CPU threads (default: torch's choice)")
     return t
@@ -138,6 +142,10 @@ def run_train(args: argparse.Namespace) -> dict[str, Any]:
         if args.kind not in ("medusa", "hydra"):
             raise ValueError(f"num_heads: only the medusa and hydra kinds have heads, not {args.kind!r}")
         options["num_heads"] = args.num_heads
+    if getattr(args, "head_layers", None) is not None:
+        if args.kind != "hydra":
+            raise ValueError(f"head_layers: only the hydra kind has MLP heads, not {args.kind!r}")
+        options["head_layers"] = args.head_layers
     result = train_drafter(args.kind, args.target, args.out, minutes=args.minutes, data=args.data, seed=args.seed,
                            max_steps=args.max_steps, **options)
     record = result.record

@@ -39,8 +39,7 @@ from specdecode.training.medusa import (
     check_decay,
     check_features,
     frozen_head,
-    shifted_kl,
-    target_log_probs,
+    heads_forward,
 )
 
 __all__ = ["CONFIG_FILE", "DESCRIPTION", "NAME", "build", "drafter", "forward", "head_accuracies", "load", "save"]
@@ -75,30 +74,21 @@ def _head_inputs(embeds: Tensor, head: int, n: int) -> Tensor:
 
 def forward(model: MedusaTraining, input_ids: Tensor, attention_mask: Tensor, features: Tensor | None = None
             ) -> tuple[Tensor, Tensor | None]:
-    """Head 0's logits aligned with the data's positions and the weighted loss of the other heads.
+    """Teacher-forced: head ``i`` at position ``t`` reads ``f_t`` and the data's own tokens
+    ``x_{t+1} .. x_{t+1+i}``; returns what :func:`~specdecode.training.medusa.heads_forward`
+    does (head 0's logits at the data's positions, the other heads' weighted KL).
 
     Shape:
-        input_ids, attention_mask: ``[b, t]`` right-padded; features: ``[b, t, H]`` the target's
-        last hidden states. Returns ``([b, t, V], scalar or None)``.
+        input_ids, attention_mask: ``[b, t]`` right-padded; features: ``[b, t, H]``, the
+        target's last hidden states. Returns ``([b, t, V], scalar or None)``.
     """
     check_features(features, NAME)
     heads, target = model.heads, model.target
-    vocab = vocab_rows(target)
-    head_fn = frozen_head(target)
+    head_fn, vocab = frozen_head(target), vocab_rows(target)
     feats = features.to(heads.dtype)
     embeds = _embeddings(target, input_ids, heads.dtype)
-    t = input_ids.shape[1]
-    first = head_fn(heads(feats[:, :-1], _head_inputs(embeds, 0, t - 1), 0))[..., :vocab]
-    logits = torch.cat([torch.zeros_like(first[:, :1]), first], 1)  # s reads f_{s-1}, e(x_s); 0: uniform
-    if heads.num_heads == 1 or t < 3:
-        return logits, None
-    log_p = target_log_probs(head_fn, feats, vocab)
-    terms = []
-    for i in range(1, min(heads.num_heads, t - 1)):
-        n = t - 1 - i
-        q_logits = head_fn(heads(feats[:, :n], _head_inputs(embeds, i, n), i))[..., :vocab]
-        terms.append(model.head_decay ** i * shifted_kl(log_p, q_logits, attention_mask, 1 + i))
-    return logits, (sum(terms) if terms else None)
+    return heads_forward(model, attention_mask, feats, lambda i, n: head_fn(
+        heads(feats[:, :n], _head_inputs(embeds, i, n), i))[..., :vocab])
 
 
 @torch.no_grad()

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
@@ -34,8 +34,9 @@ from specdecode.drafters.medusa import MedusaDrafter, MedusaHeads
 from specdecode.models import vocab_rows
 from specdecode.training.artifacts import read_weights, write_weights
 
-__all__ = ["CONFIG_FILE", "DESCRIPTION", "NAME", "Built", "MedusaTraining", "build", "check_decay", "check_features", "drafter",
-           "forward", "frozen_head", "head_accuracies", "load", "save", "shifted_kl", "target_log_probs"]
+__all__ = ["CONFIG_FILE", "DESCRIPTION", "NAME", "Built", "MedusaTraining", "build", "check_decay", "check_features",
+           "drafter", "forward", "frozen_head", "head_accuracies", "heads_forward", "load", "save", "shifted_kl",
+           "target_log_probs"]
 
 NAME = "medusa"
 DESCRIPTION = "Medusa-1 heads: residual blocks on the target's last hidden state, each a token further ahead"
@@ -101,20 +102,31 @@ def forward(model: MedusaTraining, input_ids: Tensor, attention_mask: Tensor, fe
         last hidden states. Returns ``([b, t, V], scalar or None)``.
     """
     check_features(features, NAME)
-    heads, target = model.heads, model.target
-    vocab = vocab_rows(target)
-    head_fn = frozen_head(target)
-    feats = features.to(heads.weight.dtype)
-    out = heads(feats)  # [b, t, K, H]
-    first = head_fn(out[:, :, 0])[..., :vocab]
-    logits = torch.cat([torch.zeros_like(first[:, :1]), first[:, :-1]], 1)  # s reads f_{s-1}; 0: uniform
-    t = input_ids.shape[1]
-    if heads.num_heads == 1 or t < 3:
+    head_fn, vocab = frozen_head(model.target), vocab_rows(model.target)
+    feats = features.to(model.heads.weight.dtype)
+    out = model.heads(feats)  # [b, t, K, H]
+    return heads_forward(model, attention_mask, feats, lambda i, n: head_fn(out[:, :n, i])[..., :vocab])
+
+
+def heads_forward(model: MedusaTraining, attention_mask: Tensor, features: Tensor,
+                  head_logits: Callable[[int, int], Tensor]) -> tuple[Tensor, Tensor | None]:
+    """What the medusa and hydra kinds return: head 0's logits from position ``s - 1`` at ``s``
+    (uniform at 0), and the sum over heads ``i >= 1`` of ``head_decay ** i`` times the KL from
+    the target's distribution at ``t + 1 + i`` to head ``i``'s logits from ``t``.
+    ``head_logits(i, n)``: head ``i``'s logits from the positions ``t < n``.
+
+    Shape:
+        attention_mask: ``[b, t]``; features: ``[b, t, H]`` (the target's last hidden states, in
+        the heads' dtype); ``head_logits(i, n)``: ``[b, n, V]``. Returns ``([b, t, V], scalar or None)``.
+    """
+    t = attention_mask.shape[1]
+    first = head_logits(0, t - 1)
+    logits = torch.cat([torch.zeros_like(first[:, :1]), first], 1)  # s reads position s - 1; 0: uniform
+    if model.heads.num_heads == 1 or t < 3:
         return logits, None
-    log_p = target_log_probs(head_fn, feats, vocab)
-    terms = [model.head_decay ** i * shifted_kl(log_p, head_fn(out[:, : t - 1 - i, i])[..., :vocab],
-                                                attention_mask, 1 + i)
-             for i in range(1, min(heads.num_heads, t - 1))]
+    log_p = target_log_probs(frozen_head(model.target), features, vocab_rows(model.target))
+    terms = [model.head_decay ** i * shifted_kl(log_p, head_logits(i, t - 1 - i), attention_mask, 1 + i)
+             for i in range(1, min(model.heads.num_heads, t - 1))]
     return logits, (sum(terms) if terms else None)
 
 
