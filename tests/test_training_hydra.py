@@ -55,7 +55,7 @@ def test_head_accuracies_and_a_sparse_tree(demo_hydra):
 
 def test_round_trip_and_target_check(demo_hydra):
     target, _, result, _ = demo_hydra
-    assert assert_round_trip(result, target, HydraDrafter).heads.head_layers == 1
+    assert assert_round_trip(result, target, HydraDrafter).heads.head_layers == 2
 
 
 def test_teacher_forced_losses_are_the_definition():

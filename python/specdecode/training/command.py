@@ -25,7 +25,7 @@ kinds:
           the --head-tokens most frequent tokens)
   hydra   Hydra heads: like medusa, but head i also reads the embeddings of the tokens drafted
           before it (the pending token, then heads 0..i-1's drafts) (--num-heads K, default 4;
-          --head-layers L, each head's MLP depth, default 1)
+          --head-layers L, each head's MLP depth, default 2)
   medusa  Medusa-1 heads: residual blocks on the target's last hidden state, head i drafting
           the token i+2 positions ahead through the target's head (--num-heads K, default 4)
 
@@ -109,7 +109,7 @@ def train_parser(sub: Any) -> argparse.ArgumentParser:
     t.add_argument("--num-heads", type=cli_args.int_at_least("num_heads", 1), default=None,
                    help="medusa, hydra: number of heads (default 4)")
     t.add_argument("--head-layers", type=cli_args.int_at_least("head_layers", 1), default=None,
-                   help="hydra: layers of each head's MLP (default 1)")
+                   help="hydra: layers of each head's MLP (default 2)")
     t.add_argument("--threads", type=cli_args.int_at_least("threads", 1), default=None,
                    help="torch CPU threads (default: torch's choice)")
     return t

@@ -50,7 +50,7 @@ DESCRIPTION = ("Hydra heads: MLPs on the target's last hidden state and the embe
 CONFIG_FILE = "hydra_config.json"
 
 
-def build(target: nn.Module, *, num_heads: int = 4, head_layers: int = 1, head_decay: float = 0.8) -> Built:
+def build(target: nn.Module, *, num_heads: int = 4, head_layers: int = 2, head_decay: float = 0.8) -> Built:
     """Untrained Hydra heads for ``target`` (only read): ``num_heads`` heads (head ``i``
     predicts the token ``i + 2`` positions after its feature's), ``head_layers`` the depth of
     each head's MLP, ``head_decay`` the weight ratio of successive heads' losses."""
