@@ -147,3 +147,5 @@ def test_the_train_command_takes_num_heads(demo_hydra, monkeypatch, capsys, tmp_
                 draft_vocab=None, unroll=None)
     with pytest.raises(ValueError, match="num_heads: only the medusa and hydra kinds"):
         run_train(argparse.Namespace(kind="exit", num_heads=2, **base))
+    with pytest.raises(ValueError, match="head_layers: only the hydra kind"):
+        run_train(argparse.Namespace(kind="medusa", num_heads=2, head_layers=2, **base))
