@@ -1,13 +1,16 @@
-"""Medusa heads on the demo target: per-head accuracy and tokens per target call on held-out
-prompts, against the shipped draft model (batch 1, temperature 0).
+"""Medusa and Hydra heads on the demo target side by side: per-head accuracy and tokens per
+target call on held-out prompts, against the shipped draft model (batch 1, temperature 0).
 
-    python -m specdecode train medusa --target demo --out runs/demo-medusa --minutes 4
-    python benchmarks/bench_medusa.py --drafter-dir runs/demo-medusa --threads 1
+    python -m specdecode train medusa --target demo --out runs/demo-medusa --minutes 4 --threads 1
+    python -m specdecode train hydra --target demo --out runs/demo-hydra --minutes 4 --threads 1
+    python benchmarks/bench_medusa.py --drafter-dir runs/demo-medusa --hydra-dir runs/demo-hydra --threads 1
 
 Prompts: the demo corpus's held-out files (``demo_prompts()``): the first ``--num-prompts`` are
 the evaluation set; the sparse tree's rank accuracies are measured on the last 8 (never in the
 evaluation set). Per-head accuracy: on the target's greedy continuation ``y`` of each prompt,
-how often head ``i``'s top-1 (top-5) token from ``f_t`` is ``y_{t+2+i}``. Tokens per target
+how often head ``i``'s top-1 (top-5) token from ``f_t`` is ``y_{t+2+i}`` (for Hydra, given the
+true ``y_{t+1} .. y_{t+1+i}``: teacher-forced, the rate at which a draft is right once the drafts
+before it were). Tokens per target
 call: new tokens / target decode forwards (the prefill not counted). Greedy output is checked
 equal to the target's for every drafter and prompt.
 """
@@ -45,6 +48,7 @@ def rank_accuracies(heads: Any, target: Any, sequences: list[torch.Tensor], star
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--drafter-dir", required=True, help="folder of a trained medusa drafter (demo target)")
+    parser.add_argument("--hydra-dir", default=None, help="folder of a trained hydra drafter (demo target)")
     parser.add_argument("--num-prompts", type=int, default=8)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--tree-nodes", type=int, default=16, help="nodes of the sparse tree (root excluded)")
@@ -64,25 +68,38 @@ def main(argv: list[str] | None = None) -> None:
     evaluation = [encode(t) for t in every[: args.num_prompts]]
     tune = [encode(t) for t in every[-8:]]
     medusa = specdecode.load_drafter(args.drafter_dir, target)
-    heads = medusa.heads
-    K = heads.num_heads
+    if not isinstance(medusa, MedusaDrafter):
+        raise ValueError(f"drafter_dir: {args.drafter_dir!r} holds a {type(medusa).__name__}, not Medusa heads")
 
     def greedy(prompts: list[torch.Tensor]) -> list[torch.Tensor]:
         return [target.generate(p, attention_mask=torch.ones_like(p), do_sample=False, max_new_tokens=args.max_new_tokens,
                                 pad_token_id=pad) for p in prompts]
 
-    reference = greedy(evaluation)
-    acc = rank_accuracies(heads, target, [r[0] for r in reference], [p.shape[1] for p in evaluation], 5)
-    tune_ref = greedy(tune)
-    table = rank_accuracies(heads, target, [r[0] for r in tune_ref], [p.shape[1] for p in tune], 8)
-    choices = sparse_tree(table, args.tree_nodes)
-    print(f"heads: {K}; per-head accuracy on {len(evaluation)} held-out prompts (head i drafts y_(t+2+i)):")
-    for i in range(K):
-        print(f"  head {i}: top-1 {acc[i, 0]:.3f}  top-5 {acc[i].sum():.3f}")
-    print(f"sparse tree ({len(choices)} nodes, from the tune prompts): {choices}")
-    drafters = {f"draft model (shipped), gamma {args.gamma}": (specdecode.ModelDrafter(draft_model), args.gamma),
-                f"medusa chain, {K} heads": (medusa, K),
-                f"medusa sparse tree, {len(choices)} nodes": (MedusaDrafter(target, heads, tree=choices), K)}
+    reference, tune_ref = greedy(evaluation), greedy(tune)
+    sets = {"eval": ([r[0] for r in reference], [p.shape[1] for p in evaluation]),
+            "tune": ([r[0] for r in tune_ref], [p.shape[1] for p in tune])}
+    drafters = {f"draft model (shipped), gamma {args.gamma}": (specdecode.ModelDrafter(draft_model), args.gamma)}
+    heads_drafters = [("medusa", medusa, lambda h, s, r: rank_accuracies(h, target, *sets[s], r))]
+    if args.hydra_dir:
+        from specdecode.drafters.hydra import HydraDrafter
+        from specdecode.training.hydra import head_accuracies
+
+        hydra = specdecode.load_drafter(args.hydra_dir, target)
+        if not isinstance(hydra, HydraDrafter):
+            raise ValueError(f"hydra_dir: {args.hydra_dir!r} holds a {type(hydra).__name__}, not Hydra heads")
+        heads_drafters.append(("hydra", hydra, lambda h, s, r: head_accuracies(h, target, *sets[s], r)))
+    for kind, chain, measure in heads_drafters:
+        heads = chain.heads
+        K = heads.num_heads
+        with torch.no_grad():
+            acc = measure(heads, "eval", 5)
+            choices = sparse_tree(measure(heads, "tune", 8), args.tree_nodes)
+        print(f"{kind}: {K} heads; per-head accuracy on {len(evaluation)} held-out prompts (head i drafts y_(t+2+i)):")
+        for i in range(K):
+            print(f"  head {i}: top-1 {acc[i, 0]:.3f}  top-5 {acc[i].sum():.3f}")
+        print(f"  sparse tree ({len(choices)} nodes, from the tune prompts): {choices}")
+        drafters[f"{kind} chain, {K} heads"] = (chain, K)
+        drafters[f"{kind} sparse tree, {len(choices)} nodes"] = (type(chain)(target, heads, tree=choices), K)
     print(f"{'drafter':42s} {'tokens/target call':>19s} {'acceptance per position':>30s} {'seconds':>8s}")
     for name, (drafter, gamma) in drafters.items():
         new = calls = 0

@@ -37,19 +37,25 @@ def random_heads(target, num_heads: int = 3, std: float = 0.3, seed: int = 0) ->
 def test_greedy_equals_target_greedy(arch, shape):
     target = target_model(arch)
     tree = product_tree([3, 2, 1]) if shape == "tree" else None
-    drafter = MedusaDrafter(target, random_heads(target), tree=tree)
+    assert_greedy_is_the_targets(target, MedusaDrafter(target, random_heads(target), tree=tree))
+
+
+def assert_greedy_is_the_targets(target, drafter) -> None:
+    """Greedy output with ``drafter`` equals the target's own, at batch 1 and on a left-padded
+    batch of 3 (3 drafts per step, 16 new tokens)."""
     one = left_padded([7], vocab=111, seed=2)[0]
     ids, mask = left_padded([5, 9, 2], vocab=111, seed=3)
     out_one = specdecode.generate(target, drafter, one, num_draft_tokens=3, max_new_tokens=16)
     assert torch.equal(out_one.sequences, hf_greedy(target, one, max_new_tokens=16))
     out = specdecode.generate(target, drafter, ids, mask, num_draft_tokens=3, max_new_tokens=16)
     assert torch.equal(out.sequences, hf_greedy(target, ids, mask, max_new_tokens=16))
-    assert out.stats.drafter == "medusa" and out.stats.draft_calls > 0
+    assert out.stats.drafter == drafter.name and out.stats.draft_calls > 0
 
 
-class Checking(MedusaDrafter):
+class FeatureCheck:
     """Before each proposal: the feature kept for every row is the last hidden state of a plain
-    forward over the row's context at its last committed token (the one before the pending)."""
+    forward over the row's context at its last committed token (the one before the pending).
+    Mixed into a drafter class (Medusa's, Hydra's); counts the rows checked in ``checked``."""
 
     checked = 0
 
@@ -60,8 +66,12 @@ class Checking(MedusaDrafter):
                     continue
                 hidden = self.target(context[None], output_hidden_states=True).hidden_states[-1]
                 torch.testing.assert_close(self.last_feature[r], hidden[0, -2], rtol=1e-4, atol=1e-4)
-                Checking.checked += 1
+                type(self).checked += 1
         return super().propose(state, num_tokens)
+
+
+class Checking(FeatureCheck, MedusaDrafter):
+    pass
 
 
 @pytest.mark.parametrize("shape", ["chain", "tree"])
@@ -221,22 +231,29 @@ def test_tree_helpers():
 
 def test_bad_arguments_are_refused():
     target = target_model("llama")
-    heads = MedusaHeads(target, 2)
     for bad in (0, 1.5, True):
         with pytest.raises(ValueError, match="num_heads"):
             MedusaHeads(target, bad)
+    assert_drafter_refuses_bad_arguments(target, MedusaHeads, MedusaDrafter)
+
+
+def assert_drafter_refuses_bad_arguments(target, heads_class, drafter_class) -> None:
+    """What Medusa and Hydra drafters refuse alike: a target or heads of the wrong type, heads
+    built for another target, a tree deeper than the heads or asking for more ranks than ids,
+    the static decode path."""
+    heads = heads_class(target, 2)
     with pytest.raises(TypeError, match="target"):
-        MedusaHeads("target", 2)
+        heads_class("target", 2)
     with pytest.raises(TypeError, match="heads"):
-        MedusaDrafter(target, target)
+        drafter_class(target, target)
     with pytest.raises(TypeError, match="target"):
-        MedusaDrafter("target", heads)
+        drafter_class("target", heads)
     with pytest.raises(ValueError, match="heads: built for a target"):
-        MedusaDrafter(target_model("llama", vocab=64), heads)
+        drafter_class(target_model("llama", vocab=64), heads)
     with pytest.raises(ValueError, match="deeper"):
-        MedusaDrafter(target, heads, tree=product_tree([2, 2, 2]))
+        drafter_class(target, heads, tree=product_tree([2, 2, 2]))
     ids = left_padded([4], vocab=111, seed=0)[0]
     with pytest.raises(ValueError, match="tree: a path asks for the rank-111"):
-        specdecode.generate(target, MedusaDrafter(target, heads, tree=[(0,), (111,)]), ids, max_new_tokens=4)
+        specdecode.generate(target, drafter_class(target, heads, tree=[(0,), (111,)]), ids, max_new_tokens=4)
     with pytest.raises(ValueError, match="static"):
-        specdecode.generate(target, MedusaDrafter(target, heads), ids, max_new_tokens=4, decode_path="static")
+        specdecode.generate(target, drafter_class(target, heads), ids, max_new_tokens=4, decode_path="static")

@@ -43,9 +43,9 @@ def demo_run(tmp_path_factory):
 
 
 def test_kinds():
-    assert list_kinds() == ["draft", "eagle", "exit", "medusa"]
-    with pytest.raises(ValueError, match="kind: expected one of draft, eagle, exit, medusa"):
-        train_drafter("hydra", torch.nn.Linear(2, 2), "unused")
+    assert list_kinds() == ["draft", "eagle", "exit", "hydra", "medusa"]
+    with pytest.raises(ValueError, match="kind: expected one of draft, eagle, exit, hydra, medusa"):
+        train_drafter("nonesuch", torch.nn.Linear(2, 2), "unused")
 
 
 def test_demo_training_lowers_the_loss_and_raises_acceptance(demo_run):
@@ -184,7 +184,7 @@ def test_default_chat_prompts_are_many_and_not_the_benchmark_ones():
 def test_train_command(tmp_path, capsys):
     from specdecode.cli import main
 
-    for argv, name in ((["train", "hydra"], "kind"), (["train", "draft", "--target", "nowhere"], "--target"),
+    for argv, name in ((["train", "nonesuch"], "kind"), (["train", "draft", "--target", "nowhere"], "--target"),
                        (["train", "draft", "--minutes", "-1"], "--minutes"), (["train", "draft", "--data", "/no"],
                                                                               "--data")):
         with pytest.raises(SystemExit) as exc:

@@ -19,36 +19,60 @@ from specdecode.training.loop import LoopSettings
 @pytest.fixture(scope="module")
 def demo_medusa(tmp_path_factory):
     """The demo target, its tokenizer, and three Medusa heads trained on it for 30 steps."""
+    return train_on_demo("medusa", tmp_path_factory.mktemp("demo-medusa"))
+
+
+def train_on_demo(kind: str, out):
+    """The demo target, its tokenizer, the result of training three heads of ``kind`` on it for
+    30 steps (16 prompts) into ``out``, and ``out``."""
     target, _, tokenizer = specdecode.load_demo_pair()
-    out = tmp_path_factory.mktemp("demo-medusa")
-    result = train_drafter("medusa", target, out, tokenizer=tokenizer, target_name="demo", max_steps=30,
+    result = train_drafter(kind, target, out, tokenizer=tokenizer, target_name="demo", max_steps=30,
                            num_prompts=16, num_heads=3,
                            data_settings=DataSettings(max_length=96, max_new_tokens=32, batch_size=8),
                            loop_settings=LoopSettings(batch_size=8, lr=3e-3, warmup_steps=5), progress=False)
     return target, tokenizer, result, out
 
 
-def test_demo_training_lowers_the_loss_and_raises_acceptance(demo_medusa):
+def held_out(target, tokenizer):
+    """Three held-out demo prompts, left-padded (the last 48 columns), and the target's greedy
+    continuations of 24 tokens."""
     from specdecode.demo import demo_prompts
 
-    target, tokenizer, result, _ = demo_medusa
-    t = result.record["training"]
-    assert result.record["kind"] == "medusa" and result.record["layers"] == [-1]
-    assert t["steps"] == 30 and t["after"]["loss"] < t["before"]["loss"]
-    assert t["after"]["greedy_acceptance"] > t["before"]["greedy_acceptance"]
     tokenizer.padding_side = "left"
     batch = tokenizer(demo_prompts(3), return_tensors="pt", padding=True)
     ids, mask = batch.input_ids[:, -48:], batch.attention_mask[:, -48:]
     want = target.generate(ids, attention_mask=mask, max_new_tokens=24, do_sample=False,
                            pad_token_id=tokenizer.pad_token_id)
-    untrained = MedusaDrafter(target, MedusaHeads(target, 3))
+    return ids, mask, want
+
+
+def accepted_on_held_out(target, tokenizer, drafters) -> list[int]:
+    """Accepted drafts of each drafter on :func:`held_out` (3 per step), its output checked to be
+    the target's greedy one."""
+    ids, mask, want = held_out(target, tokenizer)
     accepted = []
-    for drafter in (untrained, result.drafter):
+    for drafter in drafters:
         out = specdecode.generate(target, drafter, ids, mask, num_draft_tokens=3, max_new_tokens=24,
                                   pad_token_id=tokenizer.pad_token_id)
         assert torch.equal(out.sequences, want[:, : out.sequences.shape[1]])
         accepted.append(out.stats.accepted_tokens)
+    return accepted
+
+
+def assert_training_helped(result, kind: str, target, tokenizer, untrained) -> None:
+    """A 30-step run on the demo target: loss down, greedy acceptance up (the loop's validation
+    estimates), and more drafts accepted on held-out prompts than ``untrained`` gets."""
+    t = result.record["training"]
+    assert result.record["kind"] == kind and result.record["layers"] == [-1]
+    assert t["steps"] == 30 and t["after"]["loss"] < t["before"]["loss"]
+    assert t["after"]["greedy_acceptance"] > t["before"]["greedy_acceptance"]
+    accepted = accepted_on_held_out(target, tokenizer, (untrained, result.drafter))
     assert accepted[1] > accepted[0], accepted
+
+
+def test_demo_training_lowers_the_loss_and_raises_acceptance(demo_medusa):
+    target, tokenizer, result, _ = demo_medusa
+    assert_training_helped(result, "medusa", target, tokenizer, MedusaDrafter(target, MedusaHeads(target, 3)))
 
 
 def test_head_accuracies_and_a_sparse_tree(demo_medusa):
@@ -72,13 +96,19 @@ def _examples(path):
 
 def test_round_trip_and_target_check(demo_medusa):
     target, _, result, _ = demo_medusa
+    assert_round_trip(result, target, MedusaDrafter)
+
+
+def assert_round_trip(result, target, drafter_class):
+    """The saved heads load back equal, as a ``drafter_class``, and refuse another target."""
     loaded = specdecode.load_drafter(result.path, target)
-    assert isinstance(loaded, MedusaDrafter) and loaded.heads.num_heads == 3
+    assert isinstance(loaded, drafter_class) and loaded.heads.num_heads == 3
     want, got = result.drafter.heads.state_dict(), loaded.heads.state_dict()
     assert want.keys() == got.keys() and all(torch.equal(want[k], got[k]) for k in want)
     other = make_model("llama", vocab=4096, layers=2)
     with pytest.raises(ValueError, match="target: the drafter in"):
         specdecode.load_drafter(result.path, other)
+    return loaded
 
 
 def test_shifted_losses_are_the_definition():
@@ -98,17 +128,24 @@ def test_shifted_losses_are_the_definition():
         per_head = head(built.model.heads(feats))  # [b, t, K, V]
         torch.testing.assert_close(logits[:, 1:], per_head[:, :-1, 0])
         assert not logits[:, 0].any()
-        log_p = torch.log_softmax(head(feats), -1)
-        want = 0.0
-        for i in (1, 2):
-            terms = []
-            for r, n in ((0, 7), (1, 5)):
-                for t in range(n - 1 - i):
-                    p = log_p[r, t + 1 + i]
-                    q = torch.log_softmax(per_head[r, t, i], -1)
-                    terms.append((p.exp() * (p - q)).sum())
-            want += 0.5 ** i * torch.stack(terms).mean()
+        want = expected_extra(torch.log_softmax(head(feats), -1), lambda r, t, i: per_head[r, t, i],
+                              ((0, 7), (1, 5)), 0.5)
         torch.testing.assert_close(extra, want, rtol=1e-4, atol=1e-5)
+
+
+def expected_extra(log_p, q_logits, rows, decay: float, heads=(1, 2)):
+    """The heads' extra loss by its definition: ``sum_i decay^i`` times the mean, over every row
+    ``r`` of real length ``n`` and position ``t < n - 1 - i``, of the KL from the target's
+    distribution at ``t + 1 + i`` (``log_p[r, t + 1 + i]``) to ``q_logits(r, t, i)``."""
+    want = 0.0
+    for i in heads:
+        terms = []
+        for r, n in rows:
+            for t in range(n - 1 - i):
+                p = log_p[r, t + 1 + i]
+                terms.append((p.exp() * (p - torch.log_softmax(q_logits(r, t, i), -1))).sum())
+        want += decay ** i * torch.stack(terms).mean()
+    return want
 
 
 def test_command_line_and_bad_options(tmp_path):
@@ -128,7 +165,7 @@ def test_command_line_and_bad_options(tmp_path):
                             torch.ones((1, 3), dtype=torch.long))
     base = dict(target="demo", out=str(tmp_path), minutes=None, data=None, seed=0, max_steps=1, threads=None,
                 draft_vocab=None, unroll=None)
-    with pytest.raises(ValueError, match="num_heads: only the medusa kind"):
+    with pytest.raises(ValueError, match="num_heads: only the medusa and hydra kinds"):
         run_train(argparse.Namespace(kind="draft", num_heads=2, **base))
     g = torch.Generator().manual_seed(3)
     prompts = [torch.randint(3, 111, (4,), generator=g).tolist() for _ in range(4)]

@@ -18,6 +18,8 @@
 - :class:`VerticalCascadeDrafter` / :class:`HorizontalCascadeDrafter`: cascades (a draft model
   drafting with prompt lookup inside; a model for the first positions, prompt lookup after).
 - :class:`MedusaDrafter`: Medusa-1 heads on the target's last hidden state (chains and top-k trees).
+- :class:`HydraDrafter`: Hydra heads, each reading the last hidden state and the embeddings of
+  the tokens drafted before it (chains and top-k trees conditioned on each node's path).
 """
 
 from specdecode.drafters.base import (
@@ -35,6 +37,7 @@ from specdecode.drafters.eagle import EagleDrafter
 from specdecode.drafters.jacobi import JacobiDrafter
 from specdecode.drafters.cascade import HorizontalCascadeDrafter, VerticalCascadeDrafter
 from specdecode.drafters.exit_adapter import ExitAdapter, ExitAdapterDrafter
+from specdecode.drafters.hydra import HydraDrafter
 from specdecode.drafters.layer_skip import LayerSkipDrafter
 from specdecode.drafters.lookahead import LookaheadDrafter
 from specdecode.drafters.medusa import MedusaDrafter
@@ -52,6 +55,7 @@ __all__ = [
     "ExitAdapter",
     "ExitAdapterDrafter",
     "HorizontalCascadeDrafter",
+    "HydraDrafter",
     "LayerSkipDrafter",
     "LookaheadDrafter",
     "MedusaDrafter",

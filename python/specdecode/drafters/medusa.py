@@ -36,10 +36,17 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from specdecode.drafters.base import CommitUpdate, DrafterBase, DraftState, Proposal
-from specdecode.models import input_device, vocab_rows
-from specdecode.sampling import sample_logits
-from specdecode.trees.tree import TokenTree
+from specdecode.drafters.base import DraftState, Proposal
+from specdecode.drafters.last_feature import (
+    LastFeatureDrafter,
+    check_heads_target,
+    check_width,
+    draw,
+    heads_setup,
+    tree_layout,
+    tree_proposal,
+)
+from specdecode.models import input_device
 
 __all__ = ["MedusaDrafter", "MedusaHeads", "check_choices", "product_tree", "sparse_tree"]
 
@@ -56,16 +63,8 @@ class MedusaHeads(nn.Module):
 
     def __init__(self, target: nn.Module, num_heads: int = 4) -> None:
         super().__init__()
-        if isinstance(num_heads, bool) or not isinstance(num_heads, int) or num_heads < 1:
-            raise ValueError(f"num_heads: expected an int >= 1, got {num_heads!r}")
-        if not isinstance(target, nn.Module):
-            raise TypeError(f"target: expected the target model (a torch.nn.Module), got {type(target).__name__}")
-        hidden = int(target.get_input_embeddings().weight.shape[1])
-        reference = next(target.parameters())
-        factory = {"dtype": reference.dtype, "device": reference.device}
-        self.num_heads = num_heads
-        self.hidden_size = hidden
-        self.target_vocab = vocab_rows(target)
+        factory = heads_setup(self, target, num_heads)
+        hidden = self.hidden_size
         self.weight = nn.Parameter(torch.zeros((num_heads, hidden, hidden), **factory))
         self.bias = nn.Parameter(torch.zeros((num_heads, hidden), **factory))
 
@@ -154,7 +153,7 @@ def sparse_tree(accuracies: Tensor | Sequence[Sequence[float]], num_nodes: int) 
     return paths
 
 
-class MedusaDrafter(DrafterBase):
+class MedusaDrafter(LastFeatureDrafter):
     """Drafts for ``target`` with :class:`MedusaHeads` from the last committed feature (usually
     from :func:`specdecode.load_drafter`, trained by ``python -m specdecode train medusa``).
 
@@ -168,40 +167,16 @@ class MedusaDrafter(DrafterBase):
     """
 
     name = "medusa"
-    feature_layers: tuple[int, ...] = (-1,)
 
     def __init__(self, target: nn.Module, heads: MedusaHeads,
                  tree: Sequence[Sequence[int]] | None = None) -> None:
-        if not isinstance(target, nn.Module):
-            raise TypeError(f"target: expected the target model (a torch.nn.Module), got {type(target).__name__}")
-        if not isinstance(heads, MedusaHeads):
-            raise TypeError(f"heads: expected MedusaHeads, got {type(heads).__name__}")
-        hidden = int(target.get_input_embeddings().weight.shape[1])
-        if heads.target_vocab != vocab_rows(target) or heads.hidden_size != hidden:
-            raise ValueError(f"heads: built for a target with {heads.target_vocab} ids and hidden size "
-                             f"{heads.hidden_size}, not for this {type(target).__name__}")
+        check_heads_target(target, heads, MedusaHeads)
         self.target = target
         self.heads = heads
         self.device = input_device(target)
         self.choices = None if tree is None else check_choices(tree, heads.num_heads)
-        self._layout = None if self.choices is None else self._tree_layout(self.choices)
+        self._layout = None if self.choices is None else tree_layout(self.choices)
         self.reset()
-
-    @staticmethod
-    def _tree_layout(paths: list[tuple[int, ...]]) -> tuple[Tensor, Tensor, Tensor, int]:
-        """Per non-root node: its head (depth - 1), its rank; per node its parent; the top-k
-        width needed."""
-        index = {(): 0}
-        parents, heads, ranks = [-1], [], []
-        for path in paths:
-            index[path] = len(index)
-            parents.append(index[path[:-1]])
-            heads.append(len(path) - 1)
-            ranks.append(path[-1])
-        return (torch.tensor(heads), torch.tensor(ranks), torch.tensor(parents), max(ranks) + 1)
-
-    def reset(self) -> None:
-        self.last_feature: Tensor | None = None  # [b, H]: the target feature of each row's last committed token
 
     def describe(self) -> dict:
         return {"drafter": self.name, "num_heads": self.heads.num_heads,
@@ -211,12 +186,7 @@ class MedusaDrafter(DrafterBase):
     def _head_logits(self, state: DraftState) -> Tensor:
         """Every head's float32 logits from each row's last committed feature (zeros for a row
         whose pending token is its first). Shape: returns ``[b, K, V]`` on the state's device."""
-        b, H = state.batch_size, self.heads.hidden_size
-        feature = self.last_feature
-        if feature is None or feature.shape[0] != b:
-            feature = torch.zeros((b, H), dtype=self.heads.weight.dtype, device=self.device)
-        first = state.positions[:, state.num_columns - 1].to(self.device) == 0
-        feature = torch.where(first[:, None], torch.zeros_like(feature), feature)
+        feature = self._feature(state, self.heads.hidden_size, self.heads.weight.dtype)
         logits = self.heads.logits(feature, self.target.get_output_embeddings(), state.vocab_size)
         return logits.to(device=state.device, dtype=torch.float32)
 
@@ -225,46 +195,22 @@ class MedusaDrafter(DrafterBase):
         logits = self._head_logits(state)
         if self._layout is not None:
             return self._propose_tree(state, logits)
-        b = state.batch_size
         if num_tokens < 1:
             return Proposal(state.tokens[:, :0].to(state.device))
         tokens: list[Tensor] = []
         used: list[Tensor] = []
         for i in range(min(num_tokens, self.heads.num_heads)):
-            drafted = torch.stack(tokens, 1) if tokens else state.tokens[:, :0].to(state.device)
-            q = state.process_draft_logits(logits[:, i], drafted)
-            coins = None if state.sampling.is_greedy else state.uniforms(b)
-            tokens.append(sample_logits(q, state.sampling, uniforms=coins))
+            token, q = draw(state, logits[:, i], tokens)
+            tokens.append(token)
             used.append(q)
         return Proposal(torch.stack(tokens, 1), torch.stack(used, 1), forward_calls=1)
 
     def _propose_tree(self, state: DraftState, logits: Tensor) -> Proposal:
         heads, ranks, parents, width = self._layout
-        heads, ranks, parents = heads.to(state.device), ranks.to(state.device), parents.to(state.device)
-        if width > state.vocab_size:
-            raise ValueError(f"tree: a path asks for the rank-{width - 1} token of a head, but the vocabulary has "
-                             f"{state.vocab_size} ids")
-        b = state.batch_size
+        heads, ranks = heads.to(state.device), ranks.to(state.device)
+        check_width(width, state)
         depth = int(heads.max()) + 1
         top = logits[:, :depth].topk(width, dim=-1).indices  # [b, depth, width]: distinct ids per head
         nodes = top[:, heads, ranks]  # [b, N - 1]
         root = state.tokens[:, state.num_columns - 1].to(state.device)
-        tokens = torch.cat([root[:, None], nodes], 1)
-        n = tokens.shape[1]
-        tree = TokenTree(tokens, parents[None].expand(b, -1).contiguous(),
-                         torch.full((b,), n, dtype=torch.long, device=state.device))
-        return Proposal(tokens, None, tree=tree, children="deterministic", forward_calls=1)
-
-    def commit(self, update: CommitUpdate) -> None:
-        feats = update.features
-        if feats is not None and feats.shape[1] > 0:
-            # A step: the columns old pending .. old pending + the longest accepted run of the rows
-            # that continue, row r's last real one at index accepted_len[r] (rows that finish may
-            # have accepted more: clamped, they leave). After the prefill (accepted_len all zero):
-            # the prompt's columns, the last one real in every row that has one.
-            m = feats.shape[1]
-            accepted = update.accepted_len.to(feats.device).long()
-            index = accepted.clamp_max(m - 1) if bool(accepted.any()) else accepted.new_full(accepted.shape, m - 1)
-            self.last_feature = feats[torch.arange(feats.shape[0], device=feats.device), index].to(self.device)
-        if update.kept_rows is not None and self.last_feature is not None:
-            self.last_feature = self.last_feature[update.kept_rows.to(self.device)]
+        return tree_proposal(torch.cat([root[:, None], nodes], 1), parents, forward_calls=1)

@@ -43,7 +43,7 @@ __all__ = ["DATA_SHARE", "KINDS", "StepInfo", "TrainResult", "kind_module", "lis
 
 #: Drafter kinds: name -> the module that builds, runs, saves and loads one.
 KINDS: dict[str, str] = {"draft": "specdecode.training.draft", "eagle": "specdecode.training.eagle",
-                         "exit": "specdecode.training.exit",
+                         "exit": "specdecode.training.exit", "hydra": "specdecode.training.hydra",
                          "medusa": "specdecode.training.medusa"}
 #: Share of a time budget (``minutes``) that the data stage may use; training gets the rest.
 DATA_SHARE = 0.4
@@ -104,7 +104,8 @@ def train_drafter(kind: str, target: Any, out_dir: str | Path, *, tokenizer: Any
     """Train a drafter of kind ``kind`` for ``target`` and save it in ``out_dir``.
 
     Args:
-        kind: a name from :func:`list_kinds` (``"draft"``, ``"eagle"``, ``"exit"``, ``"medusa"``).
+        kind: a name from :func:`list_kinds` (``"draft"``, ``"eagle"``, ``"exit"``, ``"hydra"``,
+            ``"medusa"``).
         target: the target model, or a name: ``"demo"``, ``"smollm2"`` or a model folder
             (loaded with its tokenizer, :mod:`specdecode.training.targets`). Only read.
         out_dir: where the drafter, the data cache and the checkpoint go; a run with the same
@@ -130,7 +131,8 @@ def train_drafter(kind: str, target: Any, out_dir: str | Path, *, tokenizer: Any
         **kind_options: options of the kind's ``build`` (for ``draft``: ``layers``,
             ``num_layers``, ``train_embeddings``; for ``eagle``: ``feature_layers``,
             ``draft_vocab_size``, ``feature_weight``, ``unroll``, ``train_head``; for ``exit``: ``exit_layer``, ``adapter``,
-            ``head_tokens``; for ``medusa``: ``num_heads``, ``head_decay``).
+            ``head_tokens``; for ``medusa``: ``num_heads``, ``head_decay``; for ``hydra``: ``num_heads``,
+            ``head_layers``, ``head_decay``).
     """
     module = kind_module(kind)
     _check_number("minutes", minutes, integer=False, minimum=1e-3)

@@ -25,8 +25,8 @@ from typing import Any
 
 import torch
 
-__all__ = ["FORMAT_VERSION", "RECORD_FILE", "WEIGHTS_FILE", "load_drafter", "read_record", "target_fingerprint",
-           "write_record"]
+__all__ = ["FORMAT_VERSION", "RECORD_FILE", "WEIGHTS_FILE", "load_drafter", "read_record", "read_weights",
+           "target_fingerprint", "write_record", "write_weights"]
 
 FORMAT_VERSION = 1
 RECORD_FILE = "specdecode_drafter.json"
@@ -58,6 +58,23 @@ def write_record(out_dir: str | Path, record: dict[str, Any]) -> Path:
     path.write_text(json.dumps({"format": FORMAT_VERSION, **record}, indent=2, sort_keys=True) + "\n",
                     encoding="utf-8")
     return path
+
+
+def write_weights(out_dir: str | Path, module: torch.nn.Module, config_file: str, config: dict[str, Any]) -> None:
+    """``module``'s weights as the folder's ``model.safetensors`` and ``config`` as ``config_file``."""
+    from safetensors.torch import save_file
+
+    state = {k: v.detach().contiguous().cpu() for k, v in module.state_dict().items()}
+    save_file(state, str(Path(out_dir) / WEIGHTS_FILE))
+    (Path(out_dir) / config_file).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+
+
+def read_weights(folder: str | Path, config_file: str) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """What :func:`write_weights` wrote: the config and the weights (on the CPU)."""
+    from safetensors.torch import load_file
+
+    config = json.loads((Path(folder) / config_file).read_text(encoding="utf-8"))
+    return config, load_file(str(Path(folder) / WEIGHTS_FILE))
 
 
 def read_record(path: str | Path) -> dict[str, Any]:

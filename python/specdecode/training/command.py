@@ -23,6 +23,9 @@ kinds:
   exit    an early-exit adapter for self-speculation: the target's first --layer K layers,
           one trained decoder layer and norm, then the target's LM head (or a reduced head of
           the --head-tokens most frequent tokens)
+  hydra   Hydra heads: like medusa, but head i also reads the embeddings of the tokens drafted
+          before it (the pending token, then heads 0..i-1's drafts) (--num-heads K, default 4;
+          --head-layers L, each head's MLP depth, default 2)
   medusa  Medusa-1 heads: residual blocks on the target's last hidden state, head i drafting
           the token i+2 positions ahead through the target's head (--num-heads K, default 4)
 
@@ -34,7 +37,8 @@ examples:
   python -m specdecode train draft --target smollm2 --out runs/smol-draft --minutes 15
   python -m specdecode train eagle --target smollm2 --out runs/smol-eagle --minutes 20 --draft-vocab 8192
   python -m specdecode train exit --target smollm2 --out runs/smol-exit8 --layer 8 --minutes 8
-  python -m specdecode train medusa --target demo --out runs/demo-medusa --minutes 4 --num-heads 4"""
+  python -m specdecode train medusa --target demo --out runs/demo-medusa --minutes 4 --num-heads 4
+  python -m specdecode train hydra --target demo --out runs/demo-hydra --minutes 4 --num-heads 4"""
 
 
 def _kind(text: str) -> str:
@@ -78,7 +82,8 @@ def train_parser(sub: Any) -> argparse.ArgumentParser:
     """The ``train`` subcommand's parser, added to ``sub``."""
     t = sub.add_parser("train", help="train a drafter for a target (python -m specdecode train --help)",
                        description=TRAIN_DESCRIPTION, formatter_class=cli_args.HelpFormatter)
-    t.add_argument("kind", type=cli_args.checked(_kind, "kind"), help="drafter kind: draft, eagle, exit or medusa")
+    t.add_argument("kind", type=cli_args.checked(_kind, "kind"),
+                   help="drafter kind: draft, eagle, exit, hydra or medusa")
     t.add_argument("--target", required=True, type=cli_args.checked(_target, "target"),
                    help="'demo', 'smollm2' or a Hugging Face model folder")
     t.add_argument("--out", required=True, type=cli_args.checked(_out, "out"),
@@ -102,7 +107,9 @@ def train_parser(sub: Any) -> argparse.ArgumentParser:
     t.add_argument("--head-tokens", type=cli_args.int_at_least("head_tokens", 1), default=None,
                    help="exit: draft over the N most frequent tokens of the data (default: the whole head)")
     t.add_argument("--num-heads", type=cli_args.int_at_least("num_heads", 1), default=None,
-                   help="medusa: number of heads (default 4)")
+                   help="medusa, hydra: number of heads (default 4)")
+    t.add_argument("--head-layers", type=cli_args.int_at_least("head_layers", 1), default=None,
+                   help="hydra: layers of each head's MLP (default 2)")
     t.add_argument("--num-prompts", type=cli_args.int_at_least("num_prompts", 1), default=None,
                    help="default prompts to continue with the target (default 256; ignored with --data FILE)")
     t.add_argument("--data-batch-size", type=cli_args.int_at_least("data_batch_size", 1), default=None,
@@ -142,9 +149,13 @@ def run_train(args: argparse.Namespace) -> dict[str, Any]:
             raise ValueError(f"unroll: only the eagle kind unrolls its draft steps, not {args.kind!r}")
         options["unroll"] = args.unroll
     if getattr(args, "num_heads", None) is not None:
-        if args.kind != "medusa":
-            raise ValueError(f"num_heads: only the medusa kind has heads, not {args.kind!r}")
+        if args.kind not in ("medusa", "hydra"):
+            raise ValueError(f"num_heads: only the medusa and hydra kinds have heads, not {args.kind!r}")
         options["num_heads"] = args.num_heads
+    if getattr(args, "head_layers", None) is not None:
+        if args.kind != "hydra":
+            raise ValueError(f"head_layers: only the hydra kind has MLP heads, not {args.kind!r}")
+        options["head_layers"] = args.head_layers
     if getattr(args, "freeze_head", False):
         if args.kind != "eagle" or getattr(args, "draft_vocab", None) is None:
             raise ValueError("freeze_head: only an eagle drafter with --draft-vocab has a reduced head to freeze")
@@ -160,7 +171,7 @@ def run_train(args: argparse.Namespace) -> dict[str, Any]:
     record = result.record
     t = record["training"]
     drafter = result.drafter
-    module = next((getattr(drafter, name) for name in ("adapter", "heads")  # exit / medusa: what was trained
+    module = next((getattr(drafter, name) for name in ("adapter", "heads")  # exit / medusa / hydra: what was trained
                    if getattr(drafter, name, None) is not None), None)
     if module is None:
         module = drafter if isinstance(drafter, torch.nn.Module) else drafter.model

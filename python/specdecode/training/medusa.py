@@ -22,10 +22,9 @@ The folder: ``model.safetensors`` (the heads' ``weight`` and ``bias``) and
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
@@ -33,10 +32,11 @@ from torch import Tensor, nn
 
 from specdecode.drafters.medusa import MedusaDrafter, MedusaHeads
 from specdecode.models import vocab_rows
-from specdecode.training.artifacts import WEIGHTS_FILE
+from specdecode.training.artifacts import read_weights, write_weights
 
-__all__ = ["CONFIG_FILE", "DESCRIPTION", "NAME", "Built", "MedusaTraining", "build", "drafter", "forward",
-           "head_accuracies", "load", "save"]
+__all__ = ["CONFIG_FILE", "DESCRIPTION", "NAME", "Built", "MedusaTraining", "build", "check_decay", "check_features",
+           "drafter", "forward", "frozen_head", "head_accuracies", "heads_forward", "load", "save", "shifted_kl",
+           "target_log_probs"]
 
 NAME = "medusa"
 DESCRIPTION = "Medusa-1 heads: residual blocks on the target's last hidden state, each a token further ahead"
@@ -44,10 +44,10 @@ CONFIG_FILE = "medusa_config.json"
 
 
 class MedusaTraining(nn.Module):
-    """What the loop trains: the heads (a submodule) beside the target, held outside the module
-    tree (never trained, never saved)."""
+    """What the loop trains: the heads (a submodule; Medusa's, or Hydra's for the ``hydra`` kind)
+    beside the target, held outside the module tree (never trained, never saved)."""
 
-    def __init__(self, target: nn.Module, heads: MedusaHeads, head_decay: float) -> None:
+    def __init__(self, target: nn.Module, heads: nn.Module, head_decay: float) -> None:
         super().__init__()
         self.heads = heads
         self._target = (target,)
@@ -73,14 +73,20 @@ def build(target: nn.Module, *, num_heads: int = 4, head_decay: float = 0.8) -> 
     """Untrained Medusa heads for ``target`` (only read): ``num_heads`` heads (head ``i``
     predicts the token ``i + 2`` positions after its feature's), ``head_decay`` the weight
     ratio of successive heads' losses."""
-    if isinstance(head_decay, bool) or not isinstance(head_decay, (int, float)) or not 0 < head_decay <= 1:
-        raise ValueError(f"head_decay: expected a number in (0, 1], got {head_decay!r}")
-    model = MedusaTraining(target, MedusaHeads(target, num_heads), float(head_decay))
+    model = MedusaTraining(target, MedusaHeads(target, num_heads), check_decay(head_decay))
     params = {name: p for name, p in model.named_parameters() if p.requires_grad}
     return Built(model, params, [-1], (-1,))
 
 
-def _frozen_head(target: nn.Module) -> Any:
+def check_decay(head_decay: Any) -> float:
+    """``head_decay`` as a float, or ``ValueError`` naming it unless it is a number in (0, 1]."""
+    if isinstance(head_decay, bool) or not isinstance(head_decay, (int, float)) or not 0 < head_decay <= 1:
+        raise ValueError(f"head_decay: expected a number in (0, 1], got {head_decay!r}")
+    return float(head_decay)
+
+
+def frozen_head(target: nn.Module) -> Any:
+    """The target's LM head as a function of hidden states, with detached weights (never trained)."""
     head = target.get_output_embeddings()
     weight = head.weight.detach()
     bias = None if getattr(head, "bias", None) is None else head.bias.detach()
@@ -95,31 +101,62 @@ def forward(model: MedusaTraining, input_ids: Tensor, attention_mask: Tensor, fe
         input_ids, attention_mask: ``[b, t]`` right-padded; features: ``[b, t, H]`` the target's
         last hidden states. Returns ``([b, t, V], scalar or None)``.
     """
-    if features is None:
-        raise ValueError("features: the medusa kind trains on target features; label the data with "
-                         "DataSettings(feature_layers=(-1,))")
-    heads, target = model.heads, model.target
-    vocab = vocab_rows(target)
-    head_fn = _frozen_head(target)
-    feats = features.to(heads.weight.dtype)
-    out = heads(feats)  # [b, t, K, H]
-    first = head_fn(out[:, :, 0])[..., :vocab]
-    logits = torch.cat([torch.zeros_like(first[:, :1]), first[:, :-1]], 1)  # s reads f_{s-1}; 0: uniform
-    t = input_ids.shape[1]
-    if heads.num_heads == 1 or t < 3:
+    check_features(features, NAME)
+    head_fn, vocab = frozen_head(model.target), vocab_rows(model.target)
+    feats = features.to(model.heads.weight.dtype)
+    out = model.heads(feats)  # [b, t, K, H]
+    return heads_forward(model, attention_mask, feats, lambda i, n: head_fn(out[:, :n, i])[..., :vocab])
+
+
+def heads_forward(model: MedusaTraining, attention_mask: Tensor, features: Tensor,
+                  head_logits: Callable[[int, int], Tensor]) -> tuple[Tensor, Tensor | None]:
+    """What the medusa and hydra kinds return: head 0's logits from position ``s - 1`` at ``s``
+    (uniform at 0), and the sum over heads ``i >= 1`` of ``head_decay ** i`` times the KL from
+    the target's distribution at ``t + 1 + i`` to head ``i``'s logits from ``t``.
+    ``head_logits(i, n)``: head ``i``'s logits from the positions ``t < n``.
+
+    Shape:
+        attention_mask: ``[b, t]``; features: ``[b, t, H]`` (the target's last hidden states, in
+        the heads' dtype); ``head_logits(i, n)``: ``[b, n, V]``. Returns ``([b, t, V], scalar or None)``.
+    """
+    t = attention_mask.shape[1]
+    first = head_logits(0, t - 1)
+    logits = torch.cat([torch.zeros_like(first[:, :1]), first], 1)  # s reads position s - 1; 0: uniform
+    if model.heads.num_heads == 1 or t < 3:
         return logits, None
-    with torch.no_grad():
-        log_p = torch.log_softmax(head_fn(feats).float()[..., :vocab], -1)  # the target's, at every position
-    real = attention_mask.bool()
-    terms = []
-    for i in range(1, min(heads.num_heads, t - 1)):
-        shift = 1 + i
-        log_q = torch.log_softmax(head_fn(out[:, : t - shift, i]).float()[..., :vocab], -1)
-        p_log = log_p[:, shift:]
-        kl = (p_log.exp() * (p_log - log_q)).sum(-1)
-        valid = real[:, shift:]
-        terms.append(model.head_decay ** i * kl[valid].sum() / valid.sum().clamp_min(1))
+    log_p = target_log_probs(frozen_head(model.target), features, vocab_rows(model.target))
+    terms = [model.head_decay ** i * shifted_kl(log_p, head_logits(i, t - 1 - i), attention_mask, 1 + i)
+             for i in range(1, min(model.heads.num_heads, t - 1))]
     return logits, (sum(terms) if terms else None)
+
+
+def check_features(features: Tensor | None, kind: str) -> None:
+    """``ValueError`` naming ``features`` when a heads kind gets data without target features."""
+    if features is None:
+        raise ValueError(f"features: the {kind} kind trains on target features; label the data with "
+                         "DataSettings(feature_layers=(-1,))")
+
+
+@torch.no_grad()
+def target_log_probs(head_fn: Any, features: Tensor, vocab: int) -> Tensor:
+    """The target's log-probabilities at every position, from its stored last hidden states.
+
+    Shape: features ``[b, t, H]``; returns ``[b, t, vocab]`` float32.
+    """
+    return torch.log_softmax(head_fn(features).float()[..., :vocab], -1)
+
+
+def shifted_kl(log_p: Tensor, q_logits: Tensor, attention_mask: Tensor, shift: int) -> Tensor:
+    """Mean forward KL from the target's distribution at ``t + shift`` to a head's logits from
+    position ``t``, over the real positions ``t + shift``.
+
+    Shape: log_p ``[b, t, V]``; q_logits ``[b, t - shift, V]``; attention_mask ``[b, t]``; a scalar.
+    """
+    log_q = torch.log_softmax(q_logits.float(), -1)
+    p_log = log_p[:, shift:]
+    kl = (p_log.exp() * (p_log - log_q)).sum(-1)
+    valid = attention_mask.bool()[:, shift:]
+    return kl[valid].sum() / valid.sum().clamp_min(1)
 
 
 @torch.no_grad()
@@ -132,7 +169,7 @@ def head_accuracies(heads: MedusaHeads, target: nn.Module, examples: list[Any], 
     """
     if not examples or any(e.features is None for e in examples):
         raise ValueError("examples: need examples labelled with features (DataSettings(feature_layers=(-1,)))")
-    head_fn = _frozen_head(target)
+    head_fn = frozen_head(target)
     vocab = vocab_rows(target)
     hits = torch.zeros((heads.num_heads, ranks), dtype=torch.float64)
     counts = torch.zeros(heads.num_heads, dtype=torch.float64)
@@ -155,24 +192,18 @@ def head_accuracies(heads: MedusaHeads, target: nn.Module, examples: list[Any], 
 
 def save(model: MedusaTraining, out_dir: Path) -> None:
     """``model.safetensors`` (the heads' weights) and ``medusa_config.json``."""
-    from safetensors.torch import save_file
-
     heads = model.heads
-    state = {k: v.detach().contiguous().cpu() for k, v in heads.state_dict().items()}
-    save_file(state, str(Path(out_dir) / WEIGHTS_FILE))
-    config = {"num_heads": heads.num_heads, "hidden_size": heads.hidden_size, "target_vocab": heads.target_vocab,
-              "feature_layers": list(heads.feature_layers), "head_decay": model.head_decay}
-    (Path(out_dir) / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+    write_weights(out_dir, heads, CONFIG_FILE, {
+        "num_heads": heads.num_heads, "hidden_size": heads.hidden_size, "target_vocab": heads.target_vocab,
+        "feature_layers": list(heads.feature_layers), "head_decay": model.head_decay})
 
 
 def load(folder: Path, target: nn.Module, record: dict[str, Any]) -> MedusaDrafter:
     """The saved heads as a :class:`MedusaDrafter` (a chain) for ``target`` (already checked to
     be the model they were trained for)."""
-    from safetensors.torch import load_file
-
-    config = json.loads((Path(folder) / CONFIG_FILE).read_text(encoding="utf-8"))
+    config, state = read_weights(folder, CONFIG_FILE)
     heads = MedusaHeads(target, int(config["num_heads"]))
-    heads.load_state_dict(load_file(str(Path(folder) / WEIGHTS_FILE)))
+    heads.load_state_dict(state)
     return MedusaDrafter(target, heads.eval())
 
 

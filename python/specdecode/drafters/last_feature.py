@@ -1,0 +1,140 @@
+"""What Medusa and Hydra heads share: drafters that read the target's last hidden state at each
+row's last committed token (the one before the pending token), kept from one commit to the next.
+
+:class:`LastFeatureDrafter` keeps that feature (``last_feature``, ``[b, H]``) through
+rejections, finished rows and re-packs; :func:`tree_layout` turns rank paths (Medusa's
+"choices", checked by :func:`specdecode.drafters.medusa.check_choices`) into per-node tables.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from specdecode.drafters.base import CommitUpdate, DrafterBase, DraftState, Proposal
+from specdecode.models import vocab_rows
+from specdecode.sampling import sample_logits
+from specdecode.trees.tree import TokenTree
+
+__all__ = ["LastFeatureDrafter", "check_count", "check_heads_target", "check_width", "draw", "heads_setup",
+           "tree_layout", "tree_proposal"]
+
+
+def check_count(name: str, value: object) -> int:
+    """``value``, or ``ValueError`` naming ``name`` unless it is an int >= 1."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name}: expected an int >= 1, got {value!r}")
+    return value
+
+
+def heads_setup(heads: nn.Module, target: nn.Module, num_heads: int) -> dict:
+    """Checks ``num_heads`` and ``target`` and records on ``heads`` what a head module built for
+    ``target`` keeps (``num_heads``, ``hidden_size``, ``target_vocab``); returns the
+    ``dtype`` / ``device`` keywords for its parameters (the target's)."""
+    check_count("num_heads", num_heads)
+    if not isinstance(target, nn.Module):
+        raise TypeError(f"target: expected the target model (a torch.nn.Module), got {type(target).__name__}")
+    reference = next(target.parameters())
+    heads.num_heads = num_heads
+    heads.hidden_size = int(target.get_input_embeddings().weight.shape[1])
+    heads.target_vocab = vocab_rows(target)
+    return {"dtype": reference.dtype, "device": reference.device}
+
+
+def check_heads_target(target: nn.Module, heads: nn.Module, kind: type) -> None:
+    """``TypeError`` naming ``target`` / ``heads`` for objects of the wrong type, ``ValueError``
+    naming ``heads`` when they were built for a target of another vocabulary or hidden size."""
+    if not isinstance(target, nn.Module):
+        raise TypeError(f"target: expected the target model (a torch.nn.Module), got {type(target).__name__}")
+    if not isinstance(heads, kind):
+        raise TypeError(f"heads: expected {kind.__name__}, got {type(heads).__name__}")
+    hidden = int(target.get_input_embeddings().weight.shape[1])
+    if heads.target_vocab != vocab_rows(target) or heads.hidden_size != hidden:
+        raise ValueError(f"heads: built for a target with {heads.target_vocab} ids and hidden size "
+                         f"{heads.hidden_size}, not for this {type(target).__name__}")
+
+
+def tree_layout(paths: list[tuple[int, ...]]) -> tuple[Tensor, Tensor, Tensor, int]:
+    """Per non-root node: its depth - 1 (the head that drafts it) and its rank; per node (root
+    first) its parent; the top-k width needed. ``paths`` in a topological order.
+
+    Shape: returns ``[N - 1]``, ``[N - 1]``, ``[N]`` long tensors and an int.
+    """
+    index = {(): 0}
+    parents, heads, ranks = [-1], [], []
+    for path in paths:
+        index[path] = len(index)
+        parents.append(index[path[:-1]])
+        heads.append(len(path) - 1)
+        ranks.append(path[-1])
+    return torch.tensor(heads), torch.tensor(ranks), torch.tensor(parents), max(ranks) + 1
+
+
+def draw(state: DraftState, logits: Tensor, tokens: list[Tensor]) -> tuple[Tensor, Tensor]:
+    """The next chain draft from a head's float32 ``logits`` after the drafts ``tokens`` so far:
+    the logits processors applied (these are the draft's ``q``), then sampled with the state's
+    coins (argmax at temperature 0).
+
+    Shape:
+        logits: ``[b, V]``; tokens: ``[b]`` each. Returns the token ``[b]`` and ``q`` ``[b, V]``.
+    """
+    drafted = torch.stack(tokens, 1) if tokens else state.tokens[:, :0].to(state.device)
+    q = state.process_draft_logits(logits, drafted)
+    coins = None if state.sampling.is_greedy else state.uniforms(state.batch_size)
+    return sample_logits(q, state.sampling, uniforms=coins), q
+
+
+def check_width(width: int, state: DraftState) -> None:
+    """``ValueError`` naming ``tree`` when a rank path asks for more ranks than there are ids."""
+    if width > state.vocab_size:
+        raise ValueError(f"tree: a path asks for the rank-{width - 1} token of a head, but the vocabulary has "
+                         f"{state.vocab_size} ids")
+
+
+def tree_proposal(tokens: Tensor, parents: Tensor, forward_calls: int) -> Proposal:
+    """A tree whose children are a function of the context (distinct ranks of one distribution),
+    verified with the ``deterministic`` rule.
+
+    Shape:
+        tokens: ``[b, N]`` (the pending token first); parents: ``[N]`` (the root's ``-1``).
+    """
+    b, n = tokens.shape
+    tree = TokenTree(tokens, parents.to(tokens.device)[None].expand(b, -1).contiguous(),
+                     torch.full((b,), n, dtype=torch.long, device=tokens.device))
+    return Proposal(tokens, None, tree=tree, children="deterministic", forward_calls=forward_calls)
+
+
+class LastFeatureDrafter(DrafterBase):
+    """A drafter that keeps, per row, the target's last hidden state of its last committed token
+    (``last_feature``), from the features the engine hands over at every commit."""
+
+    feature_layers: tuple[int, ...] = (-1,)
+
+    def reset(self) -> None:
+        self.last_feature: Tensor | None = None  # [b, H]: the target feature of each row's last committed token
+
+    def _feature(self, state: DraftState, hidden: int, dtype: torch.dtype) -> Tensor:
+        """Each row's last committed feature, zeros for a row whose pending token is its first.
+
+        Shape: returns ``[b, H]`` on the drafter's device.
+        """
+        b = state.batch_size
+        feature = self.last_feature
+        if feature is None or feature.shape[0] != b:
+            feature = torch.zeros((b, hidden), dtype=dtype, device=self.device)
+        first = state.positions[:, state.num_columns - 1].to(self.device) == 0
+        return torch.where(first[:, None], torch.zeros_like(feature), feature).to(dtype)
+
+    def commit(self, update: CommitUpdate) -> None:
+        feats = update.features
+        if feats is not None and feats.shape[1] > 0:
+            # A step: the columns old pending .. old pending + the longest accepted run of the rows
+            # that continue, row r's last real one at index accepted_len[r] (rows that finish may
+            # have accepted more: clamped, they leave). After the prefill (accepted_len all zero):
+            # the prompt's columns, the last one real in every row that has one.
+            m = feats.shape[1]
+            accepted = update.accepted_len.to(feats.device).long()
+            index = accepted.clamp_max(m - 1) if bool(accepted.any()) else accepted.new_full(accepted.shape, m - 1)
+            self.last_feature = feats[torch.arange(feats.shape[0], device=feats.device), index].to(self.device)
+        if update.kept_rows is not None and self.last_feature is not None:
+            self.last_feature = self.last_feature[update.kept_rows.to(self.device)]
