@@ -18,6 +18,8 @@
 - :class:`VerticalCascadeDrafter` / :class:`HorizontalCascadeDrafter`: cascades (a draft model
   drafting with prompt lookup inside; a model for the first positions, prompt lookup after).
 - :class:`MedusaDrafter`: Medusa-1 heads on the target's last hidden state (chains and top-k trees).
+- :class:`PartialCacheDrafter`: the target over a partial KV cache (attention sinks plus a recent
+  window), TriForce's middle drafter; under a :class:`VerticalCascadeDrafter`, the hierarchy.
 """
 
 from specdecode.drafters.base import (
@@ -40,6 +42,7 @@ from specdecode.drafters.lookahead import LookaheadDrafter
 from specdecode.drafters.medusa import MedusaDrafter
 from specdecode.drafters.model import ModelDrafter
 from specdecode.drafters.ngram import NgramDrafter
+from specdecode.drafters.partial_cache import PartialCacheDrafter
 from specdecode.drafters.tokenizer_bridge import TokenizerBridgeDrafter
 
 __all__ = [
@@ -57,6 +60,7 @@ __all__ = [
     "MedusaDrafter",
     "ModelDrafter",
     "NgramDrafter",
+    "PartialCacheDrafter",
     "Proposal",
     "SideTokens",
     "StaticDraftState",
