@@ -11,10 +11,10 @@ document of ``--context-tokens`` tokens of Python standard-library source read f
 machine's Python, then the request (``--task``: summarize it, or continue it). Every speculative
 row's output is checked token for token against the target's own greedy output.
 
-Columns: ``tok/call`` (new tokens per target verification call), ``accept`` (accepted / drafted
+Columns: ``tok/call`` (new tokens after the first, the prefill's, per target verification call), ``accept`` (accepted / drafted
 tokens), ``draft fwd/call`` (drafter forwards per verification call), ``c`` (the time of one
-drafter forward over that of one target verification forward, decoding steps only, from the
-engine's statistics),
+drafter forward, or of one step's drafting for a drafter without forwards, over that of one
+target verification forward; decoding steps only, from the engine's statistics),
 ``decode tok/s`` (the new tokens after the first, over the decoding time: from the first
 decoding step to the end, less the drafter's own prefill of the prompt) and its speedup over the
 target alone, then ``e2e tok/s`` (the whole call, prefills included) and ``draft prefill s``.
@@ -164,14 +164,15 @@ def main() -> None:
                 raise AssertionError("greedy output differs from the target's own")
             s = out.stats
             prefill = drafter.prefill()
-            steps_target = s.target_time - s.target_prefill_time
+            calls = max(s.target_calls - s.target_prefill_calls, 1)
+            forwards = s.draft_calls or calls  # a drafter without forwards: its time per step
             return {"new": out.sequences.shape[1] - ids.shape[1], "total": total,
                     "decode": drafter.end - drafter.first_step - prefill,
-                    "tokens_per_call": s.block_efficiency,
+                    "tokens_per_call": (out.sequences.shape[1] - ids.shape[1] - 1) / calls,
                     "acceptance": s.acceptance_rate,
-                    "c": (s.draft_time - s.draft_prefill_time) / max(s.draft_calls, 1) / max(
-                        steps_target / max(s.target_calls - s.target_prefill_calls, 1), 1e-9),
-                    "draft_forwards_per_call": s.draft_calls / max(s.target_calls - s.target_prefill_calls, 1),
+                    "c": (s.draft_time - s.draft_prefill_time) / forwards / max(
+                        (s.target_time - s.target_prefill_time) / calls, 1e-9),
+                    "draft_forwards_per_call": s.draft_calls / calls,
                     "draft_prefill_s": prefill}
         return run
 
