@@ -72,7 +72,8 @@ class _Timed:
     def __init__(self, inner: Any, clock: Callable[[], float]) -> None:
         self.inner, self.clock = inner, clock
         self.propose_times: list[float] = []
-        self.first_step = self.end = None
+        self.first_step: float | None = None  # the clock when the first decoding step asked for drafts
+        self.end: float | None = None  # the clock at the last reset (the generation's end)
 
     def reset(self) -> None:
         self.inner.reset()
