@@ -29,17 +29,26 @@ def _cascades(draft):
     }
 
 
-@pytest.mark.parametrize("kind", ["vertical", "horizontal"])
-@pytest.mark.parametrize("arch", ARCHS)
-def test_greedy_equals_the_targets_greedy_generate(arch, kind):
-    target, draft = make_pair(arch)
+def assert_greedy_is_the_targets(target, make_drafter) -> list:
+    """Generate with ``make_drafter()`` on a repetitive prompt at batch 1 and on a left-padded
+    batch of 3; the output must be the target's own greedy one. Returns the drafters."""
+    drafters = []
     for lengths in ([11], [9, 14, 5]):
         ids, mask = repetitive_prompts(lengths, seed=len(lengths))
-        drafter = _cascades(draft)[kind]
+        drafter = make_drafter()
         out = specdecode.generate(target, drafter, ids, mask, num_draft_tokens=4, max_new_tokens=20,
                                   pad_token_id=PAD)
         assert torch.equal(out.sequences, hf_greedy(target, ids, mask, max_new_tokens=20))
         assert out.stats.drafter == drafter.name and out.stats.accepted_tokens > 0
+        drafters.append(drafter)
+    return drafters
+
+
+@pytest.mark.parametrize("kind", ["vertical", "horizontal"])
+@pytest.mark.parametrize("arch", ARCHS)
+def test_greedy_equals_the_targets_greedy_generate(arch, kind):
+    target, draft = make_pair(arch)
+    for drafter in assert_greedy_is_the_targets(target, lambda: _cascades(draft)[kind]):
         if kind == "vertical":
             assert drafter.guessed > 0  # n-gram guesses were really fed (used or not, the output is the same)
 
@@ -56,7 +65,9 @@ def test_vertical_needs_fewer_draft_forwards_for_the_same_proposals():
     assert vertical.stats.draft_calls < plain.stats.draft_calls
 
 
-class RecordingVertical(VerticalCascadeDrafter):
+class Recording:
+    """Mixin: records every proposal with the row contexts it was drafted from."""
+
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.seen: list[tuple[list[torch.Tensor], object]] = []
@@ -66,6 +77,22 @@ class RecordingVertical(VerticalCascadeDrafter):
         proposal = super().propose(state, num_tokens)
         self.seen.append((contexts, proposal))
         return proposal
+
+
+class RecordingVertical(Recording, VerticalCascadeDrafter):
+    pass
+
+
+def assert_draft_logits_are_the_models(model, seen) -> None:
+    """Every recorded position's logits equal ``model`` run without a cache on the row's context
+    and the tokens drafted before it."""
+    with torch.no_grad():
+        for contexts, proposal in seen:
+            for row, context in enumerate(contexts):
+                for i in range(proposal.num_tokens):
+                    seq = torch.cat([context, proposal.draft_tokens[row, :i]])[None]
+                    expected = model(seq).logits[0, -1]
+                    torch.testing.assert_close(proposal.draft_logits[row, i], expected, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -78,13 +105,7 @@ def test_every_vertical_draft_distribution_is_the_draft_models_own(arch):
     drafter = RecordingVertical(draft, NgramDrafter(min_acceptance=0.0), inner_tokens=3)
     specdecode.generate(target, drafter, ids, mask, num_draft_tokens=4, max_new_tokens=16, pad_token_id=PAD)
     assert drafter.guesses_used > 0 and drafter.guessed > drafter.guesses_used  # some guesses failed
-    with torch.no_grad():
-        for contexts, proposal in drafter.seen:
-            for row, context in enumerate(contexts):
-                for i in range(proposal.num_tokens):
-                    seq = torch.cat([context, proposal.draft_tokens[row, :i]])[None]
-                    expected = draft(seq).logits[0, -1]
-                    torch.testing.assert_close(proposal.draft_logits[row, i], expected, rtol=1e-4, atol=1e-4)
+    assert_draft_logits_are_the_models(draft, drafter.seen)
 
 
 class RecordingHorizontal(HorizontalCascadeDrafter):

@@ -20,6 +20,8 @@
 - :class:`MedusaDrafter`: Medusa-1 heads on the target's last hidden state (chains and top-k trees).
 - :class:`HydraDrafter`: Hydra heads, each reading the last hidden state and the embeddings of
   the tokens drafted before it (chains and top-k trees conditioned on each node's path).
+- :class:`PartialCacheDrafter`: the target over a partial KV cache (attention sinks plus a recent
+  window), TriForce's middle drafter; under a :class:`VerticalCascadeDrafter`, the hierarchy.
 """
 
 from specdecode.drafters.base import (
@@ -43,6 +45,7 @@ from specdecode.drafters.lookahead import LookaheadDrafter
 from specdecode.drafters.medusa import MedusaDrafter
 from specdecode.drafters.model import ModelDrafter
 from specdecode.drafters.ngram import NgramDrafter
+from specdecode.drafters.partial_cache import PartialCacheDrafter
 from specdecode.drafters.tokenizer_bridge import TokenizerBridgeDrafter
 
 __all__ = [
@@ -61,6 +64,7 @@ __all__ = [
     "MedusaDrafter",
     "ModelDrafter",
     "NgramDrafter",
+    "PartialCacheDrafter",
     "Proposal",
     "SideTokens",
     "StaticDraftState",

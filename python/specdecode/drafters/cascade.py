@@ -47,8 +47,8 @@ def _model_drafter(draft: Any, arg: str) -> ModelDrafter:
         return draft
     if isinstance(draft, torch.nn.Module):
         return ModelDrafter(draft)
-    raise TypeError(f"{arg}: expected a draft model or a ModelDrafter (LayerSkipDrafter, ExitAdapterDrafter, ...), "
-                    f"got {type(draft).__name__}")
+    raise TypeError(f"{arg}: expected a draft model or a ModelDrafter (LayerSkipDrafter, ExitAdapterDrafter, "
+                    f"PartialCacheDrafter, ...), got {type(draft).__name__}")
 
 
 def _host(tensor: Tensor) -> np.ndarray:
@@ -217,7 +217,7 @@ class VerticalCascadeDrafter(DrafterBase):
             used = local.any(0).nonzero()
             keep = int(used[-1]) + 1 if used.numel() else 0
             if keep < local.shape[1]:
-                kv_cache.crop(d.cache, pending + 1 + keep)
+                d.crop_columns(pending + 1 + keep)
                 local = local[:, :keep]
         # Where every step column is valid for every row (always at batch 1, once unused columns
         # are gone), they hold y_1 .. y_L in order: the engine's next columns, kept like

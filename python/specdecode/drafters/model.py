@@ -139,13 +139,19 @@ class ModelDrafter(DrafterBase):
         return Proposal(built.tree.tokens, built.draft_logits, tree=built.tree, children=built.children,
                         forward_calls=1 + built.forward_calls, prefill_seconds=prefill_seconds)
 
+    def crop_columns(self, columns: int) -> None:
+        """Keep the draft cache's entries of the engine's first ``columns`` columns (no-op when it
+        holds no more). The one place the cache is cut by column: a drafter whose cache does not
+        hold every column (:class:`~specdecode.drafters.PartialCacheDrafter`) translates here."""
+        kv_cache.crop(self.cache, columns)
+
     def commit(self, update: CommitUpdate) -> None:
         if self.tree is not None and update.accepted_nodes is not None:
             self.tree.record(update.accepted_nodes)  # builders that learn from each step's accepted path
         if self.cache is None:
             return
         valid = min(self.cached_columns, update.num_columns - 1)  # everything before the new pending token
-        kv_cache.crop(self.cache, valid)
+        self.crop_columns(valid)
         self.cached_columns = valid
         if update.kept_rows is not None:
             kv_cache.select_rows(self.cache, update.kept_rows.to(self.device))

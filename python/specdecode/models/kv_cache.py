@@ -63,6 +63,15 @@ def select_rows(cache: Any, index: Tensor) -> None:
             layer.values = layer.values.index_select(0, index.to(layer.values.device))
 
 
+def _filled_layers(cache: Any, what: str) -> list[Any]:
+    """The cache's plain layers that hold columns, or ``RuntimeError`` saying the cache cannot
+    ``what``."""
+    layers = plain_layers(cache)
+    if layers is None:
+        raise RuntimeError(f"this cache type cannot {what} (sliding-window or quantized layers)")
+    return [layer for layer in layers if isinstance(getattr(layer, "keys", None), Tensor) and layer.keys.numel()]
+
+
 def gather_columns(cache: Any, order: Tensor, start: int = 0) -> None:
     """Per-row column gather of every layer, from column ``start`` on:
     ``keys[b, :, start + j] <- keys[b, :, order[b, j]]``; the cache then holds
@@ -71,16 +80,10 @@ def gather_columns(cache: Any, order: Tensor, start: int = 0) -> None:
     Shape:
         order: ``[b, n]`` int64, each entry a column index below the cache's length.
     """
-    layers = plain_layers(cache)
-    if layers is None:
-        raise RuntimeError("this cache type cannot gather columns (sliding-window or quantized layers)")
-    for layer in layers:
-        keys = getattr(layer, "keys", None)
-        if not isinstance(keys, Tensor) or keys.numel() == 0:
-            continue
-        b, h, _, d = keys.shape
-        index = order.to(keys.device)[:, None, :, None].expand(b, h, order.shape[1], d)
-        layer.keys = _join(keys, index, start)
+    for layer in _filled_layers(cache, "gather columns"):
+        b, h, _, d = layer.keys.shape
+        index = order.to(layer.keys.device)[:, None, :, None].expand(b, h, order.shape[1], d)
+        layer.keys = _join(layer.keys, index, start)
         layer.values = _join(layer.values, index, start)
 
 
@@ -89,3 +92,11 @@ def _join(tensor: Tensor, index: Tensor, start: int) -> Tensor:
     if start == 0:
         return gathered
     return torch.cat([tensor[:, :, :start], gathered], 2)
+
+
+def drop_columns(cache: Any, start: int, stop: int) -> None:
+    """Remove columns ``[start, stop)`` of every layer, for every row; the columns after them
+    move down (their keys keep the positions they were computed at)."""
+    for layer in _filled_layers(cache, "drop columns"):
+        layer.keys = torch.cat([layer.keys[:, :, :start], layer.keys[:, :, stop:]], 2)
+        layer.values = torch.cat([layer.values[:, :, :start], layer.values[:, :, stop:]], 2)
