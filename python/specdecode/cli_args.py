@@ -89,8 +89,12 @@ def non_empty(name: str) -> Callable[[str], str]:
 
 
 def sampling(temperature_value: float) -> dict[str, Any]:
-    """``generate``'s sampling keywords for a command-line temperature (0 = greedy)."""
-    return dict(do_sample=True, temperature=temperature_value) if temperature_value > 0 else dict(do_sample=False)
+    """``generate``'s sampling keywords for a command-line temperature (0 = greedy). Sampling is
+    from the whole distribution (``top_k=0``): Hugging Face's ``generate`` would otherwise apply
+    its generation config's default top-50 filter, and specdecode applies no filter unless told,
+    so the baselines and specdecode's runs sample the same law."""
+    return (dict(do_sample=True, temperature=temperature_value, top_k=0) if temperature_value > 0
+            else dict(do_sample=False))
 
 
 CPU_FAST_PATH = {"auto": None, "on": True, "off": False}

@@ -136,8 +136,6 @@ def _generations(target: Any, drafter: Any, prompts: list[torch.Tensor], method:
     for ids in prompts:
         if drafter is None:  # HF generate: always with the mask (SmolLM2's pad id <|im_end|> is in chat prompts)
             extra: dict[str, Any] = dict(prompt_lookup_num_tokens=num_draft_tokens) if method == HF_LOOKUP else {}
-            if temperature > 0:  # HF samples from the top 50 unless told otherwise; specdecode from all
-                extra["top_k"] = 0
             with specdecode.cpu.accelerated(target, enabled=False if method == TARGET_EAGER else cpu_fast_path):
                 outputs.append((target.generate(ids, attention_mask=torch.ones_like(ids), **common, **extra), None))
         else:
