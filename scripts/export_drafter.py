@@ -1,0 +1,49 @@
+#!/usr/bin/env python
+"""Copy a trained drafter folder with its floating-point weights stored in half precision.
+
+    python scripts/export_drafter.py runs/smol-eagle python/specdecode/pair_drafters/smollm2-eagle
+
+What ``python -m specdecode train`` writes is float32 with a training checkpoint and a data
+cache beside it; what ships inside the package is only the drafter: ``model.safetensors`` in
+float16 (or ``--dtype bfloat16``), its kind's JSON config and ``specdecode_drafter.json``.
+Loading casts the weights back to the target's dtype (``load_state_dict`` copies into the
+drafter's own float32 parameters), so a shipped drafter drafts like the trained one up to the
+half-precision rounding of its weights.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+
+def export(src: Path, dst: Path, dtype: torch.dtype) -> int:
+    """Write the half-precision copy; returns the size of its weights file in bytes."""
+    if not (src / "model.safetensors").is_file() or not (src / "specdecode_drafter.json").is_file():
+        raise SystemExit(f"src: {src} is not a drafter folder (model.safetensors and specdecode_drafter.json)")
+    dst.mkdir(parents=True, exist_ok=True)
+    state = load_file(str(src / "model.safetensors"))
+    state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
+    save_file(state, str(dst / "model.safetensors"))
+    for item in src.iterdir():
+        if item.suffix == ".json" and item.name != "progress.json":
+            shutil.copy2(item, dst / item.name)
+    return (dst / "model.safetensors").stat().st_size
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("src", type=Path, help="a folder written by python -m specdecode train")
+    parser.add_argument("dst", type=Path, help="where the copy goes")
+    parser.add_argument("--dtype", choices=["float16", "bfloat16"], default="float16")
+    args = parser.parse_args()
+    size = export(args.src, args.dst, getattr(torch, args.dtype))
+    print(f"{args.dst}: weights {size / 1e6:.2f} MB ({args.dtype})")
+
+
+if __name__ == "__main__":
+    main()
