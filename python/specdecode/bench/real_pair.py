@@ -282,7 +282,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> list[dict[st
         parser.error(f"argument --num-prompts: num_prompts: the {args.prompt_set!r} set has {available} prompts")
     torch.manual_seed(args.seed)
     try:
-        target, _, tokenizer, description = load_command_pair(PAIR)
+        target, _, tokenizer, description = load_command_pair(PAIR, drafter_dir="ngram")  # rows: its own
         drafters = load_drafters(args.drafter_dir or [], target)
     except (ValueError, TypeError) as exc:  # what only the models can tell (a drafter for another target)
         parser.exit(2, f"{parser.prog}: error: {exc}\n")
