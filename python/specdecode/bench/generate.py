@@ -26,7 +26,6 @@ with both HF modes measured in the same run. The columns use the words of docs/g
 from __future__ import annotations
 
 import argparse
-import copy
 import logging
 import statistics
 import sys
@@ -40,7 +39,7 @@ from specdecode import cli_args, pairs
 from specdecode import vocabulary as words
 from specdecode.analysis import expected_speedup
 from specdecode.bench.harness import (CLOCKS, Column, add_run_options, base_parser, environment, finish_run_options,
-                                      format_table, time_call, write_results)
+                                      format_table, time_call, without_eos, write_results)
 
 BASELINES = ("target alone", "target alone, fast path", "HF assisted", "HF prompt lookup")
 # "target alone, fast path": the target's own generate through specdecode.cpu's fast path (the
@@ -106,14 +105,6 @@ def _left_pad(prompts: list[torch.Tensor], pad_id: int) -> tuple[torch.Tensor, t
 
 def _batches(prompts: list[torch.Tensor], batch_size: int) -> list[list[torch.Tensor]]:
     return [prompts[i: i + batch_size] for i in range(0, len(prompts), batch_size)]
-
-
-def without_eos(model: Any) -> Any:
-    """``model`` with a copy of its generation config in which EOS is off (every generate call
-    then runs to max_new_tokens)."""
-    model.generation_config = copy.deepcopy(model.generation_config)
-    model.generation_config.eos_token_id = None
-    return model
 
 
 class _DropMessage(logging.Filter):

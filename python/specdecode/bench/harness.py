@@ -9,6 +9,7 @@ measured in the same run; absolute times mean little.
 from __future__ import annotations
 
 import argparse
+import copy
 import csv
 import io
 import json
@@ -211,3 +212,11 @@ def finish_run_options(parser: argparse.ArgumentParser, args: argparse.Namespace
         torch.set_num_threads(args.threads)
     if args.clock == "cpu" and torch.get_num_threads() != 1:
         parser.error("--clock cpu counts only this thread's CPU time; run with --threads 1")
+
+
+def without_eos(model: Any) -> Any:
+    """``model`` with a copy of its generation config in which EOS is off (every generate call
+    then runs to max_new_tokens)."""
+    model.generation_config = copy.deepcopy(model.generation_config)
+    model.generation_config.eos_token_id = None
+    return model

@@ -40,7 +40,7 @@ import torch
 from specdecode import cli_args
 from specdecode import vocabulary as words
 from specdecode.bench.harness import (CLOCKS, Column, add_run_options, base_parser, environment, finish_run_options,
-                                      format_table, time_call, write_results)
+                                      format_table, time_call, without_eos, write_results)
 
 #: The name of the pair this benchmark runs (``--pair``).
 PAIR = "smollm2"
@@ -158,7 +158,6 @@ def measure(target: Any, drafters: dict[str, Any], prompts: list[torch.Tensor], 
     Raises ``RuntimeError`` naming the method when, at temperature 0, a specdecode method's
     output differs from the target's greedy output (the fast-path row's); ``ValueError`` /
     ``TypeError`` naming the argument for bad input."""
-    from specdecode.bench.generate import without_eos
     from specdecode.integrations.hf.arguments import check_int
 
     for name, value in (("num_draft_tokens", num_draft_tokens), ("max_new_tokens", max_new_tokens),
