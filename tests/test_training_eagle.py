@@ -108,8 +108,11 @@ def test_a_frozen_reduced_head_is_the_target_rows_and_is_not_saved(tmp_path):
     out = specdecode.generate(target, loaded, ids, mask, num_draft_tokens=3, max_new_tokens=10)
     want = target.generate(ids, attention_mask=mask, max_new_tokens=10, do_sample=False, pad_token_id=PAD)
     assert torch.equal(out.sequences, want)
+    cached = sorted((tmp_path / "shared").glob("*/batch_*.pt"))
+    stamps = [f.stat().st_mtime_ns for f in cached]
     second = train_drafter("eagle", target, tmp_path / "b", **settings)  # same data: read from the shared cache
-    assert second.record["training"]["data_seconds"] < result.record["training"]["data_seconds"] + 5
+    assert sorted((tmp_path / "shared").glob("*/batch_*.pt")) == cached  # no batch made again
+    assert [f.stat().st_mtime_ns for f in cached] == stamps and not (tmp_path / "b" / "data").exists()
     trained = second.drafter.model.lm_head.weight
     assert not torch.equal(trained, target.get_output_embeddings().weight[second.drafter.model.draft_to_target])
     with pytest.raises(ValueError, match="train_head"):
