@@ -106,6 +106,9 @@ def test_drafter_folders(tiny_target: Any, drafter_dir: Path, tmp_path: Path) ->
     shutil.copytree(drafter_dir, twin)
     assert list(real_pair.load_drafters([drafter_dir, twin], tiny_target))[1:] == [
         f"specdecode draft ({drafter_dir.name})", f"specdecode draft ({twin})"]
+    with_trees = real_pair.load_drafters([drafter_dir], tiny_target, tree="dynamic", num_nodes=[4, 6], tree_depth=2)
+    assert list(with_trees)[2:] == [f"specdecode draft ({drafter_dir.name}) dynamic tree {n}, depth 2" for n in (4, 6)]
+    assert [with_trees[name].tree.num_nodes for name in list(with_trees)[2:]] == [4, 6]
     with pytest.raises(ValueError, match="^target: .*trained for"):
         real_pair.load_drafters([drafter_dir], make_model("llama", seed=5))
     with pytest.raises(ValueError, match="^path: .*no trained drafter"):
@@ -137,12 +140,13 @@ def test_bench_pair_smollm2_end_to_end(tiny_smollm2: Any, drafter_dir: Path, tmp
 
     out = tmp_path / "res"
     main(["bench", "--pair", "smollm2", "--drafter-dir", str(drafter_dir), "--prompt-set", "tune", "--num-prompts",
-          "2", "--max-new-tokens", "8", "--repeats", "1", "--threads", "1", "--clock", "cpu", "--out", str(out)])
+          "2", "--max-new-tokens", "8", "--repeats", "1", "--threads", "1", "--clock", "cpu", "--out", str(out),
+          "--tree", "dynamic", "--num-nodes", "4"])
     screen = capsys.readouterr().out
     assert "tune chat prompts (2), batch 1, gamma 4," in " ".join(screen.split())
     methods = ["target alone, eager", "target alone, fast path", "HF prompt lookup", "specdecode ngram",
-               f"specdecode draft ({drafter_dir.name})"]
-    for method in methods[:-1]:
+               f"specdecode draft ({drafter_dir.name})", f"specdecode draft ({drafter_dir.name}) dynamic tree 4"]
+    for method in methods[:-2]:
         assert re.findall(rf"^([01]) +{re.escape(method)} ", screen, flags=re.M) == ["0", "1"], method
     assert "specdecode draft" in screen  # a long name may wrap in its column
     rows = list(csv.DictReader((out / "bench_smollm2.csv").open()))
@@ -221,12 +225,15 @@ def test_every_drafter_kind_gets_a_row(kind: str, tiny_target: Any, tmp_path: Pa
     train_drafter(kind, tiny_target, tmp_path / kind, data=[[3 + i, 9, 4 + i, 7] for i in range(4)], max_steps=1,
                   progress=False, data_settings=DataSettings(max_length=16, max_new_tokens=6, batch_size=4, top_k=8),
                   loop_settings=LoopSettings(batch_size=4, warmup_steps=1))
-    drafters = real_pair.load_drafters([tmp_path / kind], tiny_target)
+    drafters = real_pair.load_drafters([tmp_path / kind], tiny_target, tree="dynamic", num_nodes=[5])
     name = f"specdecode {kind} ({kind})"
-    rows = real_pair.measure(tiny_target, {name: drafters[name]}, real_pair.chat_prompts(ChatTokenizer(), "tune", 1),
-                             temperatures=[0, 1], num_draft_tokens=3, max_new_tokens=6)
-    spec = [r for r in rows if r["method"] == name]
-    assert len(spec) == 2 and all(r["tokens"] == 6 and r["tokens_per_call"] >= 1.0 for r in spec)
+    names = [name] + [f"{name} dynamic tree 5"] * (kind in ("draft", "eagle"))  # kinds that draft any tree
+    assert list(drafters)[1:] == names
+    rows = real_pair.measure(tiny_target, {n: drafters[n] for n in names},
+                             real_pair.chat_prompts(ChatTokenizer(), "tune", 1), temperatures=[0, 1],
+                             num_draft_tokens=3, max_new_tokens=6)
+    spec = [r for r in rows if r["method"] in names]
+    assert len(spec) == 2 * len(names) and all(r["tokens"] == 6 and r["tokens_per_call"] >= 1.0 for r in spec)
 
 
 def test_a_greedy_difference_stops_the_benchmark(tiny_smollm2: Any, monkeypatch: pytest.MonkeyPatch,

@@ -260,3 +260,24 @@ def test_bad_arguments_are_refused():
     ids = left_padded([4], vocab=111, seed=0)[0]
     with pytest.raises(ValueError, match="static"):
         specdecode.generate(target, EagleDrafter(target, model), ids, max_new_tokens=4, decode_path="static")
+
+
+def test_generate_tree_arguments_reach_the_drafter():
+    """``generate(..., tree="dynamic", num_nodes=, tree_depth=)`` with an EagleDrafter drafts
+    trees through ``with_tree``: the target's greedy output, the same steps as the drafter
+    built with that tree, and the drafter passed in is left a chain drafter."""
+    target = target_model("llama")
+    chain = eagle(target, reduced=True)
+    ids, mask = left_padded([5, 9, 2], vocab=111, seed=4)
+    out = specdecode.generate(target, chain, ids, mask, tree="dynamic", num_nodes=6, tree_depth=3, max_new_tokens=12)
+    assert torch.equal(out.sequences, hf_greedy(target, ids, mask, max_new_tokens=12))
+    assert chain.tree is None
+    built = EagleDrafter(target, chain.model, tree=DynamicTree(num_nodes=6, max_depth=3))
+    same = specdecode.generate(target, built, ids, mask, max_new_tokens=12)
+    assert same.stats.row_steps == out.stats.row_steps and same.stats.draft_calls == out.stats.draft_calls
+    copy = chain.with_tree("sequoia", num_nodes=5)
+    assert isinstance(copy.tree, SequoiaTree) and copy.model is chain.model
+    with pytest.raises(ValueError, match="tree"):
+        specdecode.generate(target, chain, ids, mask, tree="bushy", max_new_tokens=4)
+    with pytest.raises(ValueError, match="num_nodes"):
+        specdecode.generate(target, chain, ids, mask, tree="dynamic", num_nodes=1, max_new_tokens=4)

@@ -79,10 +79,13 @@ def chat_prompts(tokenizer: Any, prompt_set: str, num_prompts: int | None = None
     return [chat_ids(tokenizer, t) for t in texts[:num_prompts]]
 
 
-def load_drafters(folders: Sequence[str | Path], target: Any) -> dict[str, Any]:
+def load_drafters(folders: Sequence[str | Path], target: Any, *, tree: str | None = None,
+                  num_nodes: Sequence[int] = (16,), tree_depth: int | None = None) -> dict[str, Any]:
     """Method name -> drafter: ``NgramDrafter`` first, then the trained drafter of each folder
     (``specdecode.load_drafter``, which raises ``ValueError`` naming ``target`` for a drafter
-    trained for another model), named after its kind and folder."""
+    trained for another model), named after its kind and folder. With ``tree`` (``"dynamic"``,
+    ``"sequoia"``, ``"static"``), every trained drafter that drafts trees (``with_tree``) also
+    gets one row per ``num_nodes`` with that tree, ``tree_depth`` deep at most."""
     from specdecode.drafters import NgramDrafter
     from specdecode.training.artifacts import load_drafter, read_record
 
@@ -94,8 +97,28 @@ def load_drafters(folders: Sequence[str | Path], target: Any) -> dict[str, Any]:
         seen.add(Path(folder).resolve())
         kind = read_record(folder)["kind"]
         name = f"specdecode {kind} ({Path(folder).name})"
-        drafters[name if name not in drafters else f"specdecode {kind} ({folder})"] = load_drafter(folder, target)
+        name = name if name not in drafters else f"specdecode {kind} ({folder})"
+        drafters[name] = load_drafter(folder, target)
+        if tree is not None:
+            depth = "" if tree_depth is None else f", depth {tree_depth}"
+            for n in num_nodes:
+                with_tree = _tree_drafter(drafters[name], tree, n, tree_depth)
+                if with_tree is not None:
+                    drafters[f"{name} {tree} tree {n}{depth}"] = with_tree
     return drafters
+
+
+def _tree_drafter(drafter: Any, tree: str, num_nodes: int, tree_depth: int | None) -> Any:
+    """``drafter`` drafting trees (a draft model through ``ModelDrafter``, a drafter through its
+    ``with_tree``), or None for a kind that drafts its own shapes only (Medusa, Hydra, exit)."""
+    from specdecode.drafters import ModelDrafter
+    from specdecode.trees.builders import make_tree_builder
+
+    if isinstance(drafter, torch.nn.Module):
+        return ModelDrafter(drafter, tree=make_tree_builder(tree, num_nodes=num_nodes, max_depth=tree_depth))
+    if callable(getattr(drafter, "with_tree", None)):
+        return drafter.with_tree(tree, num_nodes=num_nodes, tree_depth=tree_depth)
+    return None
 
 
 def speculative_row(stats: Sequence[Any]) -> dict[str, Any]:
@@ -257,6 +280,13 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     parser.add_argument("--drafter-dir", nargs="+", action="extend", metavar="DIR",
                         help="folders of drafters trained with `python -m specdecode train KIND --target smollm2`, "
                              "one row each")
+    parser.add_argument("--tree", choices=["dynamic", "sequoia", "static"],
+                        help="also run each trained drafter that drafts trees with this tree builder (one more row "
+                             "per --num-nodes)")
+    parser.add_argument("--num-nodes", type=cli_args.int_at_least("num_nodes", 2), nargs="+", default=[16],
+                        help="with --tree: tree sizes, root included (default: 16)")
+    parser.add_argument("--tree-depth", type=cli_args.int_at_least("tree_depth", 1),
+                        help="with --tree: the deepest draft (default: the builder's)")
     parser.add_argument("--prompt-set", choices=["report", "tune"], default="report",
                         help="held-out chat requests: 'report' (16, never tuned on) or 'tune' (4)")
     parser.add_argument("--num-prompts", type=cli_args.int_at_least("num_prompts", 1),
@@ -282,7 +312,8 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> list[dict[st
     torch.manual_seed(args.seed)
     try:
         target, _, tokenizer, description = load_command_pair(PAIR, drafter_dir="ngram")  # rows: its own
-        drafters = load_drafters(args.drafter_dir or [], target)
+        drafters = load_drafters(args.drafter_dir or [], target, tree=args.tree, num_nodes=args.num_nodes,
+                                 tree_depth=args.tree_depth)
     except (ValueError, TypeError) as exc:  # what only the models can tell (a drafter for another target)
         parser.exit(2, f"{parser.prog}: error: {exc}\n")
     prompts = chat_prompts(tokenizer, args.prompt_set, args.num_prompts)
