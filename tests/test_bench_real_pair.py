@@ -227,7 +227,7 @@ def test_every_drafter_kind_gets_a_row(kind: str, tiny_target: Any, tmp_path: Pa
                   loop_settings=LoopSettings(batch_size=4, warmup_steps=1))
     drafters = real_pair.load_drafters([tmp_path / kind], tiny_target, tree="dynamic", num_nodes=[5])
     name = f"specdecode {kind} ({kind})"
-    names = [name] + [f"{name} dynamic tree 5"] * (kind in ("draft", "eagle"))  # kinds that draft any tree
+    names = [name] + [f"{name} dynamic tree 5"] * (kind in ("draft", "eagle", "exit"))  # kinds that draft any tree
     assert list(drafters)[1:] == names
     rows = real_pair.measure(tiny_target, {n: drafters[n] for n in names},
                              real_pair.chat_prompts(ChatTokenizer(), "tune", 1), temperatures=[0, 1],

@@ -164,3 +164,30 @@ def test_bad_proposals_are_reported_with_the_drafter_name():
         specdecode.generate(target, NotAProposal(), ids, num_draft_tokens=2, max_new_tokens=5)
     with pytest.raises(TypeError, match="draft"):
         specdecode.generate(target, object(), ids, max_new_tokens=5)
+
+
+@pytest.mark.parametrize("kind", ["model", "layer_skip"])
+def test_generate_tree_arguments_reach_a_drafter_instance(kind):
+    """``generate(..., tree="dynamic", num_nodes=, tree_depth=)`` with a drafter instance that
+    drafts with a model (``with_tree``): a tree-drafting copy, the target's greedy output, and
+    the drafter passed in stays a chain drafter."""
+    from specdecode.drafters import LayerSkipDrafter
+
+    target, draft = make_pair("llama", vocab=111)
+    drafter = ModelDrafter(draft) if kind == "model" else LayerSkipDrafter(target, num_layers=1)
+    ids, mask = left_padded([5, 9, 2], vocab=111, seed=3)
+    out = specdecode.generate(target, drafter, ids, mask, tree="dynamic", num_nodes=6, tree_depth=3, max_new_tokens=14)
+    assert torch.equal(out.sequences, hf_greedy(target, ids, mask, max_new_tokens=14))
+    assert drafter.tree is None and out.stats.draft_calls > 0
+    copy = drafter.with_tree("static", num_nodes=5)
+    assert copy.tree is not None and copy.model is drafter.model and type(copy) is type(drafter)
+
+
+def test_a_partial_cache_drafter_refuses_trees():
+    from specdecode.drafters.partial_cache import PartialCacheDrafter
+
+    target, _ = make_pair("llama", vocab=111)
+    ids, mask = left_padded([5, 9], vocab=111, seed=3)
+    with pytest.raises(ValueError, match="^tree: PartialCacheDrafter drafts chains only"):
+        specdecode.generate(target, PartialCacheDrafter(target, window=4, num_sink_tokens=1), ids, mask,
+                            tree="dynamic", max_new_tokens=4)

@@ -193,3 +193,42 @@ def test_command_refuses_eagle_options_for_other_kinds():
         run_train(argparse.Namespace(kind="draft", draft_vocab=None, unroll=2, **base))
     with pytest.raises(ValueError, match="freeze_head"):
         run_train(argparse.Namespace(kind="eagle", draft_vocab=None, unroll=None, freeze_head=True, **base))
+
+
+def test_generation_settings_in_the_record(demo_eagle, tmp_path):
+    """A record's ``"generation"`` entry: load_drafter returns the drafter with that tree and
+    draft length; generate uses the length unless told another; bad entries name the path."""
+    import json
+    import shutil
+
+    from specdecode.trees.builders import DynamicTree
+
+    target, tokenizer, result = demo_eagle
+    folder = tmp_path / "with-settings"
+    shutil.copytree(result.path, folder)
+    record_file = folder / "specdecode_drafter.json"
+    record = json.loads(record_file.read_text())
+
+    def write(generation):
+        record_file.write_text(json.dumps({**record, "generation": generation}))
+
+    ids = tokenizer(["def parse(text):\n"], return_tensors="pt").input_ids
+    write({"num_draft_tokens": 2})
+    chain = specdecode.load_drafter(folder, target)
+    assert chain.tree is None and chain.default_num_draft_tokens == 2
+    steps = specdecode.generate(target, chain, ids, max_new_tokens=12, eos_token_id=None)
+    told = specdecode.generate(target, chain, ids, max_new_tokens=12, eos_token_id=None, num_draft_tokens=2)
+    assert steps.stats.drafted_tokens == told.stats.drafted_tokens
+    assert torch.equal(steps.sequences, told.sequences)
+    longer = specdecode.generate(target, chain, ids, max_new_tokens=12, eos_token_id=None, num_draft_tokens=4)
+    assert len(longer.stats.position_drafted) == 4 and len(steps.stats.position_drafted) == 2
+    write({"num_draft_tokens": 3, "tree": "dynamic", "num_nodes": 6, "tree_depth": 3})
+    tree = specdecode.load_drafter(folder, target)
+    assert isinstance(tree.tree, DynamicTree) and (tree.tree.num_nodes, tree.tree.max_depth) == (6, 3)
+    out = specdecode.generate(target, tree, ids, max_new_tokens=12, eos_token_id=None)
+    assert torch.equal(out.sequences, steps.sequences)  # greedy: the target's own output either way
+    for bad, named in [({"num_draft_tokens": 0}, "num_draft_tokens"), ({"gamma": 2}, "keys"),
+                       ({"num_nodes": 6}, "go with tree"), ({"tree": "bushy"}, "tree")]:
+        write(bad)
+        with pytest.raises(ValueError, match=named):
+            specdecode.load_drafter(folder, target)

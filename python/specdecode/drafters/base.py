@@ -333,6 +333,30 @@ class StaticDrafter(Protocol):
     def static_propose(self, state: StaticDraftState, num_tokens: int) -> tuple[Tensor, Tensor]: ...
 
 
+class TreeBuilderDrafter:
+    """For drafters whose ``tree`` attribute is a :class:`~specdecode.trees.builders.TreeBuilder`
+    (None: chains) and whose ``reset`` clears every per-generation state: :meth:`with_tree`."""
+
+    tree: Any = None
+
+    def with_tree(self, tree: Any = "dynamic", num_nodes: int = 16, tree_depth: int | None = None,
+                  tree_children: str | None = None) -> Any:
+        """A copy of this drafter, sharing its model, that drafts token trees built by
+        :func:`~specdecode.trees.builders.make_tree_builder` (``generate``'s ``tree=``,
+        ``num_nodes``, ``tree_depth`` and ``tree_children`` land here; this drafter is not
+        modified): ``"dynamic"`` (EAGLE-2), ``"sequoia"``, ``"static"``, a shape, rank paths or
+        a builder."""
+        import copy
+
+        from specdecode.trees.builders import make_tree_builder
+
+        builder = make_tree_builder(tree, num_nodes=num_nodes, max_depth=tree_depth, children=tree_children)
+        clone = copy.copy(self)
+        clone.tree = builder
+        clone.reset()
+        return clone
+
+
 class DrafterBase:
     """Convenience base for drafters: no-op ``reset`` / ``commit`` and the checks the engine
     runs on every proposal (:meth:`check_proposal`). Subclasses implement ``propose``."""
@@ -341,6 +365,9 @@ class DrafterBase:
     name: str = "drafter"
     #: Most cache columns the drafter can attend over (a sliding window), or None.
     max_columns: int | None = None
+    #: Draft tokens per step ``generate`` uses when not told (None: its default, 5); a trained
+    #: drafter's record may set it (``specdecode.load_drafter``).
+    default_num_draft_tokens: int | None = None
 
     def reset(self) -> None:  # noqa: D102
         return None

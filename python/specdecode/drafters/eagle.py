@@ -25,16 +25,14 @@ Its training recipe is the kit's ``eagle`` kind (:mod:`specdecode.training.eagle
 from __future__ import annotations
 
 import copy
-from typing import Any
-
 import torch
 from torch import Tensor, nn
 
-from specdecode.drafters.base import CommitUpdate, DrafterBase, DraftState, Proposal
+from specdecode.drafters.base import CommitUpdate, DrafterBase, DraftState, Proposal, TreeBuilderDrafter
 from specdecode.drafters.model import _TreeSlots
 from specdecode.models import cache_kwargs, check_feature_layers, input_device, kv_cache, vocab_rows
 from specdecode.sampling import sample_logits
-from specdecode.trees.builders import TreeBuilder, make_tree_builder
+from specdecode.trees.builders import TreeBuilder
 
 __all__ = ["EagleDrafter", "EagleModel", "decoder_config"]
 
@@ -157,7 +155,7 @@ class EagleModel(nn.Module):
         return full
 
 
-class EagleDrafter(DrafterBase):
+class EagleDrafter(TreeBuilderDrafter, DrafterBase):
     """Drafts for ``target`` with an :class:`EagleModel` (usually from
     :func:`specdecode.load_drafter`, trained by ``python -m specdecode train eagle``).
 
@@ -190,20 +188,6 @@ class EagleDrafter(DrafterBase):
         self.feature_layers = model.feature_layers
         self.device = input_device(target)
         self.reset()
-
-    def with_tree(self, tree: Any = "dynamic", num_nodes: int = 16, tree_depth: int | None = None,
-                  tree_children: str | None = None) -> EagleDrafter:
-        """A new drafter on the same model that drafts token trees (``generate``'s ``tree=``,
-        ``num_nodes``, ``tree_depth`` and ``tree_children`` land here; this one is not modified):
-        ``"dynamic"`` (EAGLE-2, ranked by the drafter's calibrated path values), ``"sequoia"``,
-        ``"static"``, a shape or a :class:`~specdecode.trees.builders.TreeBuilder`
-        (:func:`~specdecode.trees.builders.make_tree_builder`).
-
-        Example:
-            >>> out = specdecode.generate(target, drafter, ids, tree="dynamic", num_nodes=6, tree_depth=3)  # doctest: +SKIP
-        """
-        builder = make_tree_builder(tree, num_nodes=num_nodes, max_depth=tree_depth, children=tree_children)
-        return EagleDrafter(self.target, self.model, tree=builder)
 
     def reset(self) -> None:
         self.cache = None

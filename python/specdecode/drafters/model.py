@@ -8,13 +8,14 @@ import weakref
 import torch
 from torch import Tensor
 
-from specdecode.drafters.base import CommitUpdate, DrafterBase, DraftState, Proposal, StaticDraftState
+from specdecode.drafters.base import (CommitUpdate, DrafterBase, DraftState, Proposal, StaticDraftState,
+                                      TreeBuilderDrafter)
 from specdecode.models import facts, kv_cache
 from specdecode.sampling import sample_logits
 from specdecode.trees.builders import TreeBuilder
 
 
-class ModelDrafter(DrafterBase):
+class ModelDrafter(TreeBuilderDrafter, DrafterBase):
     """Drafts with ``model``, any Hugging Face decoder-only causal LM sharing the target's
     vocabulary (checked by :func:`specdecode.check_compatibility`).
 

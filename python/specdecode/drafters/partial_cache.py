@@ -80,6 +80,12 @@ class PartialCacheDrafter(ModelDrafter):
         self.evicted = 0  # columns dropped after the sinks: column c >= sinks + evicted is cache slot c - evicted
         self.evictions = 0  # eviction passes, over this drafter's life
 
+
+    def with_tree(self, tree: Any = "dynamic", num_nodes: int = 16, tree_depth: int | None = None,
+                  tree_children: str | None = None) -> Any:
+        """Refused: a partial-cache drafter drafts chains only (its cache keeps a sliding window
+        of committed columns, which tree nodes would break)."""
+        raise ValueError(f"tree: {type(self).__name__} drafts chains only; pass num_draft_tokens= instead of tree=")
     def reset(self) -> None:
         super().reset()
         self.sink_columns = None

@@ -10,7 +10,9 @@ reads it as a plain model). The record::
                 "vocab_size": 4096},
      "vocab": {"size": 4096, "map": null},          # null: the drafter's ids are the target's
      "layers": [0],                                 # the target layers the drafter started from
-     "training": {...}}                             # steps, losses, acceptance, time, peak memory
+     "training": {...},                             # steps, losses, acceptance, time, peak memory
+     "generation": {"num_draft_tokens": 2,          # optional: the settings measured best for it
+                    "tree": "dynamic", "num_nodes": 6, "tree_depth": 3}}
 
 :func:`load_drafter` checks the target's fingerprint against the record before building
 anything, so a drafter is never silently used with a model it was not trained for.
@@ -118,4 +120,39 @@ def load_drafter(path: str | Path, target: torch.nn.Module) -> Any:
         raise TypeError(f"target: expected the target model (a torch.nn.Module), got {type(target).__name__}")
     record = read_record(path)
     check_target(record, target, path)
-    return kind_module(record["kind"]).load(Path(path), target, record)
+    drafter = kind_module(record["kind"]).load(Path(path), target, record)
+    return with_generation_defaults(drafter, record.get("generation"), path)
+
+
+#: The keys of a record's optional ``"generation"`` entry.
+GENERATION_KEYS = ("num_draft_tokens", "tree", "num_nodes", "tree_depth")
+
+
+def with_generation_defaults(drafter: Any, defaults: dict[str, Any] | None, path: str | Path) -> Any:
+    """``drafter`` with the settings a record's ``"generation"`` entry names (None: as is):
+    ``num_draft_tokens`` becomes its ``default_num_draft_tokens`` (what ``generate`` drafts per
+    step when not told), ``tree`` / ``num_nodes`` / ``tree_depth`` make it draft that tree (as
+    ``generate``'s arguments of those names). A draft model is wrapped in a ``ModelDrafter`` to
+    carry them. ``ValueError`` naming ``path`` for an entry this version cannot apply."""
+    if defaults is None:
+        return drafter
+    where = f"path: {str(path)!r}: the record's generation settings"
+    if not isinstance(defaults, dict) or set(defaults) - set(GENERATION_KEYS):
+        raise ValueError(f"{where} must be a dict with keys among {', '.join(GENERATION_KEYS)}, got {defaults!r}")
+    for key, low in (("num_draft_tokens", 1), ("num_nodes", 2), ("tree_depth", 1)):
+        value = defaults.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < low):
+            raise ValueError(f"{where}: {key} must be an int >= {low}, got {value!r}")
+    if isinstance(drafter, torch.nn.Module):
+        from specdecode.drafters import ModelDrafter
+
+        drafter = ModelDrafter(drafter)
+    tree = defaults.get("tree")
+    if tree is not None:
+        if not callable(getattr(drafter, "with_tree", None)):
+            raise ValueError(f"{where}: tree={tree!r}, but a {type(drafter).__name__} drafts its own shapes only")
+        drafter = drafter.with_tree(tree, num_nodes=defaults.get("num_nodes", 16), tree_depth=defaults.get("tree_depth"))
+    elif "num_nodes" in defaults or "tree_depth" in defaults:
+        raise ValueError(f"{where}: num_nodes and tree_depth go with tree")
+    drafter.default_num_draft_tokens = defaults.get("num_draft_tokens")
+    return drafter

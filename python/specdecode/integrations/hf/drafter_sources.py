@@ -32,7 +32,8 @@ def resolve_draft(target: torch.nn.Module, sources: dict[str, Any], *, num_draft
                   max_matching_ngram_size: Any = None, assistant_early_exit: Any = None,
                   allow_none: bool = False) -> tuple[Any, int]:
     """``(draft, num_draft_tokens)``: the draft model or drafter that the arguments name, and
-    the chain length (``num_draft_tokens``, or ``prompt_lookup_num_tokens``, or 5).
+    the chain length (``num_draft_tokens``, or ``prompt_lookup_num_tokens``, or the drafter's
+    ``default_num_draft_tokens``, or 5).
 
     ``sources`` maps the model/drafter arguments given under their own names (``draft``,
     ``draft_model``, ``assistant_model``) to their values; None values are ignored. With no
@@ -79,7 +80,7 @@ def resolve_draft(target: torch.nn.Module, sources: dict[str, Any], *, num_draft
 
         layers = args.check_int("assistant_early_exit", value, 1)
         return LayerSkipDrafter(target, num_layers=layers), num_draft_tokens or DEFAULT_NUM_DRAFT_TOKENS
-    k = num_draft_tokens or DEFAULT_NUM_DRAFT_TOKENS
+    k = num_draft_tokens or getattr(value, "default_num_draft_tokens", None) or DEFAULT_NUM_DRAFT_TOKENS
     if name == "assistant_model":
         if not isinstance(value, torch.nn.Module):
             raise TypeError(f"assistant_model: expected a Hugging Face causal LM, got {type(value).__name__} "
