@@ -6,7 +6,10 @@
 What ``python -m specdecode train`` writes is float32 with a training checkpoint and a data
 cache beside it; what ships inside the package is only the drafter: ``model.safetensors`` in
 float16 (or ``--dtype bfloat16``), its kind's JSON config and ``specdecode_drafter.json``.
-Loading casts the weights back to the target's dtype (``load_state_dict`` copies into the
+With ``--num-draft-tokens`` / ``--tree`` / ``--num-nodes`` / ``--tree-depth`` the copy's record
+gets a ``"generation"`` entry: the settings measured best for the drafter, which
+``specdecode.load_drafter`` applies (the tree it drafts, the draft length ``generate`` uses when
+not told). Loading casts the weights back to the target's dtype (``load_state_dict`` copies into the
 drafter's own float32 parameters), so a shipped drafter drafts like the trained one up to the
 half-precision rounding of its weights.
 """
@@ -14,6 +17,7 @@ half-precision rounding of its weights.
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 from pathlib import Path
 
@@ -21,8 +25,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 
-def export(src: Path, dst: Path, dtype: torch.dtype) -> int:
-    """Write the half-precision copy; returns the size of its weights file in bytes."""
+def export(src: Path, dst: Path, dtype: torch.dtype, generation: dict | None = None) -> int:
+    """Write the half-precision copy (its record with ``generation`` settings when given);
+    returns the size of its weights file in bytes."""
     if not (src / "model.safetensors").is_file() or not (src / "specdecode_drafter.json").is_file():
         raise SystemExit(f"src: {src} is not a drafter folder (model.safetensors and specdecode_drafter.json)")
     dst.mkdir(parents=True, exist_ok=True)
@@ -32,6 +37,11 @@ def export(src: Path, dst: Path, dtype: torch.dtype) -> int:
     for item in src.iterdir():
         if item.suffix == ".json" and item.name != "progress.json":
             shutil.copy2(item, dst / item.name)
+    if generation:
+        record_file = dst / "specdecode_drafter.json"
+        record = json.loads(record_file.read_text(encoding="utf-8"))
+        record["generation"] = generation
+        record_file.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
     return (dst / "model.safetensors").stat().st_size
 
 
@@ -40,8 +50,14 @@ def main() -> None:
     parser.add_argument("src", type=Path, help="a folder written by python -m specdecode train")
     parser.add_argument("dst", type=Path, help="where the copy goes")
     parser.add_argument("--dtype", choices=["float16", "bfloat16"], default="float16")
+    parser.add_argument("--num-draft-tokens", type=int, help="the draft length generate uses when not told")
+    parser.add_argument("--tree", choices=["dynamic", "sequoia", "static"], help="the tree the drafter drafts")
+    parser.add_argument("--num-nodes", type=int, help="with --tree: its size, root included")
+    parser.add_argument("--tree-depth", type=int, help="with --tree: its deepest draft")
     args = parser.parse_args()
-    size = export(args.src, args.dst, getattr(torch, args.dtype))
+    settings = {"num_draft_tokens": args.num_draft_tokens, "tree": args.tree, "num_nodes": args.num_nodes,
+                "tree_depth": args.tree_depth}
+    size = export(args.src, args.dst, getattr(torch, args.dtype), {k: v for k, v in settings.items() if v is not None})
     print(f"{args.dst}: weights {size / 1e6:.2f} MB ({args.dtype})")
 
 

@@ -232,3 +232,30 @@ def test_generation_settings_in_the_record(demo_eagle, tmp_path):
         write(bad)
         with pytest.raises(ValueError, match=named):
             specdecode.load_drafter(folder, target)
+
+
+def test_export_writes_half_weights_and_generation_settings(demo_eagle, tmp_path, monkeypatch):
+    """scripts/export_drafter.py: float16 weights, the same drafter up to that rounding, and the
+    generation settings given on its command line in the copy's record."""
+    import importlib.util
+    from pathlib import Path
+
+    from safetensors.torch import load_file
+
+    target, _, result = demo_eagle
+    script = Path(__file__).resolve().parents[1] / "scripts" / "export_drafter.py"
+    spec = importlib.util.spec_from_file_location("export_drafter", script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    out = tmp_path / "shipped"
+    monkeypatch.setattr("sys.argv", ["export_drafter.py", str(result.path), str(out), "--num-draft-tokens", "2",
+                                     "--tree", "dynamic", "--num-nodes", "6", "--tree-depth", "3"])
+    module.main()
+    assert {t.dtype for t in load_file(str(out / "model.safetensors")).values() if t.is_floating_point()} == {
+        torch.float16}
+    assert not (out / "progress.json").exists()
+    shipped = specdecode.load_drafter(out, target)
+    assert shipped.default_num_draft_tokens == 2 and (shipped.tree.num_nodes, shipped.tree.max_depth) == (6, 3)
+    trained = result.drafter.model.state_dict()
+    for name, value in shipped.model.state_dict().items():
+        torch.testing.assert_close(value, trained[name].to(torch.float16).to(value.dtype), rtol=0, atol=0)
