@@ -150,8 +150,11 @@ class EagleModel(nn.Module):
             return target_head(hidden)[..., :vocab_size]
         small = self.lm_head(hidden)
         full = small.new_full((*small.shape[:-1], vocab_size), float("-inf"))
-        keep = self.draft_to_target < vocab_size
-        full[..., self.draft_to_target[keep]] = small[..., keep]
+        ids = self.draft_to_target
+        if int(ids.max()) < vocab_size:  # the usual case: every draft id is in range
+            return full.index_copy_(-1, ids, small)
+        keep = ids < vocab_size
+        full[..., ids[keep]] = small[..., keep]
         return full
 
 
