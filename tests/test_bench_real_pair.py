@@ -284,3 +284,6 @@ def test_the_shipped_drafter_folder_names_its_target() -> None:
     assert record["target"]["name"] == "smollm2" and record["target"]["weights_hash"]
     assert (folder / "model.safetensors").stat().st_size <= 10_000_000
     assert not (folder / "checkpoint.pt").exists() and not (folder / "data").exists()
+    from specdecode.training.artifacts import GENERATION_KEYS
+
+    assert set(record.get("generation", {})) <= set(GENERATION_KEYS)  # settings load_drafter applies
