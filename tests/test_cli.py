@@ -131,8 +131,8 @@ def test_help_shows_defaults_without_markup(capsys: pytest.CaptureFixture[str]) 
         text = " ".join(capsys.readouterr().out.split())
         assert "``" not in text and ":func:" not in text, argv
         if argv == ["demo", "--help"]:
-            assert "draft tokens proposed per step (default: 5)" in text
-            assert "(default: token)" in text and "0 is greedy decoding (default: 0.0)" in text
+            assert "draft tokens proposed per step (default: the drafter's own setting, else 5)" in text
+            assert "default: token, or the lossless tree rule" in text and "0 is greedy decoding (default: 0.0)" in text
         if argv == ["bench", "--help"]:
             assert "(default: 8; --quick: 2)" in text
     # every option of the demo and the benchmark explains itself

@@ -82,6 +82,16 @@ def test_explain_speedup_uses_the_measured_verify_cost() -> None:
     assert "not enough" in SpeculativeStats().explain_speedup(10.0)
 
 
+def test_explain_speedup_of_a_tree_does_not_use_the_chain_formula() -> None:
+    import dataclasses
+
+    stats = dataclasses.replace(_stats(), tree_rule="deterministic", num_draft_tokens_history=[])
+    line = stats.explain_speedup(20.0)
+    nodes = stats.drafted_tokens / stats.row_steps + 1
+    assert f"a tree of {nodes:.1f} tokens on average" in line and "costs 2.0 target decode steps" in line
+    assert "predicted" not in line and f"gives {stats.block_efficiency:.2f} tokens" in line
+
+
 def test_cost_aware_speedup_checks_its_inputs() -> None:
     assert cost_aware_speedup(2.0, 1, 0.0, 0.5, 0.5) == pytest.approx(2.0)
     with pytest.raises(ValueError, match="verify_call_seconds"):

@@ -40,6 +40,8 @@ Generate from a prompt with speculative decoding, streaming the text, then compa
 target alone on the same prompt and number of tokens. Every option is checked before any
 model is loaded."""
 
+#: Draft tokens per step in the demo when neither --gamma nor the drafter says.
+DEFAULT_GAMMA = 5
 DEFAULT_PROMPT = "def binary_search(items, target):\n    \"\"\"Return the index of target in the sorted list items.\"\"\"\n"
 
 
@@ -81,8 +83,13 @@ def demo(args: argparse.Namespace) -> dict[str, Any]:
 
     target, draft, tokenizer, name = _load(args)
     mode = "greedy (temperature 0)" if args.temperature == 0 else f"sampling at temperature {args.temperature:g}"
+    tree = getattr(draft, "tree", None)
+    gamma = args.gamma or getattr(draft, "default_num_draft_tokens", None) or DEFAULT_GAMMA
+    drafts = (f"{type(tree).__name__} of {tree.max_nodes} nodes" if getattr(tree, "max_nodes", None)
+              else "a token tree") if tree is not None else f"gamma {gamma}"
+    rule_name = args.rule or ("the tree's lossless rule" if tree is not None else "token")
     print(f"pair: {name}\n  target {_params(target)}, draft {_params(draft)}\n"
-          f"  rule {args.rule}, gamma {args.gamma}, {mode}, up to {args.max_new_tokens} new tokens, seed {args.seed}")
+          f"  rule {rule_name}, {drafts}, {mode}, up to {args.max_new_tokens} new tokens, seed {args.seed}")
     if args.pair == "demo" and not args.target:
         print("  note: this pair is so small that per-call overhead dominates; speedups are not representative\n"
               "  (the default --pair benchmark has a realistic cost ratio)")
@@ -93,7 +100,7 @@ def demo(args: argparse.Namespace) -> dict[str, Any]:
     fast_on = fast if fast is not None else specdecode.cpu.can_accelerate(target)[0]
     print(f"  CPU fast path: {'on' if fast_on else 'off'} (--cpu-fast-path {args.cpu_fast_path}; the target alone "
           "takes it too)")
-    generate_args = dict(num_draft_tokens=args.gamma, rule=args.rule, pad_token_id=pad_id, cpu_fast_path=fast,
+    generate_args = dict(num_draft_tokens=gamma, rule=args.rule, pad_token_id=pad_id, cpu_fast_path=fast,
                          **sampling)
     # Untimed warm-up of both methods: first calls pay one-time costs (lazy initialisation,
     # memory) that belong to neither method's speed.
@@ -124,8 +131,9 @@ def demo(args: argparse.Namespace) -> dict[str, Any]:
         ("tokens/s", words.per_second(stats.tokens_per_second),
          f"speculative; the target alone: {words.per_second(target_tps)}"),
         (words.SPEEDUP.name, words.speedup(speedup), words.SPEEDUP.short),
-        (words.PREDICTED_SPEEDUP.name, words.speedup(stats.predicted_speedup), words.PREDICTED_SPEEDUP.short),
     ]
+    if not stats.tree_rule:  # Leviathan's formula is for chains
+        rows.append((words.PREDICTED_SPEEDUP.name, words.speedup(stats.predicted_speedup), words.PREDICTED_SPEEDUP.short))
     columns = [Column("quantity"), Column("value"), Column("meaning", wrap=True)]
     print(format_table([dict(zip(("quantity", "value", "meaning"), r)) for r in rows], columns))
     times = ", ".join(f"{part} {share}" for part, _, share in stats.time_summary()[:-1])
@@ -139,7 +147,7 @@ def demo(args: argparse.Namespace) -> dict[str, Any]:
         length = out.sequences.shape[1] - (1 if int(out.sequences[0, -1]) in eos else 0)
         same = torch.equal(plain[0, :length], out.sequences[0, :length])
         print(f"greedy output identical to the target's own greedy generate: {'yes' if same else 'NO'}")
-    return {"rule": args.rule, "gamma": args.gamma, "acceptance_rate": stats.acceptance_rate, "alpha": stats.alpha,
+    return {"rule": stats.tree_rule or stats.rule, "gamma": gamma, "acceptance_rate": stats.acceptance_rate, "alpha": stats.alpha,
             "block_efficiency": stats.block_efficiency, "tokens_per_second": stats.tokens_per_second,
             "target_tokens_per_second": target_tps, "speedup": speedup, "predicted_speedup": stats.predicted_speedup}
 
@@ -147,10 +155,12 @@ def demo(args: argparse.Namespace) -> dict[str, Any]:
 def demo_parser(sub: Any) -> argparse.ArgumentParser:
     d = sub.add_parser("demo", help="speculative generation on the embedded pair, with statistics",
                        description=DEMO_DESCRIPTION, formatter_class=cli_args.HelpFormatter)
-    d.add_argument("--rule", type=cli_args.rule, default="token",
-                   help="verification rule: token, block, greedy, typical or top_beta (docs/guide.md, section 3)")
-    d.add_argument("--gamma", "--num-draft-tokens", type=cli_args.int_at_least("num_draft_tokens", 1), default=5,
-                   dest="gamma", help="draft tokens proposed per step")
+    d.add_argument("--rule", type=cli_args.rule,
+                   help="verification rule: token, block, greedy, typical or top_beta (docs/guide.md, section 3; "
+                        "default: token, or the lossless tree rule for a drafter that drafts trees)")
+    d.add_argument("--gamma", "--num-draft-tokens", type=cli_args.int_at_least("num_draft_tokens", 1),
+                   dest="gamma", help=f"draft tokens proposed per step (default: the drafter's own setting, else "
+                                      f"{DEFAULT_GAMMA})")
     d.add_argument("--temperature", type=cli_args.temperature, default=0.0,
                    help="sampling temperature; 0 is greedy decoding")
     d.add_argument("--prompt", type=cli_args.non_empty("prompt"), default=DEFAULT_PROMPT,

@@ -264,11 +264,17 @@ class SpeculativeStats:
             return "not enough measurements to compare the speed-up with its prediction"
         measured = self.tokens_per_second / target_tokens_per_second
         step_seconds = max(self.batch_size, 1) / target_tokens_per_second
-        gamma = max(round(self.mean_num_draft_tokens), 1)
         verify_steps = self.target_time_per_call / step_seconds
+        overhead = (self.verify_time + self.bookkeeping_time + self.other_time) / (self.total_time or 1.0)
+        if self.tree_rule:  # Leviathan's formula is for chains: say what a tree step costs and gives
+            nodes = _ratio(self.drafted_tokens, self.row_steps) + 1
+            return (f"{words.SPEEDUP.name} {words.speedup(measured)}: a verify call (a tree of {nodes:.1f} tokens on "
+                    f"average) costs {verify_steps:.1f} target decode steps here and gives {self.block_efficiency:.2f} "
+                    f"tokens; drafting adds {self.cost_ratio:.2f} of a target call per draft forward (verification "
+                    f"and bookkeeping: {100 * overhead:.0f}% of the time)")
+        gamma = max(round(self.mean_num_draft_tokens), 1)
         cost_aware = cost_aware_speedup(self.block_efficiency, gamma, self.draft_time_per_call,
                                         self.target_time_per_call, step_seconds)
-        overhead = (self.verify_time + self.bookkeeping_time + self.other_time) / (self.total_time or 1.0)
         return (f"{words.SPEEDUP.name} {words.speedup(measured)}, predicted {words.speedup(self.predicted_speedup)}: "
                 f"a verify call ({gamma + 1} tokens) costs {verify_steps:.1f} target decode steps here, not the 1 "
                 f"the formula assumes; at the measured costs it predicts {words.speedup(cost_aware)} "
