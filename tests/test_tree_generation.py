@@ -140,8 +140,14 @@ def test_tree_misuse_is_refused():
         specdecode.generate(target, draft, ids, rule="rrs", max_new_tokens=4)
     with pytest.raises(ValueError, match="children"):
         specdecode.generate(target, draft, ids, tree="dynamic", tree_children="hub", max_new_tokens=4)
-    with pytest.raises(ValueError, match="tree"):
-        specdecode.generate(target, ModelDrafter(draft), ids, tree="dynamic", max_new_tokens=4)
+    from specdecode.drafters import DrafterBase
+
+    class ChainsOnly(DrafterBase):  # no tree attribute, no with_tree
+        pass
+
+    with pytest.raises(ValueError, match="^tree: ChainsOnly drafts chains only"):
+        specdecode.generate(target, ChainsOnly(), ids, tree="dynamic", max_new_tokens=4)
+    assert specdecode.generate(target, ModelDrafter(draft), ids, tree="dynamic", max_new_tokens=4).stats.tree_rule
     with pytest.raises(ValueError, match="num_nodes"):
         specdecode.generate(target, draft, ids, tree="dynamic", num_nodes=1, max_new_tokens=4)
     from transformers import LogitsProcessorList, RepetitionPenaltyLogitsProcessor
