@@ -218,11 +218,32 @@ TREE_RULES = [
     ("deterministic", []),
     ("typical", [0.3, 0.6, 0.0]),
     ("typical", [0.05, 0.1, 1.0]),  # sample_correction: y ~ p
+    ("spectr", []),
+    ("spechub", []),
 ]
+#: Compiled tree rules whose reference is a row function (specdecode.trees.python_rules).
+ROW_FUNCTION_RULES = ("spectr", "spechub")
 
 
 def tree_needs_draft(rule: str) -> bool:
-    return rule in ("specinfer", "rrs")
+    return rule in ("specinfer", "rrs") + ROW_FUNCTION_RULES
+
+
+def _row_function_margins(rule, t, d, tree, u, sampling) -> list[float]:
+    """CoinChooser margins of the row function of ``rule`` on the float64 reference's
+    processed distributions, one per row."""
+    from specdecode.trees.python_rules import ROW_RULES
+    from specdecode.trees.reference import CoinChooser
+
+    margins = []
+    for b in range(tree.batch_size):
+        n = int(tree.num_nodes[b])
+        p = reference.process_logits(t[b, :n], *sampling).tolist()
+        q = reference.process_logits(d[b, :n], *sampling).tolist()
+        chooser = CoinChooser(u[b].tolist())
+        ROW_RULES[rule](p, q, tree.tokens[b, :n].tolist(), tree.parents[b, :n].tolist(), n, chooser)
+        margins.append(chooser.margin)
+    return margins
 
 
 def tree_logit_inputs(B, N, V, dtype, seed, *, max_children=3, related=True, sampling=(1.0, 0, 1.0, 0.0)):
@@ -308,8 +329,12 @@ def assert_tree_agree(rule, params, cpu_out, dev_out, target, draft, tokens, par
     tree = TokenTree(tokens[rows].cpu(), parents[rows].cpu(), num_nodes[rows].cpu())
     margins: list[float] = []
     params_obj = SamplingParams(*sampling)
-    verify_tree_logits_reference(t[rows], d[rows] if d is not None else None, tree, rule=rule, uniforms=u[rows].cpu(),
-                                 sampling=params_obj, margins=margins, **_tree_options(rule, params))
+    if rule in ROW_FUNCTION_RULES:
+        margins = _row_function_margins(rule, t[rows], d[rows], tree, u[rows].cpu(), sampling)
+    else:
+        verify_tree_logits_reference(t[rows], d[rows] if d is not None else None, tree, rule=rule,
+                                     uniforms=u[rows].cpu(), sampling=params_obj, margins=margins,
+                                     **_tree_options(rule, params))
     for k, b in enumerate(bad_rows):
         m = margins[k]
         n = int(num_nodes[b])

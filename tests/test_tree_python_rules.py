@@ -18,7 +18,7 @@ from specdecode.sampling import processed_probs
 from specdecode.trees.builders import StaticTree
 from specdecode.trees.transport import draw_hub_children
 from specdecode.trees import TokenTree, list_tree_rules
-from specdecode.trees.python_rules import ROW_RULES
+from specdecode.trees.python_rules import PYTHON_ONLY, ROW_RULES
 from specdecode.trees.reference import CoinChooser
 from specdecode.trees.transport import draw_hub_children
 
@@ -26,7 +26,7 @@ PYTHON_RULES = [r.name for r in list_tree_rules() if not r.compiled]
 
 
 def test_python_rules_are_listed_and_lossless():
-    assert set(PYTHON_RULES) == set(ROW_RULES)
+    assert set(PYTHON_RULES) == set(PYTHON_ONLY) and set(PYTHON_ONLY) <= set(ROW_RULES)
     assert all(r.lossless and r.needs_draft_logits for r in list_tree_rules() if not r.compiled)
 
 
@@ -116,7 +116,7 @@ def test_python_rules_refuse_bad_input():
     with pytest.raises(ValueError, match="draft_logits"):
         specdecode.verify_tree(target, None, tree, rule="traversal", temperature=1.0)
     with pytest.raises(NotImplementedError, match="philox"):
-        specdecode.verify_tree(target, draft, tree, rule="spectr", temperature=1.0,
+        specdecode.verify_tree(target, draft, tree, rule="traversal", temperature=1.0,
                                philox_seed=torch.tensor([1]), philox_offset=torch.tensor([0]))
     with pytest.raises(TypeError, match="unexpected option"):
         specdecode.verify_tree(target, draft, tree, rule="gbv", temperature=1.0, epsilon=0.1)

@@ -21,6 +21,8 @@
 //                 Children: any deterministic function of the context, distinct siblings.
 //   typical       accept the first child with p(x) > min(epsilon, delta exp(-H(p))); emit
 //                 argmax p (y ~ p with sample_correction). Lossy.
+//   spectr,       the optimal-transport rules of kernels/tree_transport.h, on the node's
+//   spechub       processed distributions as arrays, with the Python reference's arithmetic.
 // R and D are kept unnormalised (weights r with their mass m, R(x) = r[x] / m) and p, q are
 // read straight from their rows until a rejection needs them as arrays, so a rejected child
 // costs one O(V) pass and a node whose first child is accepted reads only the entries it needs.
@@ -34,16 +36,30 @@
 
 #include "kernels/row.h"
 #include "kernels/tree_mask.h"
+#include "kernels/tree_transport.h"
 #include "kernels/typical.h"
 
 namespace specdecode {
 namespace kernels {
 
-enum class TreeRule : int32_t { kGreedy = 0, kSpecInfer = 1, kRecursiveRejection = 2, kDeterministic = 3, kTypical = 4 };
+enum class TreeRule : int32_t {
+  kGreedy = 0,
+  kSpecInfer = 1,
+  kRecursiveRejection = 2,
+  kDeterministic = 3,
+  kTypical = 4,
+  kSpecTr = 5,
+  kSpecHub = 6,
+};
+
+// Rules that work on the processed distributions as arrays (kernels/tree_transport.h).
+SPECDECODE_TREE_HD bool tree_rule_is_transport(TreeRule rule) {
+  return rule == TreeRule::kSpecTr || rule == TreeRule::kSpecHub;
+}
 
 // Rules that read q (the draft's distribution at each node).
 SPECDECODE_TREE_HD bool tree_rule_needs_draft(TreeRule rule) {
-  return rule == TreeRule::kSpecInfer || rule == TreeRule::kRecursiveRejection;
+  return rule == TreeRule::kSpecInfer || rule == TreeRule::kRecursiveRejection || tree_rule_is_transport(rule);
 }
 
 // Rules whose drafting scheme makes siblings distinct, so a repeated sibling token is bad input.
@@ -55,6 +71,8 @@ SPECDECODE_TREE_HD bool tree_rule_needs_distinct_siblings(TreeRule rule) {
 struct TreeWorkspace {
   Workspace dist;   // a: sampling scratch, b: the residual weights r, select: top-k / top-p
   double* proposal; // the proposal weights d (rrs) or q as an array (specinfer)
+  double* extra = nullptr;   // 3 V + 2 doubles (transport rules only)
+  int64_t* order = nullptr;  // V indices (transport rules only)
 };
 
 template <class Dist>
@@ -70,13 +88,6 @@ struct TreeRowArgs {
   int64_t* out_tokens;          // [N], pre-filled with -1
   int64_t* out_nodes;           // [N], pre-filled with -1
   RuleParams params;
-};
-
-// What a node rule decided: child >= 0 was accepted (token = its token); otherwise token is the
-// emitted token (-1: the distribution to emit from had no mass).
-struct NodeDecision {
-  int64_t child;
-  int64_t token;
 };
 
 // The running target R: p itself while is_p, else r[x] / mass.
@@ -234,6 +245,19 @@ inline NodeDecision typical_node(const TreeRowArgs<Dist>& a, const Dist& p, int6
   return {-1, p.argmax()};
 }
 
+// spectr / spechub at one node: p (and at a node with children q) as processed arrays.
+template <class Dist>
+inline NodeDecision transport_node(TreeRule rule, const TreeRowArgs<Dist>& a, const Dist& p, const Dist* q,
+                                   int64_t first) {
+  const int64_t V = a.vocab_size;
+  const TransportScratch s{a.ws->dist.a, a.ws->proposal, a.ws->dist.b, a.ws->extra, a.ws->order};
+  const NodeChildren kids{a.tokens, a.next_sibling, a.uniforms, first};
+  processed_fill(p, s.p, V);
+  if (first < 0) return {-1, sample_from_weights(s.p, V, a.uniforms[0])};
+  processed_fill(*q, s.q, V);
+  return rule == TreeRule::kSpecTr ? spectr_node(kids, s, V) : spechub_node(kids, s, V);
+}
+
 template <class Dist>
 inline NodeDecision lossless_leaf(const TreeRowArgs<Dist>& a, const Dist& p) {
   return {-1, sample_distribution(p, a.uniforms[0], a.ws->dist.a)};
@@ -262,6 +286,10 @@ inline RowResult verify_tree_row(TreeRule rule, const TreeRowArgs<Dist>& a) {
         break;
       case TreeRule::kDeterministic:
         decision = first >= 0 ? deterministic_node(a, p, first) : lossless_leaf(a, p);
+        break;
+      case TreeRule::kSpecTr:
+      case TreeRule::kSpecHub:
+        decision = transport_node(rule, a, p, first >= 0 ? &a.draft[v] : nullptr, first);
         break;
     }
     // A bad value in a distribution explains a decision, so it is reported first.

@@ -98,8 +98,10 @@ inline kernels::TreeRule parse_tree_rule(std::string_view rule) {
   if (rule == "rrs") return kernels::TreeRule::kRecursiveRejection;
   if (rule == "deterministic") return kernels::TreeRule::kDeterministic;
   if (rule == "typical") return kernels::TreeRule::kTypical;
+  if (rule == "spectr") return kernels::TreeRule::kSpecTr;
+  if (rule == "spechub") return kernels::TreeRule::kSpecHub;
   TORCH_CHECK_VALUE(false, "rule: unknown tree rule '", std::string(rule),
-                    "'; expected one of greedy, specinfer, rrs, deterministic, typical");
+                    "'; expected one of greedy, specinfer, rrs, deterministic, typical, spectr, spechub");
 }
 
 // rule_params: typical -> [epsilon, delta, sample_correction (0/1)]; the others -> [].

@@ -6,7 +6,7 @@
 //      the target's node rows, viewed as a verify_logits problem with gamma = N - 1 whose row b
 //      needs units 0..num_nodes[b]-1 (Args::unit_counts): every node's max, argmax, status,
 //      filter threshold and normaliser, exactly as for the chain ops;
-//   2. the same over the draft's node rows (specinfer, rrs);
+//   2. the same over the draft's node rows (the rules that read q);
 //   3. tree_walk_kernel (tree_walk.cuh), one block per batch row.
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/tree_verify.cuh"
@@ -41,7 +41,7 @@ VerifyProblem state_problem(const TreeVerifyProblem& t, bool draft) {
 
 struct TreePlan {
   PipelinePlan target, draft;
-  size_t target_at = 0, draft_at = 0, links = 0, r = 0, d = 0, bytes = 0;
+  size_t target_at = 0, draft_at = 0, links = 0, r = 0, d = 0, e = 0, bytes = 0;
   bool reads_draft = false;
 };
 
@@ -62,11 +62,17 @@ TreePlan plan_tree(const TreeVerifyProblem& p) {
   offset += aligned(3 * B * N * sizeof(int64_t));
   plan.r = offset;
   offset += aligned(B * V * sizeof(double));
-  if (p.rule == TreeRule::kRecursiveRejection) {
+  if (p.rule == TreeRule::kRecursiveRejection || tree_rule_is_transport(p.rule)) {
     plan.d = offset;
     offset += aligned(B * V * sizeof(double));
   } else {
     plan.d = plan.r;  // never read
+  }
+  if (p.rule == TreeRule::kSpecHub) {
+    plan.e = offset;
+    offset += aligned(B * V * sizeof(double));
+  } else {
+    plan.e = plan.r;  // never read
   }
   plan.bytes = p.batch > 0 ? offset : 0;
   return plan;
@@ -105,6 +111,7 @@ cudaError_t run_tree(const TreeVerifyProblem& p, void* scratch, size_t scratch_b
   a.next_sibling = links + 2 * p.batch * p.max_nodes;
   a.r = reinterpret_cast<double*>(base + plan.r);
   a.d = reinterpret_cast<double*>(base + plan.d);
+  a.e = reinterpret_cast<double*>(base + plan.e);
 
   cudaError_t err = launch_state_kernels(a.target, plan.target, stream);
   if (err != cudaSuccess) return err;

@@ -22,12 +22,14 @@
 //          u * mass wins, the last positive weight when rounding put u * mass at the top) --
 //          kernels::sample_from_weights' rule.
 //      The row's status is checked at each visited node before its decision: the target's,
-//      then (specinfer / rrs, nodes with children) the draft's -- the CPU reports the same
+//      then (rules reading q, nodes with children) the draft's -- the CPU reports the same
 //      status for the same node (it decides first, but a bad row's decision is discarded).
-// R and D live in per-row float64 scratch rows r, d of V entries (global memory).
+// R and D live in per-row float64 scratch rows r, d (and for spechub e) of V entries (global
+// memory). spectr and spechub are in tree_transport.cuh.
 #pragma once
 
 #include "kernels/cuda/decide.cuh"
+#include "kernels/cuda/tree_transport.cuh"
 #include "kernels/cuda/tree_verify.cuh"
 #include "kernels/tree_mask.h"
 
@@ -58,14 +60,12 @@ struct TreeArgs {
   int64_t* first_child;   // [B, N]
   int64_t* next_sibling;  // [B, N]
   double* r;              // [B, V] the running target's weights
-  double* d;              // [B, V] the running proposal's weights (rrs)
+  double* d;              // [B, V] the running proposal's weights (rrs); q (spectr, spechub)
+  double* e;              // [B, V] spechub's running target after the hub pair
 };
 
-// What a node decided (kernels::NodeDecision): child >= 0 accepted, else token is emitted.
-struct TreeDecision {
-  int64_t child;
-  int64_t token;
-};
+// What a node decided: child >= 0 accepted, else token is emitted.
+using TreeDecision = NodeDecision;
 
 // One row's view of the arguments (the device counterpart of kernels::TreeRowArgs).
 template <int BLOCK, typename T>
@@ -77,6 +77,7 @@ struct TreeRow {
   const int64_t* next_sibling;
   double* r;
   double* d;
+  double* e;
   ReduceScratch& scratch;
 
   __device__ float inv_temp() const { return a.target.logit.inv_temp; }
@@ -324,7 +325,8 @@ __global__ void __launch_bounds__(BLOCK) tree_walk_kernel(const TreeArgs<T> a) {
       }
       __syncthreads();  // the states are written
       // 3. The walk.
-      const TreeRow<BLOCK, T> row{a, b, tokens, first_child, next_sibling, a.r + b * a.V, a.d + b * a.V, sh.scratch};
+      const TreeRow<BLOCK, T> row{a, b, tokens, first_child, next_sibling, a.r + b * a.V, a.d + b * a.V,
+                                    a.e + b * a.V, sh.scratch};
       if (threadIdx.x == 0) out_nodes[0] = 0;
       int64_t v = 0;
       for (;;) {
@@ -354,6 +356,12 @@ __global__ void __launch_bounds__(BLOCK) tree_walk_kernel(const TreeArgs<T> a) {
             break;
           case TreeRule::kDeterministic:
             decision = first >= 0 ? row.deterministic_node(sp, v, first) : TreeDecision{-1, row.sample_p(sp, v)};
+            break;
+          case TreeRule::kSpecTr:
+            decision = first >= 0 ? spectr_node_dev<BLOCK>(row, sp, sq, v, first) : TreeDecision{-1, row.sample_p(sp, v)};
+            break;
+          case TreeRule::kSpecHub:
+            decision = first >= 0 ? spechub_node_dev<BLOCK>(row, sp, sq, v, first) : TreeDecision{-1, row.sample_p(sp, v)};
             break;
         }
         if (decision.child >= 0) {

@@ -93,13 +93,13 @@ _TREE_RULES: dict[str, TreeRuleInfo] = {
             "spectr", True, "i.i.d. draws from q at the node (a count k fixed before drawing)", True, {},
             "Sun et al. 2023, SpecTr (k-sequential selection)",
             "accept x iff u < p(x) / (rho q(x)), rho the smallest feasible in [1, k]; emit from "
-            "norm(p - c min(q, p / rho))", compiled=False,
+            "norm(p - c min(q, p / rho))",
         ),
         TreeRuleInfo(
             "spechub", True, "a hub pair (x1 ~ q, then argmax q, or a draw from q without it when x1 is the argmax), "
             "then draws without replacement", True, {}, "Sun et al. 2024, SpecHub",
             "accept the non-hub child y iff u < p(y) / r(y), r = q / (1 - q(hub)); else the hub iff u < p(hub) / A; "
-            "later children by rrs", compiled=False,
+            "later children by rrs",
         ),
     ]
 }
