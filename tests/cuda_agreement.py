@@ -220,9 +220,11 @@ TREE_RULES = [
     ("typical", [0.05, 0.1, 1.0]),  # sample_correction: y ~ p
     ("spectr", []),
     ("spechub", []),
+    ("traversal", []),
+    ("traversal_iid", []),
 ]
 #: Compiled tree rules whose reference is a row function (specdecode.trees.python_rules).
-ROW_FUNCTION_RULES = ("spectr", "spechub")
+ROW_FUNCTION_RULES = ("spectr", "spechub", "traversal", "traversal_iid")
 
 
 def tree_needs_draft(rule: str) -> bool:

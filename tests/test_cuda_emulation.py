@@ -389,6 +389,14 @@ def test_emulated_tree_reads_only_the_walked_nodes(emu):
     for rule, params in TREE_RULES:
         if rule in ("greedy", "typical"):
             continue  # their walks follow the target's argmax / threshold, not the coins
+        if rule.startswith("traversal"):  # decided from the leaves up: the walk enters node 1's subtree
+            errors = []
+            for ops in (OPS, emu):
+                with pytest.raises(ValueError) as info:
+                    ops.verify_tree(target, draft, tokens, parents, num_nodes, u, 1.0, 0, 1.0, 0.0, rule, [])
+                errors.append(str(info.value))
+            assert errors[0] == errors[1] and "target_logits" in errors[0], errors
+            continue
         dev = _agree_tree(emu, rule, params, (1.0, 0, 1.0, 0.0), target, draft, tokens, parents, num_nodes, u)
         if rule != "spechub":  # spechub: q(x_1) rounds to 1 on some rows, and then reads only child 1
             assert bool((dev[2][:, 1] == 2).all()), (rule, dev[2])

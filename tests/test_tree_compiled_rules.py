@@ -1,4 +1,5 @@
-"""The tree rules moved from Python to the compiled op (``spectr``, ``spechub``) give exactly
+"""The tree rules moved from Python to the compiled op (``spectr``, ``spechub``, ``traversal``,
+``traversal_iid``) give exactly
 the outputs of their Python row functions (``specdecode.trees.python_rules.ROW_RULES``, the
 reference) on the compiled ops' processed distributions with the same coins: every row equal,
 no tolerance, on random ragged trees (V = 7 / 111 / 32000, B = 1 / 3 / 17,
@@ -24,7 +25,7 @@ from specdecode.trees import TokenTree, draw_hub_children, verify_tree
 from specdecode.trees.python_rules import ROW_RULES
 from specdecode.trees.reference import CoinChooser
 
-COMPILED = ["spectr", "spechub"]
+COMPILED = ["spectr", "spechub", "traversal", "traversal_iid"]
 EXACT_SUMS = sys.version_info < (3, 12)
 
 
@@ -70,7 +71,8 @@ def test_op_equals_row_function(rule, sampling, B, N, V):
 @pytest.mark.parametrize("rule", COMPILED)
 def test_op_equals_row_function_many_rejections_and_dtypes(rule):
     """Up to 6 children per node from an unrelated draft: most children are rejected, SpecHub's
-    later children run recursive rejection sampling; float32, float64 and bfloat16 logits."""
+    later children run recursive rejection sampling, traversal returns to nodes after rejected
+    subtrees; float32, float64 and bfloat16 logits."""
     target, draft, tree, u = _tree_case(60, 16, 9, (1.0, 0, 1.0, 0.0), seed=7, max_children=6, related=False)
     for dtype in (torch.float32, torch.float64, torch.bfloat16):
         out = _assert_equal_to_reference(target.to(dtype), draft.to(dtype), tree, u, rule, SamplingParams())

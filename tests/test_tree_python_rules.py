@@ -116,7 +116,7 @@ def test_python_rules_refuse_bad_input():
     with pytest.raises(ValueError, match="draft_logits"):
         specdecode.verify_tree(target, None, tree, rule="traversal", temperature=1.0)
     with pytest.raises(NotImplementedError, match="philox"):
-        specdecode.verify_tree(target, draft, tree, rule="traversal", temperature=1.0,
+        specdecode.verify_tree(target, draft, tree, rule="gbv", temperature=1.0,
                                philox_seed=torch.tensor([1]), philox_offset=torch.tensor([0]))
     with pytest.raises(TypeError, match="unexpected option"):
         specdecode.verify_tree(target, draft, tree, rule="gbv", temperature=1.0, epsilon=0.1)
@@ -124,7 +124,7 @@ def test_python_rules_refuse_bad_input():
     with pytest.raises(ValueError, match="tree: the gbv rule needs K disjoint paths"):
         specdecode.verify_tree(target, draft, forked, rule="gbv", temperature=1.0)
     same = TokenTree(torch.tensor([[0, 3, 3, 1, 2]]), tree.parents, tree.num_nodes)
-    with pytest.raises(ValueError, match="tree_tokens: row 0: two children"):
+    with pytest.raises(ValueError, match="tree_tokens: verify_tree, row 0: two children"):
         specdecode.verify_tree(target, draft, same, rule="traversal", temperature=1.0)
     wide = TokenTree(torch.tensor([[0, 9, 3, 1, 2]]), tree.parents, tree.num_nodes)
     with pytest.raises(ValueError, match="tree_tokens"):

@@ -23,6 +23,8 @@
 //                 argmax p (y ~ p with sample_correction). Lossy.
 //   spectr,       the optimal-transport rules of kernels/tree_transport.h, on the node's
 //   spechub       processed distributions as arrays, with the Python reference's arithmetic.
+//   traversal,    traversal verification (kernels/tree_traversal.h): decided from the leaves
+//   traversal_iid up over whole paths, with the Python reference's arithmetic.
 // R and D are kept unnormalised (weights r with their mass m, R(x) = r[x] / m) and p, q are
 // read straight from their rows until a rejection needs them as arrays, so a rejected child
 // costs one O(V) pass and a node whose first child is accepted reads only the entries it needs.
@@ -37,6 +39,7 @@
 #include "kernels/row.h"
 #include "kernels/tree_mask.h"
 #include "kernels/tree_transport.h"
+#include "kernels/tree_traversal.h"
 #include "kernels/typical.h"
 
 namespace specdecode {
@@ -50,7 +53,14 @@ enum class TreeRule : int32_t {
   kTypical = 4,
   kSpecTr = 5,
   kSpecHub = 6,
+  kTraversal = 7,     // children without replacement
+  kTraversalIid = 8,  // children i.i.d.
 };
+
+// Traversal verification (kernels/tree_traversal.h): decided from the leaves up, not node by node.
+SPECDECODE_TREE_HD bool tree_rule_is_traversal(TreeRule rule) {
+  return rule == TreeRule::kTraversal || rule == TreeRule::kTraversalIid;
+}
 
 // Rules that work on the processed distributions as arrays (kernels/tree_transport.h).
 SPECDECODE_TREE_HD bool tree_rule_is_transport(TreeRule rule) {
@@ -59,12 +69,13 @@ SPECDECODE_TREE_HD bool tree_rule_is_transport(TreeRule rule) {
 
 // Rules that read q (the draft's distribution at each node).
 SPECDECODE_TREE_HD bool tree_rule_needs_draft(TreeRule rule) {
-  return rule == TreeRule::kSpecInfer || rule == TreeRule::kRecursiveRejection || tree_rule_is_transport(rule);
+  return rule == TreeRule::kSpecInfer || rule == TreeRule::kRecursiveRejection || tree_rule_is_transport(rule) ||
+         tree_rule_is_traversal(rule);
 }
 
 // Rules whose drafting scheme makes siblings distinct, so a repeated sibling token is bad input.
 SPECDECODE_TREE_HD bool tree_rule_needs_distinct_siblings(TreeRule rule) {
-  return rule == TreeRule::kRecursiveRejection || rule == TreeRule::kDeterministic;
+  return rule == TreeRule::kRecursiveRejection || rule == TreeRule::kDeterministic || rule == TreeRule::kTraversal;
 }
 
 // Scratch of one thread: three rows of V doubles and LogitRow's select buffer (in `dist`).
@@ -73,6 +84,7 @@ struct TreeWorkspace {
   double* proposal; // the proposal weights d (rrs) or q as an array (specinfer)
   double* extra = nullptr;   // 3 V + 2 doubles (transport rules only)
   int64_t* order = nullptr;  // V indices (transport rules only)
+  TraversalFrame* frames = nullptr;  // N frames (traversal rules only)
 };
 
 template <class Dist>
@@ -268,6 +280,11 @@ inline NodeDecision lossless_leaf(const TreeRowArgs<Dist>& a, const Dist& p) {
 // used tokens in [0, V) (checked by the caller).
 template <class Dist>
 inline RowResult verify_tree_row(TreeRule rule, const TreeRowArgs<Dist>& a) {
+  if (tree_rule_is_traversal(rule)) {
+    const TraversalRows rows{a.ws->dist.a, a.ws->dist.b, a.ws->proposal};
+    return traversal_verify_row(a.target, a.draft, a.tokens, a.first_child, a.next_sibling, a.uniforms, a.vocab_size,
+                                rule == TreeRule::kTraversalIid, rows, a.ws->frames, a.out_tokens, a.out_nodes);
+  }
   const bool uses_draft = tree_rule_needs_draft(rule);
   int64_t v = 0, accepted = 0;
   a.out_nodes[0] = 0;

@@ -100,8 +100,11 @@ inline kernels::TreeRule parse_tree_rule(std::string_view rule) {
   if (rule == "typical") return kernels::TreeRule::kTypical;
   if (rule == "spectr") return kernels::TreeRule::kSpecTr;
   if (rule == "spechub") return kernels::TreeRule::kSpecHub;
+  if (rule == "traversal") return kernels::TreeRule::kTraversal;
+  if (rule == "traversal_iid") return kernels::TreeRule::kTraversalIid;
   TORCH_CHECK_VALUE(false, "rule: unknown tree rule '", std::string(rule),
-                    "'; expected one of greedy, specinfer, rrs, deterministic, typical, spectr, spechub");
+                    "'; expected one of greedy, specinfer, rrs, deterministic, typical, spectr, spechub, traversal, "
+                    "traversal_iid");
 }
 
 // rule_params: typical -> [epsilon, delta, sample_correction (0/1)]; the others -> [].

@@ -78,8 +78,9 @@ TreeVerifyOutputs verify_tree_cpu(const at::Tensor& target_logits, const std::op
       std::unique_ptr<double[]> buf_extra(transport ? new double[3 * V + 2] : nullptr);
       std::unique_ptr<int64_t[]> buf_order(transport ? new int64_t[V] : nullptr);
       std::vector<int64_t> depth(N), first_child(N), next_sibling(N);
+      std::vector<kernels::TraversalFrame> frames(kernels::tree_rule_is_traversal(rule) ? N : 0);
       kernels::TreeWorkspace ws{kernels::Workspace{buf_a.get(), buf_b.get(), buf_select.get()}, buf_d.get(),
-                                buf_extra.get(), buf_order.get()};
+                                buf_extra.get(), buf_order.get(), frames.data()};
       std::vector<LogitRow<scalar_t>> target_rows(N), draft_rows(has_draft ? N : 0);
       for (int64_t b = begin; b < end; ++b) {
         const int64_t n = n_ptr[b];

@@ -41,7 +41,7 @@ VerifyProblem state_problem(const TreeVerifyProblem& t, bool draft) {
 
 struct TreePlan {
   PipelinePlan target, draft;
-  size_t target_at = 0, draft_at = 0, links = 0, r = 0, d = 0, e = 0, bytes = 0;
+  size_t target_at = 0, draft_at = 0, links = 0, r = 0, d = 0, e = 0, frames = 0, bytes = 0;
   bool reads_draft = false;
 };
 
@@ -62,18 +62,21 @@ TreePlan plan_tree(const TreeVerifyProblem& p) {
   offset += aligned(3 * B * N * sizeof(int64_t));
   plan.r = offset;
   offset += aligned(B * V * sizeof(double));
-  if (p.rule == TreeRule::kRecursiveRejection || tree_rule_is_transport(p.rule)) {
+  const bool traversal = tree_rule_is_traversal(p.rule);
+  if (p.rule == TreeRule::kRecursiveRejection || tree_rule_is_transport(p.rule) || traversal) {
     plan.d = offset;
     offset += aligned(B * V * sizeof(double));
   } else {
     plan.d = plan.r;  // never read
   }
-  if (p.rule == TreeRule::kSpecHub) {
+  if (p.rule == TreeRule::kSpecHub || traversal) {
     plan.e = offset;
     offset += aligned(B * V * sizeof(double));
   } else {
     plan.e = plan.r;  // never read
   }
+  plan.frames = offset;
+  if (traversal) offset += aligned(B * N * sizeof(TraversalFrame));
   plan.bytes = p.batch > 0 ? offset : 0;
   return plan;
 }
@@ -112,6 +115,7 @@ cudaError_t run_tree(const TreeVerifyProblem& p, void* scratch, size_t scratch_b
   a.r = reinterpret_cast<double*>(base + plan.r);
   a.d = reinterpret_cast<double*>(base + plan.d);
   a.e = reinterpret_cast<double*>(base + plan.e);
+  a.frames = reinterpret_cast<TraversalFrame*>(base + plan.frames);
 
   cudaError_t err = launch_state_kernels(a.target, plan.target, stream);
   if (err != cudaSuccess) return err;

@@ -25,11 +25,12 @@
 //      then (rules reading q, nodes with children) the draft's -- the CPU reports the same
 //      status for the same node (it decides first, but a bad row's decision is discarded).
 // R and D live in per-row float64 scratch rows r, d (and for spechub e) of V entries (global
-// memory). spectr and spechub are in tree_transport.cuh.
+// memory). spectr and spechub are in tree_transport.cuh, traversal in tree_traversal.cuh.
 #pragma once
 
 #include "kernels/cuda/decide.cuh"
 #include "kernels/cuda/tree_transport.cuh"
+#include "kernels/cuda/tree_traversal.cuh"
 #include "kernels/cuda/tree_verify.cuh"
 #include "kernels/tree_mask.h"
 
@@ -61,7 +62,8 @@ struct TreeArgs {
   int64_t* next_sibling;  // [B, N]
   double* r;              // [B, V] the running target's weights
   double* d;              // [B, V] the running proposal's weights (rrs); q (spectr, spechub)
-  double* e;              // [B, V] spechub's running target after the hub pair
+  double* e;              // [B, V] spechub's running target after the hub pair; p (traversal)
+  TraversalFrame* frames;  // [B, N] the walk's stack (traversal)
 };
 
 // What a node decided: child >= 0 accepted, else token is emitted.
@@ -328,8 +330,12 @@ __global__ void __launch_bounds__(BLOCK) tree_walk_kernel(const TreeArgs<T> a) {
       const TreeRow<BLOCK, T> row{a, b, tokens, first_child, next_sibling, a.r + b * a.V, a.d + b * a.V,
                                     a.e + b * a.V, sh.scratch};
       if (threadIdx.x == 0) out_nodes[0] = 0;
+      const bool traversal = tree_rule_is_traversal(a.rule);  // decided over whole paths (tree_traversal.cuh)
+      if (traversal)
+        status = traversal_walk_dev<BLOCK>(row, a.rule == TreeRule::kTraversalIid, a.frames + b * N, out_tokens,
+                                           out_nodes, &accepted);
       int64_t v = 0;
-      for (;;) {
+      while (!traversal) {  // the node rules
         const PosState sp = row.p_state(v);
         const int64_t first = first_child[v];
         if (sp.status != kOk) {
@@ -363,6 +369,8 @@ __global__ void __launch_bounds__(BLOCK) tree_walk_kernel(const TreeArgs<T> a) {
           case TreeRule::kSpecHub:
             decision = first >= 0 ? spechub_node_dev<BLOCK>(row, sp, sq, v, first) : TreeDecision{-1, row.sample_p(sp, v)};
             break;
+          case TreeRule::kTraversal:
+          case TreeRule::kTraversalIid: break;  // not a node rule
         }
         if (decision.child >= 0) {
           if (threadIdx.x == 0) {

@@ -10,9 +10,9 @@
   optimal shape for a measured acceptance-by-rank vector), :func:`select_frontier` /
   :func:`prune_to_budget` (EAGLE-2 dynamic trees), :func:`draw_children` (fixed-shape draws),
   :func:`draw_hub_children` (SpecHub's hub pairs).
-- Python-only rules (no compiled kernel yet): traversal verification, GBV
-  (:mod:`specdecode.trees.python_rules`); :func:`verify_tree` takes them by name. SpecTr and
-  SpecHub are compiled; their row functions there are the reference.
+- Python-only rule (no compiled kernel yet): GBV (:mod:`specdecode.trees.python_rules`);
+  :func:`verify_tree` takes it by name. Traversal verification, SpecTr and SpecHub are
+  compiled; their row functions there are the reference.
 
 >>> import torch
 >>> from specdecode.trees import TokenTree, tree_attention_mask, verify_tree

@@ -1,9 +1,9 @@
 """Row functions of the tree rules written over whole trees or node arrays: traversal
-verification, GBV, SpecTr and SpecHub. The ones without a compiled kernel yet
-(:data:`PYTHON_ONLY`: traversal and GBV) run here: :func:`specdecode.verify_tree` sends those
-rule names to :func:`verify_tree_python`. SpecTr and SpecHub run in the compiled op
-(csrc/kernels/tree_transport.h); their row functions stay here as the reference the tests
-compare the op against, decision for decision.
+verification, GBV, SpecTr and SpecHub. The one without a compiled kernel yet
+(:data:`PYTHON_ONLY`: GBV) runs here: :func:`specdecode.verify_tree` sends that rule name to
+:func:`verify_tree_python`. Traversal, SpecTr and SpecHub run in the compiled op
+(csrc/kernels/tree_traversal.h, tree_transport.h); their row functions stay here as the
+reference the tests compare the op against, decision for decision.
 
 Each rule is a *row function* ``row(p_rows, q_rows, tokens, parents, num_nodes, chooser)`` that
 returns ``(path node indices from the root, emitted tokens)``, drawing every random answer from
@@ -49,7 +49,7 @@ ROW_RULES: dict[str, RowRule] = {
 }
 _DISTINCT_SIBLINGS = ("traversal",)
 #: The rules with no compiled kernel yet: verify_tree runs their row functions.
-PYTHON_ONLY = ("traversal", "traversal_iid", "gbv")
+PYTHON_ONLY = ("gbv",)
 
 
 def _rows(logits: Tensor, sampling: SamplingParams) -> Tensor:

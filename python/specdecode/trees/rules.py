@@ -74,13 +74,11 @@ _TREE_RULES: dict[str, TreeRuleInfo] = {
             True, {}, "Weng et al. 2025, Traversal Verification for Speculative Tree Decoding",
             "leaves first (post-order): accept a node's whole path with probability alpha_v, the mass of its measure "
             "m_v; a rejected child sets m_v = (m_v - D)+ / sum (D - m_v)+ and removes the child from D",
-            compiled=False,
         ),
         TreeRuleInfo(
             "traversal_iid", True, "i.i.d. draws from q at every node (a count fixed before drawing)",
             True, {}, "Weng et al. 2025, Traversal Verification for Speculative Tree Decoding",
             "traversal verification with D = q kept after a rejection (children drawn with replacement)",
-            compiled=False,
         ),
         TreeRuleInfo(
             "gbv", True, "K i.i.d. paths of one length: the root's children, each the head of a chain, all i.i.d.",
