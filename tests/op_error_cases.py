@@ -258,6 +258,17 @@ def cases(device: str) -> list[tuple[str, Callable[[Any], Any]]]:
     tree("nan_typical_root", target=_set(tt, (1, 0, 0), math.nan), rule="typical", params=[0.09, 0.3, 0.0],
          draft=None)
     tree("duplicate_siblings_traversal", tokens=_set(ttok, (0, 2), 1), rule="traversal")
+    star = torch.zeros_like(tpar)  # row 0: three paths of one node; row 1 (3 nodes): two
+    star[:, 0] = -1
+    tree("gbv_not_paths", rule="gbv")
+    tree("gbv_not_paths_row_1", rule="gbv", parents=_set(star, (1, 2), 1))
+    tree("draft_missing_gbv", rule="gbv", draft=None, parents=star)
+    tree("nan_draft_root_gbv", rule="gbv", parents=star, draft=_set(td, (0, 0, 2), math.nan))
+    tree("nan_target_leaf_gbv", rule="gbv", parents=star, target=_set(tt, (1, 1, 2), math.nan),
+         uniforms=torch.zeros_like(x["tree_u"]))
+    tree("ok_gbv", rule="gbv", parents=star)
+    tree("ok_gbv_filters", rule="gbv", parents=star, sampling=(0.7, 3, 0.9, 0.05))
+    tree_philox("ok_gbv", rule="gbv", parents=star)
     for rule in ("spectr", "spechub", "traversal", "traversal_iid"):
         tree(f"draft_missing_{rule}", draft=None, rule=rule)
         tree(f"rule_params_for_{rule}", rule=rule, params=[2.0])

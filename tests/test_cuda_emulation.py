@@ -33,8 +33,9 @@ import pytest
 import torch
 
 import op_error_cases
-from cuda_agreement import (RULES, TREE_RULES, assert_agree, assert_processed_probs_agree, assert_samples_agree,
-                            assert_tree_agree, logit_inputs, prob_inputs, tree_logit_inputs, tree_needs_draft)
+from cuda_agreement import (PATH_RULES, RULES, TREE_RULES, assert_agree, assert_processed_probs_agree,
+                            assert_samples_agree, assert_tree_agree, logit_inputs, paths_logit_inputs, prob_inputs,
+                            tree_logit_inputs, tree_needs_draft)
 
 OPS = torch.ops.specdecode
 
@@ -341,6 +342,16 @@ def test_emulated_tree_agrees(emu, sampling, B, N, V):
     """verify_tree: every rule on random ragged trees, the device result equals the CPU's."""
     inputs = tree_logit_inputs(B, N, V, torch.float32, seed=B * 100 + N + V, sampling=sampling)
     for rule, params in TREE_RULES:
+        _agree_tree(emu, rule, params, sampling, *inputs)
+
+
+@pytest.mark.parametrize("B,V,dtype", [(1, 7, torch.float32), (17, 111, torch.float32), (3, 32000, torch.bfloat16),
+                                       (40, 5, torch.float64)], ids=str)
+@pytest.mark.parametrize("sampling", TREE_SAMPLINGS, ids=lambda s: "T{}-k{}-p{}-m{}".format(*s))
+def test_emulated_gbv_agrees(emu, sampling, B, V, dtype):
+    """verify_tree with gbv on rows of K paths (ragged K and L), the device result equals the CPU's."""
+    inputs = paths_logit_inputs(B, V, dtype, seed=B + V, max_paths=5 if V < 10 else 4, sampling=sampling)
+    for rule, params in PATH_RULES:
         _agree_tree(emu, rule, params, sampling, *inputs)
 
 

@@ -1,8 +1,8 @@
 """The tree rules moved from Python to the compiled op (``spectr``, ``spechub``, ``traversal``,
-``traversal_iid``) give exactly
-the outputs of their Python row functions (``specdecode.trees.python_rules.ROW_RULES``, the
-reference) on the compiled ops' processed distributions with the same coins: every row equal,
-no tolerance, on random ragged trees (V = 7 / 111 / 32000, B = 1 / 3 / 17,
+``traversal_iid``, ``gbv``) give exactly
+the outputs of their Python row functions (``specdecode.trees.python_rules``: ``ROW_RULES`` run
+by ``verify_tree_python``, the reference) on the compiled ops' processed distributions with the same coins: every row equal,
+no tolerance, on random ragged trees (K paths of one length for ``gbv``; V = 7 / 111 / 32000, B = 1 / 3 / 17,
 temperature / top-k / top-p / min-p, float32 / float64 / bfloat16 logits, nodes with many
 rejected children, hub pairs drawn as the builders draw them). Also: temperature 0 is the
 greedy walk, and the Philox variant equals explicit coins.
@@ -18,40 +18,26 @@ import sys
 
 import pytest
 import torch
+from cuda_agreement import paths_logit_inputs
 from test_tree_verify import SAMPLING, _tree_case
 
 from specdecode.sampling import SamplingParams, processed_probs
 from specdecode.trees import TokenTree, draw_hub_children, verify_tree
-from specdecode.trees.python_rules import ROW_RULES
-from specdecode.trees.reference import CoinChooser
+from specdecode.trees.python_rules import verify_tree_python
 
 COMPILED = ["spectr", "spechub", "traversal", "traversal_iid"]
 EXACT_SUMS = sys.version_info < (3, 12)
 
 
-def _reference(target, draft, tree, u, rule, sampling: SamplingParams):
-    B, N, V = target.shape
-    p = processed_probs(target.reshape(B * N, V), sampling).view(B, N, V)
-    q = processed_probs(draft.reshape(B * N, V), sampling).view(B, N, V)
-    rows = []
-    for b in range(B):
-        n = int(tree.num_nodes[b])
-        nodes, emitted = ROW_RULES[rule](p[b, :n].tolist(), q[b, :n].tolist(), tree.tokens[b, :n].tolist(),
-                                         tree.parents[b, :n].tolist(), n, CoinChooser(u[b].tolist()))
-        rows.append((nodes, emitted))
-    return rows
-
-
 def _assert_equal_to_reference(target, draft, tree, u, rule, sampling: SamplingParams):
+    """The op's result against verify_tree_python (the row function on every row, on the
+    processed distributions of specdecode.sampling.processed_probs)."""
     out = verify_tree(target, draft, tree, rule=rule, sampling=sampling, uniforms=u)
-    differ = []
-    for b, (nodes, emitted) in enumerate(_reference(target, draft, tree, u, rule, sampling)):
-        width = out.tokens.shape[1]
-        same = (out.accepted_nodes[b].tolist() == nodes + [-1] * (width - len(nodes))
-                and out.tokens[b].tolist() == emitted + [-1] * (width - len(emitted))
-                and int(out.accepted_len[b]) == len(nodes) - 1)
-        if not same:
-            differ.append((b, out.accepted_nodes[b].tolist(), out.tokens[b].tolist(), nodes, emitted))
+    ref = verify_tree_python(target, draft, tree, rule=rule, sampling=sampling, uniforms=u)
+    same = (out.tokens == ref.tokens).all(1) & (out.accepted_nodes == ref.accepted_nodes).all(1) & (
+        out.accepted_len == ref.accepted_len)
+    differ = [(b, out.accepted_nodes[b].tolist(), out.tokens[b].tolist(), ref.accepted_nodes[b].tolist(),
+               ref.tokens[b].tolist()) for b in torch.nonzero(~same).flatten().tolist()]
     if EXACT_SUMS:
         assert not differ, f"{rule}: rows differ (row, op nodes, op tokens, reference nodes, reference tokens): {differ[:3]}"
     else:
@@ -99,7 +85,30 @@ def test_spechub_on_hub_pairs_equals_row_function():
     assert int((out.accepted_len >= 2).sum()) >= 3
 
 
-@pytest.mark.parametrize("rule", COMPILED)
+def _paths_case(B: int, V: int, sampling: tuple, seed: int, max_paths: int = 4, max_length: int = 3):
+    """cuda_agreement.paths_logit_inputs as (target, draft, tree, uniforms)."""
+    target, draft, tokens, parents, num_nodes, u = paths_logit_inputs(B, V, torch.float32, seed, max_paths=max_paths,
+                                                                      max_length=max_length, sampling=sampling)
+    return target, draft, TokenTree(tokens, parents, num_nodes), u
+
+
+@pytest.mark.parametrize("B,V", [(1, 7), (3, 111), (17, 111), (3, 32000), (17, 7)], ids=lambda v: str(v))
+@pytest.mark.parametrize("sampling", [s for s in SAMPLING if s[0] > 0], ids=lambda s: "T{}-k{}-p{}-m{}".format(*s))
+def test_gbv_equals_row_function(sampling, B, V):
+    target, draft, tree, u = _paths_case(B, V, sampling, seed=B * 5 + V)
+    _assert_equal_to_reference(target, draft, tree, u, "gbv", SamplingParams(*sampling))
+
+
+def test_gbv_equals_row_function_many_paths_and_dtypes():
+    """Up to 6 paths of up to 4 tokens from a small vocabulary (paths share prefixes often, the
+    picked path's law is skewed), float32, float64 and bfloat16 logits."""
+    target, draft, tree, u = _paths_case(60, 5, (1.0, 0, 1.0, 0.0), seed=9, max_paths=6, max_length=4)
+    for dtype in (torch.float32, torch.float64, torch.bfloat16):
+        out = _assert_equal_to_reference(target.to(dtype), draft.to(dtype), tree, u, "gbv", SamplingParams())
+        assert int((out.accepted_len >= 2).sum()) >= 5
+
+
+@pytest.mark.parametrize("rule", COMPILED + ["gbv"])
 def test_temperature_zero_is_the_greedy_walk(rule):
     target, draft, tree, _ = _tree_case(5, 9, 50, (0.8, 0, 1.0, 0.0), seed=3)
     greedy = verify_tree(target, None, tree, rule="greedy")

@@ -1,5 +1,6 @@
-"""The Python-only tree rules through ``specdecode.verify_tree`` and the engine: they read the
-compiled ops' processed distributions and the op's coin layout, keep the target's law through
+"""The tree rules written as Python row functions (traversal, GBV, SpecTr, SpecHub; all compiled
+now, the row functions their reference) through ``specdecode.verify_tree`` and the engine: they
+read the compiled ops' processed distributions and the op's coin layout, keep the target's law through
 the public API (chi-square on drafted batches), fall back to the greedy walk at temperature 0,
 refuse bad input with errors naming the argument, and generate through ``specdecode.generate``."""
 
@@ -61,7 +62,7 @@ def test_python_rules_at_temperature_zero_are_the_greedy_walk():
     gen = torch.Generator().manual_seed(2)
     tree, target, draft = _batch(111, 3, gen)
     greedy = specdecode.verify_tree(target, None, tree, rule="greedy")
-    for rule in PYTHON_RULES:
+    for rule in ROW_RULES:
         out = specdecode.verify_tree(target, draft, tree, rule=rule, temperature=0.0)
         assert torch.equal(out.tokens, greedy.tokens) and torch.equal(out.accepted_nodes, greedy.accepted_nodes)
 
@@ -115,13 +116,10 @@ def test_python_rules_refuse_bad_input():
     tree, target, draft = _batch(7, 1, gen)
     with pytest.raises(ValueError, match="draft_logits"):
         specdecode.verify_tree(target, None, tree, rule="traversal", temperature=1.0)
-    with pytest.raises(NotImplementedError, match="philox"):
-        specdecode.verify_tree(target, draft, tree, rule="gbv", temperature=1.0,
-                               philox_seed=torch.tensor([1]), philox_offset=torch.tensor([0]))
     with pytest.raises(TypeError, match="unexpected option"):
         specdecode.verify_tree(target, draft, tree, rule="gbv", temperature=1.0, epsilon=0.1)
     forked = TokenTree(tree.tokens, torch.tensor([[-1, 0, 0, 1, 1]]), tree.num_nodes)
-    with pytest.raises(ValueError, match="tree: the gbv rule needs K disjoint paths"):
+    with pytest.raises(ValueError, match="parents: verify_tree, row 0: the gbv rule needs K disjoint paths"):
         specdecode.verify_tree(target, draft, forked, rule="gbv", temperature=1.0)
     same = TokenTree(torch.tensor([[0, 3, 3, 1, 2]]), tree.parents, tree.num_nodes)
     with pytest.raises(ValueError, match="tree_tokens: verify_tree, row 0: two children"):

@@ -262,12 +262,12 @@ def test_root_only_tree_emits_from_p():
 def test_rule_table():
     rules = {r.name: r for r in list_tree_rules()}
     compiled = {"greedy", "specinfer", "rrs", "deterministic", "typical", "spectr", "spechub", "traversal",
-                "traversal_iid"}
-    python_only = {"gbv"}
+                "traversal_iid", "gbv"}
+    python_only: set[str] = set()
     assert set(rules) == compiled | python_only
     assert {n for n, r in rules.items() if r.compiled} == compiled
     assert [n for n, r in rules.items() if r.needs_draft_logits and r.compiled] == [
-        "specinfer", "rrs", "traversal", "traversal_iid", "spectr", "spechub"]
+        "specinfer", "rrs", "traversal", "traversal_iid", "gbv", "spectr", "spechub"]
     assert all(rules[n].needs_draft_logits for n in python_only)
     assert not rules["typical"].lossless and all(r.lossless for n, r in rules.items() if n != "typical")
     assert "replacement" in rules["rrs"].drafting and "i.i.d." in rules["specinfer"].drafting

@@ -25,6 +25,8 @@
 //   spechub       processed distributions as arrays, with the Python reference's arithmetic.
 //   traversal,    traversal verification (kernels/tree_traversal.h): decided from the leaves
 //   traversal_iid up over whole paths, with the Python reference's arithmetic.
+//   gbv           greedy multi-path block verification (kernels/tree_gbv.h) on K i.i.d. paths,
+//                 with the Python reference's arithmetic.
 // R and D are kept unnormalised (weights r with their mass m, R(x) = r[x] / m) and p, q are
 // read straight from their rows until a rejection needs them as arrays, so a rejected child
 // costs one O(V) pass and a node whose first child is accepted reads only the entries it needs.
@@ -39,6 +41,7 @@
 #include "kernels/row.h"
 #include "kernels/tree_mask.h"
 #include "kernels/tree_transport.h"
+#include "kernels/tree_gbv.h"
 #include "kernels/tree_traversal.h"
 #include "kernels/typical.h"
 
@@ -55,6 +58,7 @@ enum class TreeRule : int32_t {
   kSpecHub = 6,
   kTraversal = 7,     // children without replacement
   kTraversalIid = 8,  // children i.i.d.
+  kGbv = 9,           // K i.i.d. paths (kernels/tree_gbv.h)
 };
 
 // Traversal verification (kernels/tree_traversal.h): decided from the leaves up, not node by node.
@@ -70,7 +74,7 @@ SPECDECODE_TREE_HD bool tree_rule_is_transport(TreeRule rule) {
 // Rules that read q (the draft's distribution at each node).
 SPECDECODE_TREE_HD bool tree_rule_needs_draft(TreeRule rule) {
   return rule == TreeRule::kSpecInfer || rule == TreeRule::kRecursiveRejection || tree_rule_is_transport(rule) ||
-         tree_rule_is_traversal(rule);
+         tree_rule_is_traversal(rule) || rule == TreeRule::kGbv;
 }
 
 // Rules whose drafting scheme makes siblings distinct, so a repeated sibling token is bad input.
@@ -82,9 +86,11 @@ SPECDECODE_TREE_HD bool tree_rule_needs_distinct_siblings(TreeRule rule) {
 struct TreeWorkspace {
   Workspace dist;   // a: sampling scratch, b: the residual weights r, select: top-k / top-p
   double* proposal; // the proposal weights d (rrs) or q as an array (specinfer)
-  double* extra = nullptr;   // 3 V + 2 doubles (transport rules only)
-  int64_t* order = nullptr;  // V indices (transport rules only)
+  double* extra = nullptr;   // 3 V + 2 doubles (transport rules, gbv)
+  int64_t* order = nullptr;  // V indices (transport rules, gbv)
   TraversalFrame* frames = nullptr;  // N frames (traversal rules only)
+  double* small = nullptr;        // 6 N + 4 doubles (gbv only)
+  int64_t* small_int = nullptr;   // 4 N + 2 indices (gbv only)
 };
 
 template <class Dist>
@@ -285,6 +291,13 @@ inline RowResult verify_tree_row(TreeRule rule, const TreeRowArgs<Dist>& a) {
     return traversal_verify_row(a.target, a.draft, a.tokens, a.first_child, a.next_sibling, a.uniforms, a.vocab_size,
                                 rule == TreeRule::kTraversalIid, rows, a.ws->frames, a.out_tokens, a.out_nodes);
   }
+  if (rule == TreeRule::kGbv) {
+    const GbvScratch s{a.ws->dist.a, a.ws->proposal, a.ws->dist.b, a.ws->extra, a.ws->extra + a.vocab_size,
+                       a.ws->order, a.ws->small, a.ws->small_int};
+    int64_t K = 0, L = 0;
+    if (!gbv_paths(a.first_child, a.next_sibling, s.small_int, &K, &L)) return {0, kTreeNotPaths};
+    return gbv_verify_row(a.target, a.draft, a.tokens, a.uniforms, K, L, a.vocab_size, s, a.out_tokens, a.out_nodes);
+  }
   const bool uses_draft = tree_rule_needs_draft(rule);
   int64_t v = 0, accepted = 0;
   a.out_nodes[0] = 0;
@@ -308,6 +321,9 @@ inline RowResult verify_tree_row(TreeRule rule, const TreeRowArgs<Dist>& a) {
       case TreeRule::kSpecHub:
         decision = transport_node(rule, a, p, first >= 0 ? &a.draft[v] : nullptr, first);
         break;
+      case TreeRule::kTraversal:
+      case TreeRule::kTraversalIid:
+      case TreeRule::kGbv: break;  // whole-row rules, walked above
     }
     // A bad value in a distribution explains a decision, so it is reported first.
     if (p.status() != kOk) return {accepted, p.status()};

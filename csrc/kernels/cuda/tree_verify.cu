@@ -41,7 +41,8 @@ VerifyProblem state_problem(const TreeVerifyProblem& t, bool draft) {
 
 struct TreePlan {
   PipelinePlan target, draft;
-  size_t target_at = 0, draft_at = 0, links = 0, r = 0, d = 0, e = 0, frames = 0, bytes = 0;
+  size_t target_at = 0, draft_at = 0, links = 0, r = 0, d = 0, e = 0, frames = 0, gbv_doubles = 0, gbv_ints = 0;
+  size_t bytes = 0;
   bool reads_draft = false;
 };
 
@@ -63,13 +64,14 @@ TreePlan plan_tree(const TreeVerifyProblem& p) {
   plan.r = offset;
   offset += aligned(B * V * sizeof(double));
   const bool traversal = tree_rule_is_traversal(p.rule);
-  if (p.rule == TreeRule::kRecursiveRejection || tree_rule_is_transport(p.rule) || traversal) {
+  const bool gbv = p.rule == TreeRule::kGbv;
+  if (p.rule == TreeRule::kRecursiveRejection || tree_rule_is_transport(p.rule) || traversal || gbv) {
     plan.d = offset;
     offset += aligned(B * V * sizeof(double));
   } else {
     plan.d = plan.r;  // never read
   }
-  if (p.rule == TreeRule::kSpecHub || traversal) {
+  if (p.rule == TreeRule::kSpecHub || traversal || gbv) {
     plan.e = offset;
     offset += aligned(B * V * sizeof(double));
   } else {
@@ -77,6 +79,10 @@ TreePlan plan_tree(const TreeVerifyProblem& p) {
   }
   plan.frames = offset;
   if (traversal) offset += aligned(B * N * sizeof(TraversalFrame));
+  plan.gbv_doubles = offset;
+  if (gbv) offset += aligned(B * (V + 6 * N + 4) * sizeof(double));
+  plan.gbv_ints = offset;
+  if (gbv) offset += aligned(B * (V + static_cast<size_t>(gbv_sort_size(p.vocab)) + 4 * N + 4) * sizeof(int64_t));
   plan.bytes = p.batch > 0 ? offset : 0;
   return plan;
 }
@@ -116,6 +122,8 @@ cudaError_t run_tree(const TreeVerifyProblem& p, void* scratch, size_t scratch_b
   a.d = reinterpret_cast<double*>(base + plan.d);
   a.e = reinterpret_cast<double*>(base + plan.e);
   a.frames = reinterpret_cast<TraversalFrame*>(base + plan.frames);
+  a.gbv_doubles = reinterpret_cast<double*>(base + plan.gbv_doubles);
+  a.gbv_ints = reinterpret_cast<int64_t*>(base + plan.gbv_ints);
 
   cudaError_t err = launch_state_kernels(a.target, plan.target, stream);
   if (err != cudaSuccess) return err;

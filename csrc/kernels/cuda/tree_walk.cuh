@@ -25,11 +25,13 @@
 //      then (rules reading q, nodes with children) the draft's -- the CPU reports the same
 //      status for the same node (it decides first, but a bad row's decision is discarded).
 // R and D live in per-row float64 scratch rows r, d (and for spechub e) of V entries (global
-// memory). spectr and spechub are in tree_transport.cuh, traversal in tree_traversal.cuh.
+// memory). spectr and spechub are in tree_transport.cuh, traversal in tree_traversal.cuh, gbv in
+// tree_gbv.cuh.
 #pragma once
 
 #include "kernels/cuda/decide.cuh"
 #include "kernels/cuda/tree_transport.cuh"
+#include "kernels/cuda/tree_gbv.cuh"
 #include "kernels/cuda/tree_traversal.cuh"
 #include "kernels/cuda/tree_verify.cuh"
 #include "kernels/tree_mask.h"
@@ -64,6 +66,8 @@ struct TreeArgs {
   double* d;              // [B, V] the running proposal's weights (rrs); q (spectr, spechub)
   double* e;              // [B, V] spechub's running target after the hub pair; p (traversal)
   TraversalFrame* frames;  // [B, N] the walk's stack (traversal)
+  double* gbv_doubles;     // [B, V + 6 N + 4] gbv: G, then the small state
+  int64_t* gbv_ints;       // [B, V + P + 4 N + 4] gbv: ranks, the sort order (P: gbv_sort_size(V)), paths
 };
 
 // What a node decided: child >= 0 accepted, else token is emitted.
@@ -331,11 +335,19 @@ __global__ void __launch_bounds__(BLOCK) tree_walk_kernel(const TreeArgs<T> a) {
                                     a.e + b * a.V, sh.scratch};
       if (threadIdx.x == 0) out_nodes[0] = 0;
       const bool traversal = tree_rule_is_traversal(a.rule);  // decided over whole paths (tree_traversal.cuh)
+      const bool gbv = a.rule == TreeRule::kGbv;                // one picked path (tree_gbv.cuh)
       if (traversal)
         status = traversal_walk_dev<BLOCK>(row, a.rule == TreeRule::kTraversalIid, a.frames + b * N, out_tokens,
                                            out_nodes, &accepted);
+      if (gbv) {
+        const int64_t P = gbv_sort_size(a.V);
+        double* doubles = a.gbv_doubles + b * (a.V + 6 * N + 4);
+        int64_t* ints = a.gbv_ints + b * (a.V + P + 4 * N + 4);
+        const GbvRowScratch g{doubles, ints, ints + a.V, P, doubles + a.V, ints + a.V + P};
+        status = gbv_walk_dev<BLOCK>(row, g, out_tokens, out_nodes, &accepted);
+      }
       int64_t v = 0;
-      while (!traversal) {  // the node rules
+      while (!traversal && !gbv) {  // the node rules
         const PosState sp = row.p_state(v);
         const int64_t first = first_child[v];
         if (sp.status != kOk) {
@@ -370,7 +382,8 @@ __global__ void __launch_bounds__(BLOCK) tree_walk_kernel(const TreeArgs<T> a) {
             decision = first >= 0 ? spechub_node_dev<BLOCK>(row, sp, sq, v, first) : TreeDecision{-1, row.sample_p(sp, v)};
             break;
           case TreeRule::kTraversal:
-          case TreeRule::kTraversalIid: break;  // not a node rule
+          case TreeRule::kTraversalIid:
+          case TreeRule::kGbv: break;  // not node rules
         }
         if (decision.child >= 0) {
           if (threadIdx.x == 0) {

@@ -1,9 +1,9 @@
 """Row functions of the tree rules written over whole trees or node arrays: traversal
-verification, GBV, SpecTr and SpecHub. The one without a compiled kernel yet
-(:data:`PYTHON_ONLY`: GBV) runs here: :func:`specdecode.verify_tree` sends that rule name to
-:func:`verify_tree_python`. Traversal, SpecTr and SpecHub run in the compiled op
-(csrc/kernels/tree_traversal.h, tree_transport.h); their row functions stay here as the
-reference the tests compare the op against, decision for decision.
+verification, GBV, SpecTr and SpecHub. All four run in the compiled op
+(csrc/kernels/tree_traversal.h, tree_gbv.h, tree_transport.h); their row functions stay here as
+the reference the tests compare the op against, decision for decision, with
+:func:`verify_tree_python` running them over a batch. A rule listed in :data:`PYTHON_ONLY` (none
+now) would have no kernel: :func:`specdecode.verify_tree` would send its name here.
 
 Each rule is a *row function* ``row(p_rows, q_rows, tokens, parents, num_nodes, chooser)`` that
 returns ``(path node indices from the root, emitted tokens)``, drawing every random answer from
@@ -48,8 +48,8 @@ ROW_RULES: dict[str, RowRule] = {
     "spechub": _node_rule_row(spechub_node),
 }
 _DISTINCT_SIBLINGS = ("traversal",)
-#: The rules with no compiled kernel yet: verify_tree runs their row functions.
-PYTHON_ONLY = ("gbv",)
+#: The rules with no compiled kernel (none now): verify_tree runs their row functions.
+PYTHON_ONLY: tuple[str, ...] = ()
 
 
 def _rows(logits: Tensor, sampling: SamplingParams) -> Tensor:

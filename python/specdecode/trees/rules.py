@@ -21,8 +21,8 @@ class TreeRuleInfo:
     ``drafting`` is how the children of a node must be produced for ``lossless`` to hold;
     ``needs_draft_logits`` says whether :func:`specdecode.verify_tree` reads ``draft_logits``
     (the distribution each node's children were drafted from); ``options`` are the rule's
-    keyword options with their defaults; ``compiled`` is False for the rules that run in
-    Python only (:mod:`specdecode.trees.python_rules`; no C++ / CUDA kernel yet).
+    keyword options with their defaults; ``compiled`` is False for a rule that runs in
+    Python only (:mod:`specdecode.trees.python_rules`; no C++ / CUDA kernel; none now).
     """
 
     name: str
@@ -85,7 +85,6 @@ _TREE_RULES: dict[str, TreeRuleInfo] = {
             True, {}, "after Thomas & Pal 2026, Greedy Multi-Path Block Verification",
             "pick a path (greedy per position: best token by p/q present, or the first path's), then block "
             "verification of the picked path against its own law",
-            compiled=False,
         ),
         TreeRuleInfo(
             "spectr", True, "i.i.d. draws from q at the node (a count k fixed before drawing)", True, {},
