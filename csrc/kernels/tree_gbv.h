@@ -64,12 +64,16 @@ struct GbvScratch {
 
 // The priority of the tokens with q > 0 (p/q descending, lowest id on ties): G and the ranks.
 inline void gbv_priority(const double* p, const double* q, int64_t V, const GbvScratch& s) {
+  double* key = s.rank;  // -(p/q) by token id until the ranks overwrite it
   int64_t n = 0;
-  for (int64_t x = 0; x < V; ++x)
-    if (q[x] > 0.0) s.order[n++] = x;
+  for (int64_t x = 0; x < V; ++x) {
+    if (q[x] > 0.0) {
+      s.order[n++] = x;
+      key[x] = -(p[x] / q[x]);
+    }
+  }
   std::sort(s.order, s.order + n, [&](int64_t i, int64_t j) {
-    const double ri = -(p[i] / q[i]), rj = -(p[j] / q[j]);
-    if (ri != rj) return ri < rj;
+    if (key[i] != key[j]) return key[i] < key[j];
     return i < j;
   });
   for (int64_t x = 0; x < V; ++x) {

@@ -100,20 +100,22 @@ class SpecTrBeta {
     const double* p = s.p;
     const double* q = s.q;
     int64_t* order = s.order;
+    double* key = low_p_;  // p/q by token id until the prefix sums overwrite it
     n_ = 0;
-    for (int64_t x = 0; x < V; ++x)
-      if (q[x] > 0.0) order[n_++] = x;
+    for (int64_t x = 0; x < V; ++x) {
+      if (q[x] > 0.0) {
+        order[n_++] = x;
+        key[x] = p[x] / q[x];
+      }
+    }
     std::sort(order, order + n_, [&](int64_t i, int64_t j) {
-      const double ri = p[i] / q[i], rj = p[j] / q[j];
-      if (ri != rj) return ri < rj;
+      if (key[i] != key[j]) return key[i] < key[j];
       if (p[i] != p[j]) return p[i] < p[j];
       return q[i] < q[j];
     });
+    for (int64_t i = 0; i < n_; ++i) ratios_[i] = key[order[i]];
     low_p_[0] = 0.0;
-    for (int64_t i = 0; i < n_; ++i) {
-      ratios_[i] = p[order[i]] / q[order[i]];
-      low_p_[i + 1] = low_p_[i] + p[order[i]];
-    }
+    for (int64_t i = 0; i < n_; ++i) low_p_[i + 1] = low_p_[i] + p[order[i]];
     high_q_[n_] = 0.0;
     for (int64_t i = n_ - 1; i >= 0; --i) high_q_[i] = high_q_[i + 1] + q[order[i]];
   }
