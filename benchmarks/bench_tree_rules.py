@@ -1,6 +1,7 @@
 """Tree rules compared by exact enumeration: acceptance at one node with k drafts (k = 2..4) and
-expected accepted length on small trees, for the compiled rules (``specinfer``, ``rrs``) and the
-Python-only ones (``traversal``, ``traversal_iid``, ``gbv``, ``spectr``, ``spechub``), each with
+expected accepted length on small trees, for ``specinfer``, ``rrs`` and the rules whose
+reference is a Python row function (``traversal``, ``traversal_iid``, ``gbv``, ``spectr``,
+``spechub``), each with
 the drafting scheme it is lossless for; then the same trees verified with the same coins.
 
 Every number in the first two tables is exact (Fractions: every draft draw and every coin

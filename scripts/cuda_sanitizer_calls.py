@@ -26,7 +26,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from cuda_agreement import RULES, TREE_RULES, logit_inputs, tree_logit_inputs, tree_needs_draft  # noqa: E402
+from cuda_agreement import (PATH_RULES, RULES, TREE_RULES, logit_inputs, paths_logit_inputs,  # noqa: E402
+                            tree_logit_inputs, tree_needs_draft)
 
 import specdecode  # noqa: E402,F401  (registers the ops)
 
@@ -79,10 +80,12 @@ def run(device: str) -> int:
             calls += 1
         # token trees: every rule, ragged rows, wide nodes with repeated rejections
         tree = [t.to(device) for t in tree_logit_inputs(3, 9, V, dtype, seed=V, max_children=4, related=False)]
-        for rule, params in TREE_RULES:
-            t_args = [tree[0], tree[1] if tree_needs_draft(rule) else None, *tree[2:5]]
+        paths = [t.to(device) for t in paths_logit_inputs(3, V, dtype, seed=V)]  # gbv: K paths of one length
+        for rule, params in TREE_RULES + PATH_RULES:
+            inputs = paths if (rule, params) in PATH_RULES else tree
+            t_args = [inputs[0], inputs[1] if tree_needs_draft(rule) else None, *inputs[2:5]]
             for sampling in SAMPLINGS:
-                OPS.verify_tree(*t_args, tree[5], *sampling, rule, params)
+                OPS.verify_tree(*t_args, inputs[5], *sampling, rule, params)
                 OPS.verify_tree_philox(*t_args, seed, offset, *sampling, rule, params)
                 calls += 2
         bad_tree = tree[0].clone()

@@ -218,11 +218,72 @@ TREE_RULES = [
     ("deterministic", []),
     ("typical", [0.3, 0.6, 0.0]),
     ("typical", [0.05, 0.1, 1.0]),  # sample_correction: y ~ p
+    ("spectr", []),
+    ("spechub", []),
+    ("traversal", []),
+    ("traversal_iid", []),
 ]
+#: The rules for trees of K paths of one length below the root (paths_logit_inputs).
+PATH_RULES = [("gbv", [])]
+#: Compiled tree rules whose reference is a row function (specdecode.trees.python_rules).
+ROW_FUNCTION_RULES = ("spectr", "spechub", "traversal", "traversal_iid", "gbv")
 
 
 def tree_needs_draft(rule: str) -> bool:
-    return rule in ("specinfer", "rrs")
+    return rule in ("specinfer", "rrs") + ROW_FUNCTION_RULES
+
+
+def paths_logit_inputs(B, V, dtype, seed, *, max_paths=4, max_length=3, sampling=(1.0, 0, 1.0, 0.0)):
+    """Rows of K paths of one length L below the root (K in 0..max_paths, at least 1 in row 0,
+    L in 1..max_length, random per row; path j's nodes at slots 1 + j L .. j L + L), tokens
+    drawn from the draft's processed distribution at the parent, a path often repeating the
+    previous one's first tokens (so the set of agreeing paths shrinks step by step); padding
+    slots hang off the root. N = 1 + max_paths * max_length. Returns (target, draft, tokens,
+    parents, num_nodes, uniforms) as tree_logit_inputs does."""
+    gen = torch.Generator().manual_seed(seed)
+    N = 1 + max_paths * max_length
+    target = 3.0 * torch.randn(B, N, V, generator=gen)
+    draft = target + torch.randn(B, N, V, generator=gen)
+    q = reference.process_logits(draft.double(), *sampling) if sampling[0] > 0 else torch.softmax(draft.double(), -1)
+    tokens = torch.zeros(B, N, dtype=torch.int64)
+    parents = torch.zeros(B, N, dtype=torch.int64)
+    parents[:, 0] = -1
+    num_nodes = torch.ones(B, dtype=torch.int64)
+    for b in range(B):
+        K = int(torch.randint(0 if b else 1, max_paths + 1, (1,), generator=gen))
+        L = int(torch.randint(1, max_length + 1, (1,), generator=gen))
+        num_nodes[b] = 1 + K * L
+        for j in range(K):
+            shared = int(torch.randint(0, L + 1, (1,), generator=gen)) if j else 0
+            for i in range(L):
+                node = 1 + j * L + i
+                parent = 0 if i == 0 else node - 1
+                parents[b, node] = parent
+                if i < shared and int(torch.randint(0, 2, (1,), generator=gen)):
+                    tokens[b, node] = tokens[b, node - L]
+                else:
+                    tokens[b, node] = torch.multinomial(q[b, parent] + 1e-12, 1, generator=gen)[0]
+                    shared = i
+    u = torch.rand(B, N, dtype=torch.float64, generator=gen)
+    u[torch.rand(B, N, generator=gen) < 0.03] = 0.0
+    return target.to(dtype), draft.to(dtype), tokens, parents, num_nodes, u
+
+
+def _row_function_margins(rule, t, d, tree, u, sampling) -> list[float]:
+    """CoinChooser margins of the row function of ``rule`` on the float64 reference's
+    processed distributions, one per row."""
+    from specdecode.trees.python_rules import ROW_RULES
+    from specdecode.trees.reference import CoinChooser
+
+    margins = []
+    for b in range(tree.batch_size):
+        n = int(tree.num_nodes[b])
+        p = reference.process_logits(t[b, :n], *sampling).tolist()
+        q = reference.process_logits(d[b, :n], *sampling).tolist()
+        chooser = CoinChooser(u[b].tolist())
+        ROW_RULES[rule](p, q, tree.tokens[b, :n].tolist(), tree.parents[b, :n].tolist(), n, chooser)
+        margins.append(chooser.margin)
+    return margins
 
 
 def tree_logit_inputs(B, N, V, dtype, seed, *, max_children=3, related=True, sampling=(1.0, 0, 1.0, 0.0)):
@@ -308,8 +369,12 @@ def assert_tree_agree(rule, params, cpu_out, dev_out, target, draft, tokens, par
     tree = TokenTree(tokens[rows].cpu(), parents[rows].cpu(), num_nodes[rows].cpu())
     margins: list[float] = []
     params_obj = SamplingParams(*sampling)
-    verify_tree_logits_reference(t[rows], d[rows] if d is not None else None, tree, rule=rule, uniforms=u[rows].cpu(),
-                                 sampling=params_obj, margins=margins, **_tree_options(rule, params))
+    if rule in ROW_FUNCTION_RULES:
+        margins = _row_function_margins(rule, t[rows], d[rows], tree, u[rows].cpu(), sampling)
+    else:
+        verify_tree_logits_reference(t[rows], d[rows] if d is not None else None, tree, rule=rule,
+                                     uniforms=u[rows].cpu(), sampling=params_obj, margins=margins,
+                                     **_tree_options(rule, params))
     for k, b in enumerate(bad_rows):
         m = margins[k]
         n = int(num_nodes[b])

@@ -257,10 +257,37 @@ def cases(device: str) -> list[tuple[str, Callable[[Any], Any]]]:
     tree("nan_in_padding_is_ok", target=_set(tt, (1, 3, 0), math.nan), draft=_set(td, (1, 3, 1), math.nan))
     tree("nan_typical_root", target=_set(tt, (1, 0, 0), math.nan), rule="typical", params=[0.09, 0.3, 0.0],
          draft=None)
+    tree("duplicate_siblings_traversal", tokens=_set(ttok, (0, 2), 1), rule="traversal")
+    star = torch.zeros_like(tpar)  # row 0: three paths of one node; row 1 (3 nodes): two
+    star[:, 0] = -1
+    tree("gbv_not_paths", rule="gbv")
+    tree("gbv_not_paths_row_1", rule="gbv", parents=_set(star, (1, 2), 1))
+    tree("draft_missing_gbv", rule="gbv", draft=None, parents=star)
+    tree("nan_draft_root_gbv", rule="gbv", parents=star, draft=_set(td, (0, 0, 2), math.nan))
+    tree("nan_target_leaf_gbv", rule="gbv", parents=star, target=_set(tt, (1, 1, 2), math.nan),
+         uniforms=torch.zeros_like(x["tree_u"]))
+    tree("ok_gbv", rule="gbv", parents=star)
+    tree("ok_gbv_filters", rule="gbv", parents=star, sampling=(0.7, 3, 0.9, 0.05))
+    tree_philox("ok_gbv", rule="gbv", parents=star)
+    for rule in ("spectr", "spechub", "traversal", "traversal_iid"):
+        tree(f"draft_missing_{rule}", draft=None, rule=rule)
+        tree(f"rule_params_for_{rule}", rule=rule, params=[2.0])
+        tree(f"token_out_of_range_{rule}", tokens=_set(ttok, (0, 2), V), rule=rule)
+        if rule != "traversal":
+            tree(f"duplicate_siblings_{rule}_is_ok", tokens=_set(ttok, (0, 2), 1), rule=rule)
+        tree(f"nan_target_root_{rule}", target=_set(tt, (1, 0, 3), math.nan), rule=rule)
+        tree(f"nan_draft_root_{rule}", draft=_set(td, (0, 0, 2), math.nan), rule=rule)
+        tree(f"all_masked_draft_root_{rule}", draft=_set(td, (1, 0), -math.inf), rule=rule)
+        tree(f"nan_draft_at_a_leaf_is_ok_{rule}", draft=_set(td, (0, 3, 2), math.nan), rule=rule,
+             uniforms=torch.zeros_like(x["tree_u"]))
+        tree_philox(f"nan_target_{rule}", target=_set(tt, (1, 0, 1), math.nan), rule=rule)
     for rule, params in [("greedy", ()), ("specinfer", ()), ("rrs", ()), ("deterministic", ()),
-                         ("typical", (0.09, 0.3, 0.0)), ("typical", (0.09, 0.3, 1.0))]:
+                         ("typical", (0.09, 0.3, 0.0)), ("typical", (0.09, 0.3, 1.0)), ("spectr", ()),
+                         ("spechub", ()), ("traversal", ()), ("traversal_iid", ())]:
         tree(f"ok_{rule}_{len(params) and params[2]}", rule=rule, params=params,
-             draft=td if rule in ("specinfer", "rrs") else None)
+             draft=td if rule in ("specinfer", "rrs", "spectr", "spechub", "traversal", "traversal_iid") else None)
+    for rule in ("spectr", "spechub", "traversal", "traversal_iid"):
+        tree(f"ok_filters_{rule}", sampling=(0.7, 3, 0.9, 0.05), rule=rule)
     tree("ok_filters", sampling=(0.7, 3, 0.9, 0.05), rule="rrs")
     tree("ok_empty_batch", target=tt[:0], draft=td[:0], tokens=ttok[:0], parents=tpar[:0], n=tn[:0],
          uniforms=x["tree_u"][:0])

@@ -563,7 +563,7 @@ def test_cpu_cuda_agree_tree_many_rejections_and_wide_trees(cuda):
     """Wide nodes drafted from an unrelated draft (several rejections per node: the R and D
     updates run repeatedly), and one tree of 200 nodes per row (long children lists)."""
     inputs = tree_logit_inputs(64, 16, 9, torch.float32, seed=5, max_children=6, related=False)
-    for rule in ("specinfer", "rrs", "deterministic"):
+    for rule in ("specinfer", "rrs", "deterministic", "spectr", "spechub", "traversal", "traversal_iid"):
         cpu, gpu = _run_both_tree(rule, [], (1.0, 0, 1.0, 0.0), *inputs, cuda)
         assert_tree_agree(rule, [], cpu, gpu, *inputs, (1.0, 0, 1.0, 0.0))
     inputs = tree_logit_inputs(3, 200, 1000, torch.bfloat16, seed=6, max_children=12)

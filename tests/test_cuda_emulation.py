@@ -33,8 +33,9 @@ import pytest
 import torch
 
 import op_error_cases
-from cuda_agreement import (RULES, TREE_RULES, assert_agree, assert_processed_probs_agree, assert_samples_agree,
-                            assert_tree_agree, logit_inputs, prob_inputs, tree_logit_inputs, tree_needs_draft)
+from cuda_agreement import (PATH_RULES, RULES, TREE_RULES, assert_agree, assert_processed_probs_agree,
+                            assert_samples_agree, assert_tree_agree, logit_inputs, paths_logit_inputs, prob_inputs,
+                            tree_logit_inputs, tree_needs_draft)
 
 OPS = torch.ops.specdecode
 
@@ -344,6 +345,16 @@ def test_emulated_tree_agrees(emu, sampling, B, N, V):
         _agree_tree(emu, rule, params, sampling, *inputs)
 
 
+@pytest.mark.parametrize("B,V,dtype", [(1, 7, torch.float32), (17, 111, torch.float32), (3, 32000, torch.bfloat16),
+                                       (40, 5, torch.float64)], ids=str)
+@pytest.mark.parametrize("sampling", TREE_SAMPLINGS, ids=lambda s: "T{}-k{}-p{}-m{}".format(*s))
+def test_emulated_gbv_agrees(emu, sampling, B, V, dtype):
+    """verify_tree with gbv on rows of K paths (ragged K and L), the device result equals the CPU's."""
+    inputs = paths_logit_inputs(B, V, dtype, seed=B + V, max_paths=5 if V < 10 else 4, sampling=sampling)
+    for rule, params in PATH_RULES:
+        _agree_tree(emu, rule, params, sampling, *inputs)
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64], ids=str)
 def test_emulated_tree_agrees_dtypes(emu, dtype):
     inputs = tree_logit_inputs(5, 10, 111, dtype, seed=21, sampling=(0.8, 0, 1.0, 0.1))
@@ -389,8 +400,17 @@ def test_emulated_tree_reads_only_the_walked_nodes(emu):
     for rule, params in TREE_RULES:
         if rule in ("greedy", "typical"):
             continue  # their walks follow the target's argmax / threshold, not the coins
+        if rule.startswith("traversal"):  # decided from the leaves up: the walk enters node 1's subtree
+            errors = []
+            for ops in (OPS, emu):
+                with pytest.raises(ValueError) as info:
+                    ops.verify_tree(target, draft, tokens, parents, num_nodes, u, 1.0, 0, 1.0, 0.0, rule, [])
+                errors.append(str(info.value))
+            assert errors[0] == errors[1] and "target_logits" in errors[0], errors
+            continue
         dev = _agree_tree(emu, rule, params, (1.0, 0, 1.0, 0.0), target, draft, tokens, parents, num_nodes, u)
-        assert bool((dev[2][:, 1] == 2).all()), dev[2]
+        if rule != "spechub":  # spechub: q(x_1) rounds to 1 on some rows, and then reads only child 1
+            assert bool((dev[2][:, 1] == 2).all()), (rule, dev[2])
     bad = target.clone()
     bad[2, 2, 3] = math.nan  # node 2: accepted, so the walk reads its distribution
     cpu_error = dev_error = None

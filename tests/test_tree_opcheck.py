@@ -43,6 +43,10 @@ VERIFY_CONFIGS = [
     ("greedy", 3, 6, 10, torch.float32, False, (1.0, 0, 1.0, 0.0), []),
     ("typical", 2, 8, 17, torch.float64, True, (0.9, 0, 1.0, 0.0), [0.09, 0.3, 1.0]),
     ("rrs", 2, 4, 9, torch.float32, False, (0.0, 0, 1.0, 0.0), []),  # temperature 0: greedy, no draft needed
+    ("spectr", 3, 7, 11, torch.float32, True, (1.0, 0, 1.0, 0.0), []),
+    ("spechub", 4, 9, 20, torch.bfloat16, True, (0.8, 5, 0.9, 0.0), []),
+    ("traversal", 2, 8, 13, torch.float16, True, (1.0, 0, 1.0, 0.05), []),
+    ("traversal_iid", 3, 6, 11, torch.float32, True, (0.9, 0, 1.0, 0.0), []),
 ]
 
 

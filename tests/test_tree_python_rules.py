@@ -1,5 +1,6 @@
-"""The Python-only tree rules through ``specdecode.verify_tree`` and the engine: they read the
-compiled ops' processed distributions and the op's coin layout, keep the target's law through
+"""The tree rules written as Python row functions (traversal, GBV, SpecTr, SpecHub; all compiled
+now, the row functions their reference) through ``specdecode.verify_tree`` and the engine: they
+read the compiled ops' processed distributions and the op's coin layout, keep the target's law through
 the public API (chi-square on drafted batches), fall back to the greedy walk at temperature 0,
 refuse bad input with errors naming the argument, and generate through ``specdecode.generate``."""
 
@@ -18,7 +19,7 @@ from specdecode.sampling import processed_probs
 from specdecode.trees.builders import StaticTree
 from specdecode.trees.transport import draw_hub_children
 from specdecode.trees import TokenTree, list_tree_rules
-from specdecode.trees.python_rules import ROW_RULES
+from specdecode.trees.python_rules import PYTHON_ONLY, ROW_RULES
 from specdecode.trees.reference import CoinChooser
 from specdecode.trees.transport import draw_hub_children
 
@@ -26,7 +27,7 @@ PYTHON_RULES = [r.name for r in list_tree_rules() if not r.compiled]
 
 
 def test_python_rules_are_listed_and_lossless():
-    assert set(PYTHON_RULES) == set(ROW_RULES)
+    assert set(PYTHON_RULES) == set(PYTHON_ONLY) and set(PYTHON_ONLY) <= set(ROW_RULES)
     assert all(r.lossless and r.needs_draft_logits for r in list_tree_rules() if not r.compiled)
 
 
@@ -61,7 +62,7 @@ def test_python_rules_at_temperature_zero_are_the_greedy_walk():
     gen = torch.Generator().manual_seed(2)
     tree, target, draft = _batch(111, 3, gen)
     greedy = specdecode.verify_tree(target, None, tree, rule="greedy")
-    for rule in PYTHON_RULES:
+    for rule in ROW_RULES:
         out = specdecode.verify_tree(target, draft, tree, rule=rule, temperature=0.0)
         assert torch.equal(out.tokens, greedy.tokens) and torch.equal(out.accepted_nodes, greedy.accepted_nodes)
 
@@ -85,13 +86,19 @@ def _hub_batch(tables, n: int, gen: torch.Generator):
     return TokenTree(tokens, parents, torch.full((n,), 5, dtype=torch.int64)), p, q
 
 
-@pytest.mark.parametrize("rule, scheme, shape", [
+#: (rule, children scheme, tree shape) of the chi-square tests (test_cuda_tree_rules.py runs them on
+#: the GPU).
+LAW_CASES = [
     ("traversal", "without_replacement", tsu.branching_shape([2, 1])),
     ("gbv", "iid", tlu.paths_shape(2, 2)),
     ("spechub", "hub", tsu.branching_shape([2, 1])),
-])
-def test_python_rules_keep_the_target_law_through_verify_tree(rule, scheme, shape):
-    """Chi-square of 20000 drafted trees through the public API against the exact target joint."""
+    ("spectr", "iid", tsu.branching_shape([3, 1])),
+]
+
+
+def law_fit(rule, scheme, shape, device="cpu"):
+    """Chi-square fit of 20000 trees drafted by ``scheme`` and verified by ``rule`` through the
+    public API on ``device``, against the exact target joint."""
     exact = tsu.ExactTables(4, 11, target_kinds=("random", "peaked", "near_uniform", "sparse"),
                             draft_relations=("close", "near_uniform"))
     tables = exact.as_prefix_tables(tsu.shape_depth(shape))
@@ -101,12 +108,19 @@ def test_python_rules_keep_the_target_law_through_verify_tree(rule, scheme, shap
         tree, p, q = _hub_batch(tables, n, gen)
     else:
         tree, p, q = tsu.draft_tree_batch(tables, shape, scheme, n, gen)
-    out = specdecode.verify_tree(p.log(), q.log(), tree, rule=rule, temperature=1.0, generator=gen)
+    out = specdecode.verify_tree(p.log().to(device), q.log().to(device), tree.to(device), rule=rule, temperature=1.0,
+                                 generator=torch.Generator(device=device).manual_seed(4))
     depth = tsu.shape_depth(shape)
-    seqs = tsu.su.complete_with_target(tables, out.tokens, gen)[:, : depth + 1]
+    seqs = tsu.su.complete_with_target(tables, out.tokens.cpu(), gen)[:, : depth + 1]
     cells = tsu.su.sequence_cells(seqs, 4)
     joint = tsu.su.exact_joint(tables.target, 4, depth + 1)
-    fit = tsu.su.goodness_of_fit(torch.bincount(cells, minlength=joint.numel()).double(), joint)
+    return tsu.su.goodness_of_fit(torch.bincount(cells, minlength=joint.numel()).double(), joint)
+
+
+@pytest.mark.parametrize("rule, scheme, shape", LAW_CASES, ids=[c[0] for c in LAW_CASES])
+def test_python_rules_keep_the_target_law_through_verify_tree(rule, scheme, shape):
+    """Chi-square of 20000 drafted trees through the public API against the exact target joint."""
+    fit = law_fit(rule, scheme, shape)
     assert fit.pvalue > 1e-4, fit
 
 
@@ -115,16 +129,13 @@ def test_python_rules_refuse_bad_input():
     tree, target, draft = _batch(7, 1, gen)
     with pytest.raises(ValueError, match="draft_logits"):
         specdecode.verify_tree(target, None, tree, rule="traversal", temperature=1.0)
-    with pytest.raises(NotImplementedError, match="philox"):
-        specdecode.verify_tree(target, draft, tree, rule="spectr", temperature=1.0,
-                               philox_seed=torch.tensor([1]), philox_offset=torch.tensor([0]))
     with pytest.raises(TypeError, match="unexpected option"):
         specdecode.verify_tree(target, draft, tree, rule="gbv", temperature=1.0, epsilon=0.1)
     forked = TokenTree(tree.tokens, torch.tensor([[-1, 0, 0, 1, 1]]), tree.num_nodes)
-    with pytest.raises(ValueError, match="tree: the gbv rule needs K disjoint paths"):
+    with pytest.raises(ValueError, match="parents: verify_tree, row 0: the gbv rule needs K disjoint paths"):
         specdecode.verify_tree(target, draft, forked, rule="gbv", temperature=1.0)
     same = TokenTree(torch.tensor([[0, 3, 3, 1, 2]]), tree.parents, tree.num_nodes)
-    with pytest.raises(ValueError, match="tree_tokens: row 0: two children"):
+    with pytest.raises(ValueError, match="tree_tokens: verify_tree, row 0: two children"):
         specdecode.verify_tree(target, draft, same, rule="traversal", temperature=1.0)
     wide = TokenTree(torch.tensor([[0, 9, 3, 1, 2]]), tree.parents, tree.num_nodes)
     with pytest.raises(ValueError, match="tree_tokens"):
@@ -132,6 +143,23 @@ def test_python_rules_refuse_bad_input():
     before = target.clone()
     specdecode.verify_tree(target, draft, tree, rule="traversal_iid", temperature=1.0)
     assert torch.equal(before, target)
+
+
+def test_a_python_only_rule_runs_its_row_function(monkeypatch):
+    """The dispatch kept for rules without a kernel (none now): a rule listed in PYTHON_ONLY runs
+    verify_tree_python, with the compiled op's result here, and refuses Philox coins."""
+    import specdecode.trees.python_rules as python_rules
+
+    gen = torch.Generator().manual_seed(6)
+    tree, target, draft = _batch(7, 3, gen)
+    u = torch.rand(3, 5, generator=gen, dtype=torch.float64)
+    compiled = specdecode.verify_tree(target, draft, tree, rule="spectr", temperature=1.0, uniforms=u)
+    monkeypatch.setattr(python_rules, "PYTHON_ONLY", ("spectr",))
+    in_python = specdecode.verify_tree(target, draft, tree, rule="spectr", temperature=1.0, uniforms=u)
+    assert all(torch.equal(a, b) for a, b in zip(compiled, in_python))
+    with pytest.raises(NotImplementedError, match="philox"):
+        specdecode.verify_tree(target, draft, tree, rule="spectr", temperature=1.0, philox_seed=torch.tensor([1]),
+                               philox_offset=torch.tensor([0]))
 
 
 @pytest.mark.parametrize("rule, children", [("traversal", "without_replacement"), ("traversal_iid", "iid"),

@@ -233,7 +233,7 @@ def test_philox_variant_equals_explicit_coins():
     target, draft, tree, _ = _tree_case(5, 8, 20, (1.0, 0, 1.0, 0.0), seed=13)
     seed, offset = 1234, 77
     coins = su.philox_uniforms(seed, offset, 5, 7)  # [B, N] with N = 8
-    for rule in ("specinfer", "rrs", "deterministic"):
+    for rule in ("specinfer", "rrs", "deterministic", "spectr", "spechub", "traversal", "traversal_iid"):
         philox = verify_tree(target, draft, tree, rule=rule, philox_seed=torch.tensor([seed]),
                              philox_offset=torch.tensor([offset]))
         explicit = verify_tree(target, draft, tree, rule=rule, uniforms=coins)
@@ -261,11 +261,13 @@ def test_root_only_tree_emits_from_p():
 
 def test_rule_table():
     rules = {r.name: r for r in list_tree_rules()}
-    compiled = {"greedy", "specinfer", "rrs", "deterministic", "typical"}
-    python_only = {"traversal", "traversal_iid", "gbv", "spectr", "spechub"}
+    compiled = {"greedy", "specinfer", "rrs", "deterministic", "typical", "spectr", "spechub", "traversal",
+                "traversal_iid", "gbv"}
+    python_only: set[str] = set()
     assert set(rules) == compiled | python_only
     assert {n for n, r in rules.items() if r.compiled} == compiled
-    assert [n for n, r in rules.items() if r.needs_draft_logits and r.compiled] == ["specinfer", "rrs"]
+    assert [n for n, r in rules.items() if r.needs_draft_logits and r.compiled] == [
+        "specinfer", "rrs", "traversal", "traversal_iid", "gbv", "spectr", "spechub"]
     assert all(rules[n].needs_draft_logits for n in python_only)
     assert not rules["typical"].lossless and all(r.lossless for n, r in rules.items() if n != "typical")
     assert "replacement" in rules["rrs"].drafting and "i.i.d." in rules["specinfer"].drafting

@@ -47,6 +47,7 @@ enum TreeStatus : int32_t {
   kTreeBadRootPosition = 36,     // root_positions[b] < 0
   kTreeTokenOutOfRange = 37,     // tree_tokens[b, i] outside [0, V) for some 0 < i < num_nodes[b]
   kTreeDuplicateSiblings = 38,   // two children of one node carry the same token (rules that forbid it)
+  kTreeNotPaths = 39,            // gbv: the row is not K chains of one length below the root
 };
 
 // Words of the bit-packed mask per node row.

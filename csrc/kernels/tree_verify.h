@@ -21,6 +21,12 @@
 //                 Children: any deterministic function of the context, distinct siblings.
 //   typical       accept the first child with p(x) > min(epsilon, delta exp(-H(p))); emit
 //                 argmax p (y ~ p with sample_correction). Lossy.
+//   spectr,       the optimal-transport rules of kernels/tree_transport.h, on the node's
+//   spechub       processed distributions as arrays, with the Python reference's arithmetic.
+//   traversal,    traversal verification (kernels/tree_traversal.h): decided from the leaves
+//   traversal_iid up over whole paths, with the Python reference's arithmetic.
+//   gbv           greedy multi-path block verification (kernels/tree_gbv.h) on K i.i.d. paths,
+//                 with the Python reference's arithmetic.
 // R and D are kept unnormalised (weights r with their mass m, R(x) = r[x] / m) and p, q are
 // read straight from their rows until a rejection needs them as arrays, so a rejected child
 // costs one O(V) pass and a node whose first child is accepted reads only the entries it needs.
@@ -34,27 +40,57 @@
 
 #include "kernels/row.h"
 #include "kernels/tree_mask.h"
+#include "kernels/tree_transport.h"
+#include "kernels/tree_gbv.h"
+#include "kernels/tree_traversal.h"
 #include "kernels/typical.h"
 
 namespace specdecode {
 namespace kernels {
 
-enum class TreeRule : int32_t { kGreedy = 0, kSpecInfer = 1, kRecursiveRejection = 2, kDeterministic = 3, kTypical = 4 };
+enum class TreeRule : int32_t {
+  kGreedy = 0,
+  kSpecInfer = 1,
+  kRecursiveRejection = 2,
+  kDeterministic = 3,
+  kTypical = 4,
+  kSpecTr = 5,
+  kSpecHub = 6,
+  kTraversal = 7,     // children without replacement
+  kTraversalIid = 8,  // children i.i.d.
+  kGbv = 9,           // K i.i.d. paths (kernels/tree_gbv.h)
+};
+
+// Traversal verification (kernels/tree_traversal.h): decided from the leaves up, not node by node.
+SPECDECODE_TREE_HD bool tree_rule_is_traversal(TreeRule rule) {
+  return rule == TreeRule::kTraversal || rule == TreeRule::kTraversalIid;
+}
+
+// Rules that work on the processed distributions as arrays (kernels/tree_transport.h).
+SPECDECODE_TREE_HD bool tree_rule_is_transport(TreeRule rule) {
+  return rule == TreeRule::kSpecTr || rule == TreeRule::kSpecHub;
+}
 
 // Rules that read q (the draft's distribution at each node).
 SPECDECODE_TREE_HD bool tree_rule_needs_draft(TreeRule rule) {
-  return rule == TreeRule::kSpecInfer || rule == TreeRule::kRecursiveRejection;
+  return rule == TreeRule::kSpecInfer || rule == TreeRule::kRecursiveRejection || tree_rule_is_transport(rule) ||
+         tree_rule_is_traversal(rule) || rule == TreeRule::kGbv;
 }
 
 // Rules whose drafting scheme makes siblings distinct, so a repeated sibling token is bad input.
 SPECDECODE_TREE_HD bool tree_rule_needs_distinct_siblings(TreeRule rule) {
-  return rule == TreeRule::kRecursiveRejection || rule == TreeRule::kDeterministic;
+  return rule == TreeRule::kRecursiveRejection || rule == TreeRule::kDeterministic || rule == TreeRule::kTraversal;
 }
 
 // Scratch of one thread: three rows of V doubles and LogitRow's select buffer (in `dist`).
 struct TreeWorkspace {
   Workspace dist;   // a: sampling scratch, b: the residual weights r, select: top-k / top-p
   double* proposal; // the proposal weights d (rrs) or q as an array (specinfer)
+  double* extra = nullptr;   // 3 V + 2 doubles (transport rules, gbv)
+  int64_t* order = nullptr;  // V indices (transport rules, gbv)
+  TraversalFrame* frames = nullptr;  // N frames (traversal rules only)
+  double* small = nullptr;        // 6 N + 4 doubles (gbv only)
+  int64_t* small_int = nullptr;   // 4 N + 2 indices (gbv only)
 };
 
 template <class Dist>
@@ -70,13 +106,6 @@ struct TreeRowArgs {
   int64_t* out_tokens;          // [N], pre-filled with -1
   int64_t* out_nodes;           // [N], pre-filled with -1
   RuleParams params;
-};
-
-// What a node rule decided: child >= 0 was accepted (token = its token); otherwise token is the
-// emitted token (-1: the distribution to emit from had no mass).
-struct NodeDecision {
-  int64_t child;
-  int64_t token;
 };
 
 // The running target R: p itself while is_p, else r[x] / mass.
@@ -234,6 +263,19 @@ inline NodeDecision typical_node(const TreeRowArgs<Dist>& a, const Dist& p, int6
   return {-1, p.argmax()};
 }
 
+// spectr / spechub at one node: p (and at a node with children q) as processed arrays.
+template <class Dist>
+inline NodeDecision transport_node(TreeRule rule, const TreeRowArgs<Dist>& a, const Dist& p, const Dist* q,
+                                   int64_t first) {
+  const int64_t V = a.vocab_size;
+  const TransportScratch s{a.ws->dist.a, a.ws->proposal, a.ws->dist.b, a.ws->extra, a.ws->order};
+  const NodeChildren kids{a.tokens, a.next_sibling, a.uniforms, first};
+  processed_fill(p, s.p, V);
+  if (first < 0) return {-1, sample_from_weights(s.p, V, a.uniforms[0])};
+  processed_fill(*q, s.q, V);
+  return rule == TreeRule::kSpecTr ? spectr_node(kids, s, V) : spechub_node(kids, s, V);
+}
+
 template <class Dist>
 inline NodeDecision lossless_leaf(const TreeRowArgs<Dist>& a, const Dist& p) {
   return {-1, sample_distribution(p, a.uniforms[0], a.ws->dist.a)};
@@ -244,6 +286,18 @@ inline NodeDecision lossless_leaf(const TreeRowArgs<Dist>& a, const Dist& p) {
 // used tokens in [0, V) (checked by the caller).
 template <class Dist>
 inline RowResult verify_tree_row(TreeRule rule, const TreeRowArgs<Dist>& a) {
+  if (tree_rule_is_traversal(rule)) {
+    const TraversalRows rows{a.ws->dist.a, a.ws->dist.b, a.ws->proposal};
+    return traversal_verify_row(a.target, a.draft, a.tokens, a.first_child, a.next_sibling, a.uniforms, a.vocab_size,
+                                rule == TreeRule::kTraversalIid, rows, a.ws->frames, a.out_tokens, a.out_nodes);
+  }
+  if (rule == TreeRule::kGbv) {
+    const GbvScratch s{a.ws->dist.a, a.ws->proposal, a.ws->dist.b, a.ws->extra, a.ws->extra + a.vocab_size,
+                       a.ws->order, a.ws->small, a.ws->small_int};
+    int64_t K = 0, L = 0;
+    if (!gbv_paths(a.first_child, a.next_sibling, s.small_int, &K, &L)) return {0, kTreeNotPaths};
+    return gbv_verify_row(a.target, a.draft, a.tokens, a.uniforms, K, L, a.vocab_size, s, a.out_tokens, a.out_nodes);
+  }
   const bool uses_draft = tree_rule_needs_draft(rule);
   int64_t v = 0, accepted = 0;
   a.out_nodes[0] = 0;
@@ -263,6 +317,13 @@ inline RowResult verify_tree_row(TreeRule rule, const TreeRowArgs<Dist>& a) {
       case TreeRule::kDeterministic:
         decision = first >= 0 ? deterministic_node(a, p, first) : lossless_leaf(a, p);
         break;
+      case TreeRule::kSpecTr:
+      case TreeRule::kSpecHub:
+        decision = transport_node(rule, a, p, first >= 0 ? &a.draft[v] : nullptr, first);
+        break;
+      case TreeRule::kTraversal:
+      case TreeRule::kTraversalIid:
+      case TreeRule::kGbv: break;  // whole-row rules, walked above
     }
     // A bad value in a distribution explains a decision, so it is reported first.
     if (p.status() != kOk) return {accepted, p.status()};

@@ -69,6 +69,9 @@ inline const char* tree_status_message(int32_t code) {
     case kernels::kTreeTokenOutOfRange: return "tree_tokens holds an id outside [0, V) at a node 0 < i < num_nodes[b]";
     case kernels::kTreeDuplicateSiblings:
       return "two children of one node carry the same token; this rule's drafting scheme makes siblings distinct";
+    case kernels::kTreeNotPaths:
+      return "the gbv rule needs K disjoint paths of one length below the root (root children, each the head of a "
+             "chain)";
     default: return kernels::row_status_message(code);
   }
 }
@@ -82,7 +85,8 @@ inline void raise_tree_status(const char* op, int64_t row, int32_t status, const
   switch (code) {
     case kernels::kTreeNumNodesOutOfRange: argument = "num_nodes"; break;
     case kernels::kTreeBadRoot:
-    case kernels::kTreeBadParent: argument = "parents"; break;
+    case kernels::kTreeBadParent:
+    case kernels::kTreeNotPaths: argument = "parents"; break;
     case kernels::kTreeBadPrefixMask: argument = "prefix_mask"; break;
     case kernels::kTreeBadRootPosition: argument = "root_positions"; break;
     case kernels::kTreeTokenOutOfRange:
@@ -98,8 +102,14 @@ inline kernels::TreeRule parse_tree_rule(std::string_view rule) {
   if (rule == "rrs") return kernels::TreeRule::kRecursiveRejection;
   if (rule == "deterministic") return kernels::TreeRule::kDeterministic;
   if (rule == "typical") return kernels::TreeRule::kTypical;
+  if (rule == "spectr") return kernels::TreeRule::kSpecTr;
+  if (rule == "spechub") return kernels::TreeRule::kSpecHub;
+  if (rule == "traversal") return kernels::TreeRule::kTraversal;
+  if (rule == "traversal_iid") return kernels::TreeRule::kTraversalIid;
+  if (rule == "gbv") return kernels::TreeRule::kGbv;
   TORCH_CHECK_VALUE(false, "rule: unknown tree rule '", std::string(rule),
-                    "'; expected one of greedy, specinfer, rrs, deterministic, typical");
+                    "'; expected one of greedy, specinfer, rrs, deterministic, typical, spectr, spechub, traversal, "
+                    "traversal_iid, gbv");
 }
 
 // rule_params: typical -> [epsilon, delta, sample_correction (0/1)]; the others -> [].

@@ -63,6 +63,8 @@ TreeVerifyOutputs verify_tree_cpu(const at::Tensor& target_logits, const std::op
   int64_t* out_nodes = accepted_nodes.data_ptr<int64_t>();
   std::vector<int32_t> status(B, kernels::kOk);
   const bool stamps = kernels::tree_rule_needs_distinct_siblings(rule);
+  const bool array_rows = kernels::tree_rule_is_transport(rule) || rule == TreeRule::kGbv;  // extra, order
+  const bool gbv = rule == TreeRule::kGbv;
 
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, target.scalar_type(), "verify_tree_cpu", [&] {
     const scalar_t* t_ptr = target.data_ptr<scalar_t>();
@@ -74,8 +76,14 @@ TreeVerifyOutputs verify_tree_cpu(const at::Tensor& target_logits, const std::op
       std::unique_ptr<float[]> buf_select(sampling.filters() ? new float[V] : nullptr);
       std::unique_ptr<int64_t[]> stamp(stamps ? new int64_t[V] : nullptr);
       if (stamps) std::fill(stamp.get(), stamp.get() + V, int64_t{-1});
+      std::unique_ptr<double[]> buf_extra(array_rows ? new double[3 * V + 2] : nullptr);
+      std::unique_ptr<int64_t[]> buf_order(array_rows ? new int64_t[V] : nullptr);
       std::vector<int64_t> depth(N), first_child(N), next_sibling(N);
-      kernels::TreeWorkspace ws{kernels::Workspace{buf_a.get(), buf_b.get(), buf_select.get()}, buf_d.get()};
+      std::vector<kernels::TraversalFrame> frames(kernels::tree_rule_is_traversal(rule) ? N : 0);
+      std::vector<double> small(gbv ? 6 * N + 4 : 0);
+      std::vector<int64_t> small_int(gbv ? 4 * N + 2 : 0);
+      kernels::TreeWorkspace ws{kernels::Workspace{buf_a.get(), buf_b.get(), buf_select.get()}, buf_d.get(),
+                                buf_extra.get(), buf_order.get(), frames.data(), small.data(), small_int.data()};
       std::vector<LogitRow<scalar_t>> target_rows(N), draft_rows(has_draft ? N : 0);
       for (int64_t b = begin; b < end; ++b) {
         const int64_t n = n_ptr[b];

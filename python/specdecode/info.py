@@ -66,8 +66,9 @@ def build_report() -> str:
     lines += [f"  {rule}" for rule in list_rules()]
     compiled = ", ".join(r.name for r in list_tree_rules() if r.compiled)
     python_only = ", ".join(r.name for r in list_tree_rules() if not r.compiled)
-    lines.append(textwrap.fill(f"tree rules: {compiled}; in Python only: {python_only}", width=100,
-                               subsequent_indent="  ", break_on_hyphens=False, break_long_words=False))
+    tree_line = f"tree rules: {compiled}" + (f"; in Python only: {python_only}" if python_only else "")
+    lines.append(textwrap.fill(tree_line, width=100, subsequent_indent="  ", break_on_hyphens=False,
+                               break_long_words=False))
     lines.append(f"torch threads: {torch.get_num_threads()}; CUDA device available: {torch.cuda.is_available()}")
     return "\n".join(lines)
 

@@ -6,7 +6,7 @@
 //      the target's node rows, viewed as a verify_logits problem with gamma = N - 1 whose row b
 //      needs units 0..num_nodes[b]-1 (Args::unit_counts): every node's max, argmax, status,
 //      filter threshold and normaliser, exactly as for the chain ops;
-//   2. the same over the draft's node rows (specinfer, rrs);
+//   2. the same over the draft's node rows (the rules that read q);
 //   3. tree_walk_kernel (tree_walk.cuh), one block per batch row.
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/tree_verify.cuh"
@@ -41,7 +41,8 @@ VerifyProblem state_problem(const TreeVerifyProblem& t, bool draft) {
 
 struct TreePlan {
   PipelinePlan target, draft;
-  size_t target_at = 0, draft_at = 0, links = 0, r = 0, d = 0, bytes = 0;
+  size_t target_at = 0, draft_at = 0, links = 0, r = 0, d = 0, e = 0, frames = 0, gbv_doubles = 0, gbv_ints = 0;
+  size_t bytes = 0;
   bool reads_draft = false;
 };
 
@@ -62,12 +63,26 @@ TreePlan plan_tree(const TreeVerifyProblem& p) {
   offset += aligned(3 * B * N * sizeof(int64_t));
   plan.r = offset;
   offset += aligned(B * V * sizeof(double));
-  if (p.rule == TreeRule::kRecursiveRejection) {
+  const bool traversal = tree_rule_is_traversal(p.rule);
+  const bool gbv = p.rule == TreeRule::kGbv;
+  if (p.rule == TreeRule::kRecursiveRejection || tree_rule_is_transport(p.rule) || traversal || gbv) {
     plan.d = offset;
     offset += aligned(B * V * sizeof(double));
   } else {
     plan.d = plan.r;  // never read
   }
+  if (p.rule == TreeRule::kSpecHub || traversal || gbv) {
+    plan.e = offset;
+    offset += aligned(B * V * sizeof(double));
+  } else {
+    plan.e = plan.r;  // never read
+  }
+  plan.frames = offset;
+  if (traversal) offset += aligned(B * N * sizeof(TraversalFrame));
+  plan.gbv_doubles = offset;
+  if (gbv) offset += aligned(B * (V + 6 * N + 4) * sizeof(double));
+  plan.gbv_ints = offset;
+  if (gbv) offset += aligned(B * (V + static_cast<size_t>(gbv_sort_size(p.vocab)) + 4 * N + 4) * sizeof(int64_t));
   plan.bytes = p.batch > 0 ? offset : 0;
   return plan;
 }
@@ -105,6 +120,10 @@ cudaError_t run_tree(const TreeVerifyProblem& p, void* scratch, size_t scratch_b
   a.next_sibling = links + 2 * p.batch * p.max_nodes;
   a.r = reinterpret_cast<double*>(base + plan.r);
   a.d = reinterpret_cast<double*>(base + plan.d);
+  a.e = reinterpret_cast<double*>(base + plan.e);
+  a.frames = reinterpret_cast<TraversalFrame*>(base + plan.frames);
+  a.gbv_doubles = reinterpret_cast<double*>(base + plan.gbv_doubles);
+  a.gbv_ints = reinterpret_cast<int64_t*>(base + plan.gbv_ints);
 
   cudaError_t err = launch_state_kernels(a.target, plan.target, stream);
   if (err != cudaSuccess) return err;

@@ -11,7 +11,8 @@
 //
 // Layouts (contiguous, row-major, all on the current device), as the CPU op documents them
 // (kernels/tree_verify.h, kernels/tree_mask.h):
-//   target [B, N, V] logits; draft [B, N, V] or null (only specinfer and rrs read it);
+//   target [B, N, V] logits; draft [B, N, V] or null (only the rules that read q use it:
+//   specinfer, rrs, spectr, spechub, traversal, traversal_iid, gbv);
 //   tree_tokens, parents [B, N] int64; num_nodes [B] int64;
 //   coins: uniforms [B, N] float64 (column c > 0 is node c's acceptance coin, column 0 the
 //   emitted token's), or Philox: coin (b, c) = philox_uniform(*seed, *offset, b, c) read from
@@ -23,7 +24,8 @@
 // not kOk gets out_tokens and out_accepted_nodes all -1 and out_accepted_len -1.
 //
 // Semantics are the CPU op's: the same structure and token checks in the same order, the same
-// per-node rules (greedy, specinfer, rrs, deterministic, typical), the same statuses. The state
+// per-node rules (greedy, specinfer, rrs, deterministic, typical, spectr, spechub) and
+// traversal verification (traversal, traversal_iid) and gbv, the same statuses. The state
 // kernels summarise the rows of every real node (slots < num_nodes[b]) up front, but only the
 // nodes the walk enters are consulted, so a bad row elsewhere raises on neither side. Rounding differs from the CPU only in sums: the
 // normaliser of each node's processed distribution (as the chain ops, pipeline.cuh) and the

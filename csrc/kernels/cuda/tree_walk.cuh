@@ -22,12 +22,17 @@
 //          u * mass wins, the last positive weight when rounding put u * mass at the top) --
 //          kernels::sample_from_weights' rule.
 //      The row's status is checked at each visited node before its decision: the target's,
-//      then (specinfer / rrs, nodes with children) the draft's -- the CPU reports the same
+//      then (rules reading q, nodes with children) the draft's -- the CPU reports the same
 //      status for the same node (it decides first, but a bad row's decision is discarded).
-// R and D live in per-row float64 scratch rows r, d of V entries (global memory).
+// R and D live in per-row float64 scratch rows r, d (and for spechub e) of V entries (global
+// memory). spectr and spechub are in tree_transport.cuh, traversal in tree_traversal.cuh, gbv in
+// tree_gbv.cuh.
 #pragma once
 
 #include "kernels/cuda/decide.cuh"
+#include "kernels/cuda/tree_transport.cuh"
+#include "kernels/cuda/tree_gbv.cuh"
+#include "kernels/cuda/tree_traversal.cuh"
 #include "kernels/cuda/tree_verify.cuh"
 #include "kernels/tree_mask.h"
 
@@ -58,14 +63,15 @@ struct TreeArgs {
   int64_t* first_child;   // [B, N]
   int64_t* next_sibling;  // [B, N]
   double* r;              // [B, V] the running target's weights
-  double* d;              // [B, V] the running proposal's weights (rrs)
+  double* d;              // [B, V] the running proposal's weights (rrs); q (spectr, spechub)
+  double* e;              // [B, V] spechub's running target after the hub pair; p (traversal)
+  TraversalFrame* frames;  // [B, N] the walk's stack (traversal)
+  double* gbv_doubles;     // [B, V + 6 N + 4] gbv: G, then the small state
+  int64_t* gbv_ints;       // [B, V + P + 4 N + 4] gbv: ranks, the sort order (P: gbv_sort_size(V)), paths
 };
 
-// What a node decided (kernels::NodeDecision): child >= 0 accepted, else token is emitted.
-struct TreeDecision {
-  int64_t child;
-  int64_t token;
-};
+// What a node decided: child >= 0 accepted, else token is emitted.
+using TreeDecision = NodeDecision;
 
 // One row's view of the arguments (the device counterpart of kernels::TreeRowArgs).
 template <int BLOCK, typename T>
@@ -77,6 +83,7 @@ struct TreeRow {
   const int64_t* next_sibling;
   double* r;
   double* d;
+  double* e;
   ReduceScratch& scratch;
 
   __device__ float inv_temp() const { return a.target.logit.inv_temp; }
@@ -324,10 +331,23 @@ __global__ void __launch_bounds__(BLOCK) tree_walk_kernel(const TreeArgs<T> a) {
       }
       __syncthreads();  // the states are written
       // 3. The walk.
-      const TreeRow<BLOCK, T> row{a, b, tokens, first_child, next_sibling, a.r + b * a.V, a.d + b * a.V, sh.scratch};
+      const TreeRow<BLOCK, T> row{a, b, tokens, first_child, next_sibling, a.r + b * a.V, a.d + b * a.V,
+                                    a.e + b * a.V, sh.scratch};
       if (threadIdx.x == 0) out_nodes[0] = 0;
+      const bool traversal = tree_rule_is_traversal(a.rule);  // decided over whole paths (tree_traversal.cuh)
+      const bool gbv = a.rule == TreeRule::kGbv;                // one picked path (tree_gbv.cuh)
+      if (traversal)
+        status = traversal_walk_dev<BLOCK>(row, a.rule == TreeRule::kTraversalIid, a.frames + b * N, out_tokens,
+                                           out_nodes, &accepted);
+      if (gbv) {
+        const int64_t P = gbv_sort_size(a.V);
+        double* doubles = a.gbv_doubles + b * (a.V + 6 * N + 4);
+        int64_t* ints = a.gbv_ints + b * (a.V + P + 4 * N + 4);
+        const GbvRowScratch g{doubles, ints, ints + a.V, P, doubles + a.V, ints + a.V + P};
+        status = gbv_walk_dev<BLOCK>(row, g, out_tokens, out_nodes, &accepted);
+      }
       int64_t v = 0;
-      for (;;) {
+      while (!traversal && !gbv) {  // the node rules
         const PosState sp = row.p_state(v);
         const int64_t first = first_child[v];
         if (sp.status != kOk) {
@@ -355,6 +375,15 @@ __global__ void __launch_bounds__(BLOCK) tree_walk_kernel(const TreeArgs<T> a) {
           case TreeRule::kDeterministic:
             decision = first >= 0 ? row.deterministic_node(sp, v, first) : TreeDecision{-1, row.sample_p(sp, v)};
             break;
+          case TreeRule::kSpecTr:
+            decision = first >= 0 ? spectr_node_dev<BLOCK>(row, sp, sq, v, first) : TreeDecision{-1, row.sample_p(sp, v)};
+            break;
+          case TreeRule::kSpecHub:
+            decision = first >= 0 ? spechub_node_dev<BLOCK>(row, sp, sq, v, first) : TreeDecision{-1, row.sample_p(sp, v)};
+            break;
+          case TreeRule::kTraversal:
+          case TreeRule::kTraversalIid:
+          case TreeRule::kGbv: break;  // not node rules
         }
         if (decision.child >= 0) {
           if (threadIdx.x == 0) {

@@ -10,8 +10,8 @@
   optimal shape for a measured acceptance-by-rank vector), :func:`select_frontier` /
   :func:`prune_to_budget` (EAGLE-2 dynamic trees), :func:`draw_children` (fixed-shape draws),
   :func:`draw_hub_children` (SpecHub's hub pairs).
-- Python-only rules (no compiled kernel yet): traversal verification, GBV, SpecTr, SpecHub
-  (:mod:`specdecode.trees.python_rules`); :func:`verify_tree` takes them by name.
+- Traversal verification, GBV, SpecTr and SpecHub: compiled like the others; their Python row
+  functions (:mod:`specdecode.trees.python_rules`) are the reference.
 
 >>> import torch
 >>> from specdecode.trees import TokenTree, tree_attention_mask, verify_tree

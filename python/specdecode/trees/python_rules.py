@@ -1,5 +1,9 @@
-"""The tree rules that run in Python only (no C++ or CUDA kernel yet): traversal verification,
-GBV, SpecTr and SpecHub. :func:`specdecode.verify_tree` sends these rule names here.
+"""Row functions of the tree rules written over whole trees or node arrays: traversal
+verification, GBV, SpecTr and SpecHub. All four run in the compiled op
+(csrc/kernels/tree_traversal.h, tree_gbv.h, tree_transport.h); their row functions stay here as
+the reference the tests compare the op against, decision for decision, with
+:func:`verify_tree_python` running them over a batch. A rule listed in :data:`PYTHON_ONLY` (none
+now) would have no kernel: :func:`specdecode.verify_tree` would send its name here.
 
 Each rule is a *row function* ``row(p_rows, q_rows, tokens, parents, num_nodes, chooser)`` that
 returns ``(path node indices from the root, emitted tokens)``, drawing every random answer from
@@ -35,7 +39,7 @@ def _node_rule_row(node_rule) -> RowRule:
     return row
 
 
-#: Row function of every Python-only tree rule.
+#: Row function (the reference) of every rule above, compiled or not.
 ROW_RULES: dict[str, RowRule] = {
     "traversal": partial(traversal_row, replacement=False),
     "traversal_iid": partial(traversal_row, replacement=True),
@@ -44,6 +48,8 @@ ROW_RULES: dict[str, RowRule] = {
     "spechub": _node_rule_row(spechub_node),
 }
 _DISTINCT_SIBLINGS = ("traversal",)
+#: The rules with no compiled kernel (none now): verify_tree runs their row functions.
+PYTHON_ONLY: tuple[str, ...] = ()
 
 
 def _rows(logits: Tensor, sampling: SamplingParams) -> Tensor:
@@ -53,7 +59,7 @@ def _rows(logits: Tensor, sampling: SamplingParams) -> Tensor:
 
 def verify_tree_python(target_logits: Tensor, draft_logits: Tensor, tree: TokenTree, *, rule: str,
                        sampling: SamplingParams, uniforms: Tensor) -> TreeVerifyOutput:
-    """Run a Python-only tree rule over a batch (temperature > 0; the caller handles 0).
+    """Run a tree rule's row function over a batch (temperature > 0; the caller handles 0).
 
     Shape:
         target_logits, draft_logits: ``[B, N, V]``; uniforms: ``[B, N]`` float64 in [0, 1);
@@ -98,5 +104,5 @@ def verify_tree_python(target_logits: Tensor, draft_logits: Tensor, tree: TokenT
 
 def is_python_rule(name: str) -> bool:
     """Whether tree rule ``name`` runs in Python (no compiled kernel)."""
-    return name in ROW_RULES
+    return name in PYTHON_ONLY
 

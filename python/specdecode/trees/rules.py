@@ -21,8 +21,8 @@ class TreeRuleInfo:
     ``drafting`` is how the children of a node must be produced for ``lossless`` to hold;
     ``needs_draft_logits`` says whether :func:`specdecode.verify_tree` reads ``draft_logits``
     (the distribution each node's children were drafted from); ``options`` are the rule's
-    keyword options with their defaults; ``compiled`` is False for the rules that run in
-    Python only (:mod:`specdecode.trees.python_rules`; no C++ / CUDA kernel yet).
+    keyword options with their defaults; ``compiled`` is False for a rule that runs in
+    Python only (:mod:`specdecode.trees.python_rules`; no C++ / CUDA kernel; none now).
     """
 
     name: str
@@ -74,32 +74,29 @@ _TREE_RULES: dict[str, TreeRuleInfo] = {
             True, {}, "Weng et al. 2025, Traversal Verification for Speculative Tree Decoding",
             "leaves first (post-order): accept a node's whole path with probability alpha_v, the mass of its measure "
             "m_v; a rejected child sets m_v = (m_v - D)+ / sum (D - m_v)+ and removes the child from D",
-            compiled=False,
         ),
         TreeRuleInfo(
             "traversal_iid", True, "i.i.d. draws from q at every node (a count fixed before drawing)",
             True, {}, "Weng et al. 2025, Traversal Verification for Speculative Tree Decoding",
             "traversal verification with D = q kept after a rejection (children drawn with replacement)",
-            compiled=False,
         ),
         TreeRuleInfo(
             "gbv", True, "K i.i.d. paths of one length: the root's children, each the head of a chain, all i.i.d.",
             True, {}, "after Thomas & Pal 2026, Greedy Multi-Path Block Verification",
             "pick a path (greedy per position: best token by p/q present, or the first path's), then block "
             "verification of the picked path against its own law",
-            compiled=False,
         ),
         TreeRuleInfo(
             "spectr", True, "i.i.d. draws from q at the node (a count k fixed before drawing)", True, {},
             "Sun et al. 2023, SpecTr (k-sequential selection)",
             "accept x iff u < p(x) / (rho q(x)), rho the smallest feasible in [1, k]; emit from "
-            "norm(p - c min(q, p / rho))", compiled=False,
+            "norm(p - c min(q, p / rho))",
         ),
         TreeRuleInfo(
             "spechub", True, "a hub pair (x1 ~ q, then argmax q, or a draw from q without it when x1 is the argmax), "
             "then draws without replacement", True, {}, "Sun et al. 2024, SpecHub",
             "accept the non-hub child y iff u < p(y) / r(y), r = q / (1 - q(hub)); else the hub iff u < p(hub) / A; "
-            "later children by rrs", compiled=False,
+            "later children by rrs",
         ),
     ]
 }

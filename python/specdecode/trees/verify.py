@@ -103,8 +103,9 @@ def verify_tree(
         target_logits: ``[B, N, V]`` float32 / float16 / bfloat16 / float64 — at node v, the
             target's logits for the token that follows v.
         draft_logits: ``[B, N, V]`` same dtype, or None — at node v, the logits v's children
-            were drafted from; needed by every rule that reads q (``specinfer``, ``rrs`` and the
-            Python-only rules) unless temperature is 0.
+            were drafted from; needed by every rule that reads q (``specinfer``, ``rrs``,
+            ``traversal``, ``traversal_iid``, ``gbv``, ``spectr``, ``spechub``) unless
+            temperature is 0.
         tree: :class:`TokenTree` with ``[B, N]`` tensors on the logits' device.
         uniforms: ``[B, N]`` float64 in [0, 1) or None — column ``c > 0`` is node c's acceptance
             coin, column 0 the emitted token's inverse-CDF coin (a chain of k drafts as a tree
@@ -117,12 +118,13 @@ def verify_tree(
 
     ``rule_options``: ``typical`` takes ``epsilon``, ``delta``, ``sample_correction``. Bad trees
     (see :meth:`TokenTree.validate`), node tokens outside ``[0, V)``, repeated sibling tokens
-    under ``rrs`` / ``deterministic``, and NaN / ``+inf`` logits in a row that is read raise
-    ``ValueError`` naming the argument. The op runs on the CPU; other devices raise
-    ``NotImplementedError`` until they have a kernel. The rules marked Python-only in
-    :func:`list_tree_rules` (``traversal``, ``traversal_iid``, ``gbv``, ``spectr``,
-    ``spechub``) run in :mod:`specdecode.trees.python_rules` on the CPU (any device's tensors
-    are copied there), with the same coins, and do not take ``philox_seed`` / ``philox_offset``.
+    under ``rrs`` / ``deterministic`` / ``traversal``, and NaN / ``+inf`` logits in a row that is
+    read raise ``ValueError`` naming the argument. The op runs on the CPU; other devices raise
+    ``NotImplementedError`` until they have a kernel. A rule marked Python-only in
+    :func:`list_tree_rules` (none now) would run in :mod:`specdecode.trees.python_rules` on the
+    CPU (any device's tensors copied there), with the same coins, without ``philox_seed`` /
+    ``philox_offset``. ``gbv`` refuses a tree that is not K paths of one length below the root
+    (``ValueError`` naming ``parents``).
     """
     if not isinstance(tree, TokenTree):
         raise TypeError(f"tree: expected a specdecode.trees.TokenTree, got {type(tree).__name__}")
