@@ -277,6 +277,7 @@ def test_generate_tree_arguments_reach_the_drafter():
     assert same.stats.row_steps == out.stats.row_steps and same.stats.draft_calls == out.stats.draft_calls
     copy = chain.with_tree("sequoia", num_nodes=5)
     assert isinstance(copy.tree, SequoiaTree) and copy.model is chain.model
+    assert copy.with_tree(None).tree is None and copy.tree is not None  # back to chains, in a copy
     with pytest.raises(ValueError, match="tree"):
         specdecode.generate(target, chain, ids, mask, tree="bushy", max_new_tokens=4)
     with pytest.raises(ValueError, match="num_nodes"):

@@ -345,12 +345,15 @@ class TreeBuilderDrafter:
         :func:`~specdecode.trees.builders.make_tree_builder` (``generate``'s ``tree=``,
         ``num_nodes``, ``tree_depth`` and ``tree_children`` land here; this drafter is not
         modified): ``"dynamic"`` (EAGLE-2), ``"sequoia"``, ``"static"``, a shape, rank paths or
-        a builder."""
+        a builder; None for a copy that drafts chains."""
         import copy
 
         from specdecode.trees.builders import make_tree_builder
 
-        builder = make_tree_builder(tree, num_nodes=num_nodes, max_depth=tree_depth, children=tree_children)
+        if tree is None and (tree_depth is not None or tree_children is not None):
+            raise ValueError("tree: tree_depth / tree_children need a tree (None drafts chains)")
+        builder = None if tree is None else make_tree_builder(tree, num_nodes=num_nodes, max_depth=tree_depth,
+                                                              children=tree_children)
         clone = copy.copy(self)
         clone.tree = builder
         clone.reset()
