@@ -112,10 +112,9 @@ def _tree_drafter(drafter: Any, tree: str, num_nodes: int, tree_depth: int | Non
     """``drafter`` drafting trees (a draft model through ``ModelDrafter``, a drafter through its
     ``with_tree``), or None for a kind that drafts its own shapes only (Medusa, Hydra, exit)."""
     from specdecode.drafters import ModelDrafter
-    from specdecode.trees.builders import make_tree_builder
 
     if isinstance(drafter, torch.nn.Module):
-        return ModelDrafter(drafter, tree=make_tree_builder(tree, num_nodes=num_nodes, max_depth=tree_depth))
+        drafter = ModelDrafter(drafter)
     if callable(getattr(drafter, "with_tree", None)):
         return drafter.with_tree(tree, num_nodes=num_nodes, tree_depth=tree_depth)
     return None

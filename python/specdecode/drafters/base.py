@@ -345,7 +345,12 @@ class TreeBuilderDrafter:
         :func:`~specdecode.trees.builders.make_tree_builder` (``generate``'s ``tree=``,
         ``num_nodes``, ``tree_depth`` and ``tree_children`` land here; this drafter is not
         modified): ``"dynamic"`` (EAGLE-2), ``"sequoia"``, ``"static"``, a shape, rank paths or
-        a builder; None for a copy that drafts chains."""
+        a builder; None for a copy that drafts chains.
+
+        Example:
+            >>> tree_drafter = drafter.with_tree("dynamic", num_nodes=6, tree_depth=3)  # doctest: +SKIP
+            >>> out = specdecode.generate(target, tree_drafter, ids, max_new_tokens=32)  # doctest: +SKIP
+        """
         import copy
 
         from specdecode.trees.builders import make_tree_builder

@@ -149,13 +149,10 @@ class EagleModel(nn.Module):
         if self.lm_head is None:
             return target_head(hidden)[..., :vocab_size]
         small = self.lm_head(hidden)
-        full = small.new_full((*small.shape[:-1], vocab_size), float("-inf"))
-        ids = self.draft_to_target
-        if int(ids.max()) < vocab_size:  # the usual case: every draft id is in range
-            return full.index_copy_(-1, ids, small)
-        keep = ids < vocab_size
-        full[..., ids[keep]] = small[..., keep]
-        return full
+        # placed over every target id (the map's ids are < target_vocab), then cut to vocab_size:
+        # no value of the map is read on the host, so a draft step never waits for the device
+        full = small.new_full((*small.shape[:-1], max(vocab_size, self.target_vocab)), float("-inf"))
+        return full.index_copy_(-1, self.draft_to_target, small)[..., :vocab_size]
 
 
 class EagleDrafter(TreeBuilderDrafter, DrafterBase):
