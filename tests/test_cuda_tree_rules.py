@@ -11,6 +11,8 @@ import torch
 from cuda_agreement import PATH_RULES, assert_tree_agree, paths_logit_inputs
 from test_cuda import DTYPES, TREE_SAMPLINGS, VOCABS, _run_both_tree, cuda  # noqa: F401 (the fixture)
 
+pytestmark = pytest.mark.cuda
+
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("V", VOCABS[:3])

@@ -16,6 +16,7 @@ come from the host clock.
 
 from __future__ import annotations
 
+import gc
 import time
 from typing import Any, Callable
 
@@ -88,6 +89,12 @@ class StepProgram:
         pool = torch.cuda.graph_pool_handle()
         groups = [[fn] for _, fn in self.phases] if self.phase_timing else [[fn for _, fn in self.phases]]
         graphs = []
+        # No cyclic garbage collection while recording: a collection that frees an earlier
+        # generation's graph destroys it mid-capture, which CUDA forbids and which invalidates the
+        # capture. (An H200 run saw a graph reset during a capture, then the capture fail, once,
+        # with tests run one after another in one process.) torch.cuda.graph collects first.
+        collecting = gc.isenabled()
+        gc.disable()
         try:
             for group in groups:
                 graph = torch.cuda.CUDAGraph()
@@ -103,6 +110,9 @@ class StepProgram:
                 f"models' forward synchronises with the host or changes shape): {exc}. decode_path='static' runs "
                 "the same step without graphs"
             ) from exc
+        finally:
+            if collecting:
+                gc.enable()
         self.graphs = graphs
         self.captures += 1
 
