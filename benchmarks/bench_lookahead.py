@@ -78,7 +78,7 @@ PROMPTS: dict[str, dict[str, list[str]]] = {
 
 #: What --configs may add after WINDOWxNGRAM, in order, separated by colons.
 SETTINGS: list[tuple[str, Callable[[str], Any]]] = [("min_pool_gain", float), ("context_depth", int),
-                                                    ("explore_every", int)]
+                                                    ("explore_every", int), ("context_candidates", int)]
 
 
 def clock_for(name: str) -> Callable[[], float]:
@@ -91,9 +91,9 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--clock", choices=["cpu", "wall"], default="cpu")
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--configs", nargs="*", default=["2x2:0.6:10:8", "4x3"],
-                        help="Lookahead settings WINDOWxNGRAM[:MIN_POOL_GAIN[:CONTEXT_DEPTH[:EXPLORE_EVERY]]] "
-                             "(default: 2x2:0.6:10:8, chosen on --prompt-set tune, and 4x3)")
+    parser.add_argument("--configs", nargs="*", default=["2x2:0.6:10:8:1", "4x3"],
+                        help="Lookahead settings WINDOWxNGRAM[:MIN_POOL_GAIN[:CONTEXT_DEPTH[:EXPLORE_EVERY[:CONTEXT_CANDIDATES]]]] "
+                             "(default: 2x2:0.6:10:8:1, chosen on --prompt-set tune, and 4x3)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     if args.clock == "cpu" and args.threads != 1:

@@ -135,6 +135,30 @@ def test_greedy_generation_equals_the_targets_greedy_generate(arch):
     assert harvested > 0
 
 
+class ChainCounting(LookaheadDrafter):
+    """Counts the steps proposed as chains (no side tokens, every trie one path)."""
+
+    chains = 0
+
+    def propose(self, state, num_tokens):
+        proposal = super().propose(state, num_tokens)
+        self.chains += proposal.tree is None
+        return proposal
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_steps_without_side_tokens_verify_one_path_as_a_chain(arch):
+    """With the lookahead branch off most steps, single-path tries go through the chain path;
+    greedy output stays the target's, at batch 1 and on a left-padded batch."""
+    target, _ = make_pair(arch)
+    for lengths in ([11], [9, 14, 5]):
+        ids, mask = repetitive_prompts(lengths, seed=len(lengths))
+        drafter = ChainCounting(window=2, ngram=2, context_candidates=1, min_pool_gain=100.0, explore_every=3)
+        out = specdecode.generate(target, drafter, ids, mask, max_new_tokens=24, pad_token_id=PAD)
+        assert torch.equal(out.sequences, hf_greedy(target, ids, mask, 24)), (arch, lengths)
+        assert drafter.chains > 0 and drafter.harvested > 0
+
+
 def test_lookahead_pool_alone_gets_tokens_accepted():
     """Without the context's n-grams, what is accepted came from the lookahead branch."""
     target, _ = make_pair("qwen2")
@@ -176,6 +200,14 @@ def test_sampled_lookahead_is_lossless(sampling_pair, joint):
     target, _ = sampling_pair
     out = sample(target, LookaheadDrafter(window=2, ngram=3))
     assert out.stats.tree_rule == "deterministic" and out.stats.accepted_tokens > 1000
+    assert chi_square_p(out.sequences[:, len(NGRAM_PROMPT):], joint) > PASS_P
+
+
+def test_sampled_lookahead_with_chain_steps_is_lossless(sampling_pair, joint):
+    target, _ = sampling_pair
+    drafter = ChainCounting(window=2, ngram=3, context_candidates=1, min_pool_gain=100.0, explore_every=2)
+    out = sample(target, drafter)
+    assert drafter.chains > 0 and out.stats.accepted_tokens > 1000
     assert chi_square_p(out.sequences[:, len(NGRAM_PROMPT):], joint) > PASS_P
 
 

@@ -23,7 +23,9 @@ so the lookahead branch runs only while its n-grams pay: the drafter keeps a mov
 of the tokens accepted per step through a pool continuation (not also proposed from the
 context), and while it is below ``min_pool_gain`` the branch runs once every
 ``explore_every`` steps only. ``min_pool_gain=0`` runs it at every step, as the method was
-published.
+published. A step without the branch whose trie is a single path in every row (or empty) is
+proposed as a chain of at most ``num_draft_tokens`` tokens (default: the trie's depth), which
+the target scores without the tree path's per-node mask.
 
 The trie is a function of the context and of the drafter's own past (the pool and the
 window, which never depend on the generation's coins), so the ``deterministic`` tree rule
@@ -112,6 +114,8 @@ class LookaheadDrafter(DrafterBase):
         self.use_context, self.seed = use_context, seed
         self.context_candidates, self.context_depth = context_candidates, context_depth
         self.min_pool_gain, self.explore_every = float(min_pool_gain), explore_every
+        # What generate drafts per chain step unless told otherwise: a whole trie path.
+        self.default_num_draft_tokens = max(ngram - 1, context_depth if use_context else 0)
         self._mask = lookahead_mask(window, ngram - 1)
         self._offsets = lookahead_offsets(window, ngram - 1)
         self.harvested = 0  # n-grams put into the pools since this drafter was made
@@ -169,12 +173,20 @@ class LookaheadDrafter(DrafterBase):
         tokens, parents, num_nodes = merge_into_trie(paths, lengths, max(max_nodes, 2))
         width = int(num_nodes.max())
         self._tree_tokens = tokens[:, : width - 1]
+        self._steps += 1
+        self._ran_side = self.pool_gain >= self.min_pool_gain or self._steps % self.explore_every == 0
+        if not self._ran_side and _all_paths(parents[:, : width - 1], num_nodes):
+            # No side tokens and every row's trie is one path (or empty): verify it as a chain,
+            # which costs less than the tree path's per-node mask (a plain step when it is empty).
+            # A chain holds at most num_tokens drafts (default: the trie's depth).
+            k = min(width - 1, num_tokens)
+            counts = torch.from_numpy(np.minimum(num_nodes - 1, k)).to(state.device) if k else None
+            return Proposal(torch.from_numpy(np.ascontiguousarray(tokens[:, :k])).to(state.device), None,
+                            num_draft_tokens=counts)
         tree = TokenTree(torch.cat([pending[:, None], torch.from_numpy(tokens[:, : width - 1]).to(device)], 1),
                          torch.cat([torch.full((len(rows), 1), -1, dtype=torch.long),
                                     torch.from_numpy(parents[:, : width - 1])], 1).to(device),
                          torch.from_numpy(num_nodes).to(device))
-        self._steps += 1
-        self._ran_side = self.pool_gain >= self.min_pool_gain or self._steps % self.explore_every == 0
         side = None
         if self._ran_side:
             position = state.positions[:, state.num_columns - 1]
@@ -210,13 +222,28 @@ class LookaheadDrafter(DrafterBase):
 
     def _credit_pool(self, update: CommitUpdate) -> None:
         """Move ``pool_gain`` toward this step's tokens accepted through a pool continuation."""
-        if update.accepted_nodes is None or self._tree_tokens is None:
+        if self._tree_tokens is None:
             return
         accepted = update.accepted_len.tolist()
-        first = update.accepted_nodes[:, 1].tolist() if update.accepted_nodes.shape[1] > 1 else [0] * len(accepted)
+        if update.accepted_nodes is None:  # a chain step: its first draft is node 1
+            first = [1] * len(accepted)
+        else:
+            first = update.accepted_nodes[:, 1].tolist() if update.accepted_nodes.shape[1] > 1 else [0] * len(accepted)
         credit = [n if n > 0 and node > 0 and int(self._tree_tokens[r, node - 1]) in self._pool_first[r] else 0
                   for r, (n, node) in enumerate(zip(accepted, first))]
         self.pool_gain = 0.75 * self.pool_gain + 0.25 * (sum(credit) / max(len(credit), 1))
+
+
+def _all_paths(parents: np.ndarray, num_nodes: np.ndarray) -> bool:
+    """True when every row's trie is a single path: node i's parent is node i - 1.
+
+    Shape:
+        parents: ``[b, n]`` — the parents of nodes 1..n (node 0, the pending token, left out).
+        num_nodes: ``[b]`` — nodes per row, node 0 included.
+    """
+    chain = np.arange(parents.shape[1])[None, :]
+    used = chain < (num_nodes[:, None] - 1)
+    return bool(np.all((parents == chain) | ~used))
 
 
 def _check_int(name: str, value: Any, minimum: int) -> None:
