@@ -21,7 +21,8 @@
 # TOTAL_S (default 570 s); the benchmark writes its results after every group, so a benchmark cut
 # short still returns the groups it finished (batch 1 first: the goals). Environment:
 #   STAGES      stages to run, in this order whatever the order given, default
-#               "build cudatests sanitizer verify tests bench" (e.g. STAGES="build cudatests")
+#               "build cudatests sanitizer verify tests bench", without "build" when a prebuilt
+#               extension was carried (e.g. STAGES="build cudatests")
 #   TOTAL_S     seconds for the whole script (default 570)
 #   CUDA_TESTS_S, SANITIZER_S, VERIFY_S, TESTS_S
 #               most seconds for the CUDA tests (default 120), each sanitizer tool (90), the
@@ -36,7 +37,10 @@ set -u
 OUT=${OUT:-$PWD/gpu_out}
 mkdir -p "$OUT"
 PY=${PY:-python3}
-STAGES=${STAGES:-build cudatests sanitizer verify tests bench}
+if [ -z "${STAGES:-}" ]; then  # a carried prebuilt extension (scripts/build_gpu_extension.sh) needs no build
+  STAGES="build cudatests sanitizer verify tests bench"
+  ls python/specdecode/_C.cpython-312-*.so >/dev/null 2>&1 && STAGES="cudatests sanitizer verify tests bench"
+fi
 TOTAL_S=${TOTAL_S:-570}
 TESTS_S=${TESTS_S:-170}
 CUDA_TESTS_S=${CUDA_TESTS_S:-120}
