@@ -78,7 +78,8 @@ PROMPTS: dict[str, dict[str, list[str]]] = {
 
 #: What --configs may add after WINDOWxNGRAM, in order, separated by colons.
 SETTINGS: list[tuple[str, Callable[[str], Any]]] = [("min_pool_gain", float), ("context_depth", int),
-                                                    ("explore_every", int), ("context_candidates", int)]
+                                                    ("explore_every", int), ("context_candidates", int),
+                                                    ("occurrence", str)]
 
 
 def clock_for(name: str) -> Callable[[], float]:
@@ -92,7 +93,7 @@ def main() -> None:
     parser.add_argument("--clock", choices=["cpu", "wall"], default="cpu")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--configs", nargs="*", default=["2x2:0.6:10:8:1", "4x3"],
-                        help="Lookahead settings WINDOWxNGRAM[:MIN_POOL_GAIN[:CONTEXT_DEPTH[:EXPLORE_EVERY[:CONTEXT_CANDIDATES]]]] "
+                        help="Lookahead settings WINDOWxNGRAM[:MIN_POOL_GAIN[:CONTEXT_DEPTH[:EXPLORE_EVERY[:CONTEXT_CANDIDATES[:OCCURRENCE]]]]] "
                              "(default: 2x2:0.6:10:8:1, chosen on --prompt-set tune, and 4x3)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -125,6 +126,8 @@ def main() -> None:
         "target alone": hf(),
         "HF prompt lookup": hf(prompt_lookup_num_tokens=10),
         "specdecode ngram": ours("specdecode ngram", specdecode.NgramDrafter),
+        "specdecode ngram, first occurrence": ours("specdecode ngram, first occurrence",
+                                                   lambda: specdecode.NgramDrafter(occurrence="first")),
         "specdecode jacobi 4": ours("specdecode jacobi 4", lambda: specdecode.JacobiDrafter(4), num_draft_tokens=4),
     }
     for config in args.configs:

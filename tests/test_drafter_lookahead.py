@@ -109,7 +109,8 @@ def test_arguments_are_checked():
                                 ({"window": 2.0}, TypeError, "window"), ({"use_context": 1}, TypeError, "use_context"),
                                 ({"max_candidates": 0}, ValueError, "max_candidates"),
                                 ({"min_pool_gain": -1}, ValueError, "min_pool_gain"),
-                                ({"min_pool_gain": "high"}, TypeError, "min_pool_gain")):
+                                ({"min_pool_gain": "high"}, TypeError, "min_pool_gain"),
+                                ({"occurrence": "oldest"}, ValueError, "occurrence")):
         with pytest.raises(error, match=name):
             LookaheadDrafter(**kwargs)
     with pytest.raises(ValueError, match="window"):
@@ -153,7 +154,8 @@ def test_steps_without_side_tokens_verify_one_path_as_a_chain(arch):
     target, _ = make_pair(arch)
     for lengths in ([11], [9, 14, 5]):
         ids, mask = repetitive_prompts(lengths, seed=len(lengths))
-        drafter = ChainCounting(window=2, ngram=2, context_candidates=1, min_pool_gain=100.0, explore_every=3)
+        drafter = ChainCounting(window=2, ngram=2, context_candidates=1, min_pool_gain=100.0, explore_every=3,
+                                occurrence="first" if arch == "gpt2" else "recent")
         out = specdecode.generate(target, drafter, ids, mask, max_new_tokens=24, pad_token_id=PAD)
         assert torch.equal(out.sequences, hf_greedy(target, ids, mask, 24)), (arch, lengths)
         assert drafter.chains > 0 and drafter.harvested > 0

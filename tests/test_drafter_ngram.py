@@ -60,10 +60,10 @@ def batch_of(rows: list[list[int]], holes: dict[int, list[int]] | None = None, p
     return tokens, mask
 
 
-def lookup(rows, k, max_ngram=3, min_ngram=1, extend_period=True, holes=None, pad=0):
+def lookup(rows, k, max_ngram=3, min_ngram=1, extend_period=True, holes=None, pad=0, occurrence="recent"):
     tokens, mask = batch_of(rows, holes, pad)
     context, lengths = packed_contexts(tokens.numpy(), mask.numpy())
-    draft, counts, ngram = ngram_lookup(context, lengths, k, max_ngram, min_ngram, extend_period)
+    draft, counts, ngram = ngram_lookup(context, lengths, k, max_ngram, min_ngram, extend_period, occurrence)
     return [draft[r, : int(counts[r])].tolist() for r in range(len(rows))], ngram.tolist()
 
 
@@ -71,6 +71,16 @@ def test_most_recent_occurrence_wins():
     row = [1, 2, 9, 4, 1, 2, 8, 5, 1, 2]
     assert lookup([row], 2, max_ngram=2)[0] == [[8, 5]]
     assert lookup([row], 2, max_ngram=2)[1] == [2]
+
+
+def test_first_occurrence_on_request():
+    """occurrence="first": the earliest occurrence of the longest matching suffix, as Hugging
+    Face's prompt lookup; a longer match still wins over an earlier shorter one."""
+    row = [1, 2, 9, 4, 1, 2, 8, 5, 1, 2]
+    assert lookup([row], 2, max_ngram=2, occurrence="first") == ([[9, 4]], [2])
+    row = [2, 7, 7, 3, 1, 2, 6, 6, 3, 1, 2]
+    assert lookup([row], 2, max_ngram=3, occurrence="first") == ([[6, 6]], [3])
+    assert lookup([row, [5, 2, 4, 2]], 1, max_ngram=1, occurrence="first") == ([[7], [4]], [1, 1])
 
 
 def test_longest_ngram_first_then_shorter():
@@ -214,6 +224,8 @@ def test_learned_length_cuts_weak_matches_and_keeps_strong_ones():
         (dict(min_acceptance="0.2"), TypeError, "min_acceptance"),
         (dict(prior_accepted=0.0), ValueError, "prior_accepted"),
         (dict(prior_rejected=float("nan")), ValueError, "prior_rejected"),
+        (dict(occurrence="last"), ValueError, "occurrence"),
+        (dict(occurrence=None), ValueError, "occurrence"),
     ],
 )
 def test_bad_arguments_name_the_argument(kwargs, error, name):
@@ -245,7 +257,8 @@ def test_greedy_equals_the_targets_greedy_generate(arch):
     for lengths in ([11], [9, 14, 5]):
         ids, mask = repetitive_prompts(lengths, seed=len(lengths))
         want = hf_greedy(target, ids, mask, 24)
-        for drafter in (NgramDrafter(), NgramDrafter(max_ngram=2, extend_period=False, min_acceptance=0.0)):
+        for drafter in (NgramDrafter(), NgramDrafter(max_ngram=2, extend_period=False, min_acceptance=0.0),
+                        NgramDrafter(occurrence="first"), NgramDrafter(occurrence="first", num_nodes=8)):
             out = specdecode.generate(target, drafter, ids, mask, num_draft_tokens=4, max_new_tokens=24,
                                       pad_token_id=PAD)
             assert torch.equal(out.sequences, want)

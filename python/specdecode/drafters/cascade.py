@@ -116,7 +116,7 @@ class VerticalCascadeDrafter(DrafterBase):
             context = np.concatenate([context, _host(torch.stack(drafted, 1))], 1)
             lengths = lengths + len(drafted)
         guess, counts, _ = ngram_lookup(context, lengths, count, self.inner.max_ngram, self.inner.min_ngram,
-                                        self.inner.extend_period)
+                                        self.inner.extend_period, self.inner.occurrence)
         invalid = guess >= vocab
         counts = np.minimum(counts, np.where(invalid.any(1), invalid.argmax(1), count))
         return np.where(invalid, 0, guess), counts

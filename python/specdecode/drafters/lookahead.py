@@ -41,7 +41,7 @@ import numpy as np
 import torch
 
 from specdecode.drafters.base import CommitUpdate, DrafterBase, DraftState, Proposal, SideTokens
-from specdecode.drafters.ngram import merge_into_trie, ngram_candidates, packed_contexts
+from specdecode.drafters.ngram import check_occurrence, merge_into_trie, ngram_candidates, packed_contexts
 from specdecode.trees.tree import TokenTree
 
 
@@ -79,6 +79,8 @@ class LookaheadDrafter(DrafterBase):
             branch to run at every step (>= 0; 0: always).
         explore_every: how often the branch runs otherwise (every that many steps, >= 1).
         seed: seeds the window's first guess (tokens drawn from the row's context).
+        occurrence: which earlier occurrence the context continuations copy from first:
+            ``"recent"`` or ``"first"`` (as :class:`~specdecode.drafters.NgramDrafter`).
 
     Every target call scores ``1 + G (N - 1)`` tree nodes at most plus ``W (N - 1)`` side
     tokens: on a GPU nearly free, on a CPU keep ``W`` and ``N`` small.
@@ -91,7 +93,7 @@ class LookaheadDrafter(DrafterBase):
 
     def __init__(self, window: int = 4, ngram: int = 3, max_candidates: int | None = None, use_context: bool = True,
                  context_candidates: int = 2, context_depth: int = 6, max_pool: int | None = None,
-                 min_pool_gain: float = 0.0, explore_every: int = 4, seed: int = 0) -> None:
+                 min_pool_gain: float = 0.0, explore_every: int = 4, seed: int = 0, occurrence: str = "recent") -> None:
         _check_int("window", window, 1)
         _check_int("ngram", ngram, 2)
         _check_int("context_candidates", context_candidates, 1)
@@ -108,6 +110,7 @@ class LookaheadDrafter(DrafterBase):
         if not isinstance(use_context, bool):
             raise TypeError(f"use_context: expected a bool, got {use_context!r}")
         _check_int("seed", seed, 0)
+        self.occurrence = check_occurrence(occurrence)
         self.window, self.ngram = window, ngram
         self.max_candidates = window if max_candidates is None else max_candidates
         self.max_pool = self.max_candidates if max_pool is None else max_pool
@@ -150,7 +153,8 @@ class LookaheadDrafter(DrafterBase):
             cols = state.num_columns
             packed, real = packed_contexts(state.tokens[:, :cols].cpu().numpy(),
                                            state.attention_mask[:, :cols].cpu().numpy())
-            found, found_len = ngram_candidates(packed, real, ctx_count, self.context_depth, 3, 1, extend_period=True)
+            found, found_len = ngram_candidates(packed, real, ctx_count, self.context_depth, 3, 1, extend_period=True,
+                                                occurrence=self.occurrence)
             invalid = found >= state.vocab_size
             found_len = np.minimum(found_len, np.where(invalid.any(2), invalid.argmax(2), self.context_depth))
             paths[:, :ctx_count, : self.context_depth], lengths[:, :ctx_count] = found, found_len

@@ -89,12 +89,13 @@ def _continuations(context: np.ndarray, ends: np.ndarray, found: np.ndarray, num
 
 
 def ngram_lookup(context: np.ndarray, lengths: np.ndarray, num_tokens: int, max_ngram: int, min_ngram: int,
-                 extend_period: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                 extend_period: bool = True, occurrence: str = "recent") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The prompt-lookup proposal of every row of a packed batch (see :func:`packed_contexts`).
 
     For ``n`` from ``max_ngram`` down to ``min_ngram``, the first ``n`` for which the row's last
     ``n`` tokens occur earlier in the row decides, and its most recent earlier occurrence is
-    used (occurrences may overlap the row's last tokens, never its left padding). The proposal
+    used (``occurrence="first"``: its earliest, as Hugging Face's prompt lookup does;
+    occurrences may overlap the row's last tokens, never its left padding). The proposal
     is what followed that occurrence, up to ``num_tokens`` tokens. When fewer follow it (the
     occurrence is ``P`` tokens before the row's end, ``P < num_tokens``), ``extend_period``
     continues the copy into the tokens just proposed, i.e. the last ``P`` tokens repeat, as an
@@ -113,8 +114,8 @@ def ngram_lookup(context: np.ndarray, lengths: np.ndarray, num_tokens: int, max_
         zeros = np.zeros(b, dtype=np.int64)
         return np.zeros((b, max(num_tokens, 0)), dtype=np.int64), zeros, zeros.copy()
     level = match_levels(context, lengths, max_ngram, min_ngram)
-    # the longest n first, then its most recent occurrence
-    best = (level * level.shape[1] + np.arange(level.shape[1])).argmax(1)
+    # the longest n first, then its most recent (or earliest) occurrence
+    best = (level * level.shape[1] + _occurrence_order(level.shape[1], occurrence)).argmax(1)
     ngram = np.take_along_axis(level, best[:, None], 1)[:, 0]
     draft, counts = _continuations(context, best[:, None], (ngram > 0)[:, None], num_tokens, extend_period)
     draft, counts = draft[:, 0], counts[:, 0]
@@ -123,12 +124,13 @@ def ngram_lookup(context: np.ndarray, lengths: np.ndarray, num_tokens: int, max_
 
 
 def ngram_candidates(context: np.ndarray, lengths: np.ndarray, num_candidates: int, num_tokens: int,
-                     max_ngram: int, min_ngram: int, extend_period: bool = True
+                     max_ngram: int, min_ngram: int, extend_period: bool = True, occurrence: str = "recent"
                      ) -> tuple[np.ndarray, np.ndarray]:
     """Several prompt-lookup continuations per row, best first: the earlier occurrences of the
     row's suffix ordered by the length ``n`` of the suffix they match (longest first), then by
-    recency (most recent first); each position counts once (at its longest ``n``). The first
-    candidate is :func:`ngram_lookup`'s proposal. Missing candidates have length 0.
+    recency (most recent first; ``occurrence="first"``: earliest first); each position counts
+    once (at its longest ``n``). The first candidate is :func:`ngram_lookup`'s proposal.
+    Missing candidates have length 0.
 
     Shape:
         context: ``[b, W]`` int64 packed; lengths: ``[b]`` int64.
@@ -140,7 +142,7 @@ def ngram_candidates(context: np.ndarray, lengths: np.ndarray, num_candidates: i
         return np.zeros((b, num_candidates, num_tokens), dtype=np.int64), np.zeros((b, num_candidates), np.int64)
     level = match_levels(context, lengths, max_ngram, min_ngram)
     num_ends = level.shape[1]
-    key = np.where(level > 0, level * num_ends + np.arange(num_ends), -1)
+    key = np.where(level > 0, level * num_ends + _occurrence_order(num_ends, occurrence), -1)
     take = min(num_candidates, num_ends)
     ends = np.argsort(-key, axis=1, kind="stable")[:, :take]
     found = np.take_along_axis(key, ends, 1) >= 0
@@ -149,6 +151,21 @@ def ngram_candidates(context: np.ndarray, lengths: np.ndarray, num_candidates: i
         paths = np.concatenate([paths, np.zeros((b, num_candidates - take, num_tokens), np.int64)], 1)
         path_lengths = np.concatenate([path_lengths, np.zeros((b, num_candidates - take), np.int64)], 1)
     return paths, path_lengths
+
+
+OCCURRENCES = ("recent", "first")
+
+
+def _occurrence_order(num_ends: int, occurrence: str) -> np.ndarray:
+    """Rank of each match end among matches of one length: larger is preferred."""
+    order = np.arange(num_ends)
+    return order if occurrence == "recent" else num_ends - 1 - order
+
+
+def check_occurrence(occurrence: Any, name: str = "occurrence") -> str:
+    if not isinstance(occurrence, str) or occurrence not in OCCURRENCES:
+        raise ValueError(f"{name}: expected 'recent' or 'first', got {occurrence!r}")
+    return occurrence
 
 
 def merge_into_trie(paths: np.ndarray, path_lengths: np.ndarray, max_nodes: int
@@ -234,6 +251,9 @@ class NgramDrafter(DrafterBase):
         max_lookback: search only the last ``max_lookback`` tokens of each row (None: all), to
             bound the per-step cost on very long contexts.
         extend_period: continue a copy that reaches the end of the context periodically.
+        occurrence: which earlier occurrence of the suffix to copy from: ``"recent"`` (the most
+            recent) or ``"first"`` (the earliest, as Hugging Face's prompt lookup; it follows
+            the prompt when the answer rewrites text given there).
         min_acceptance: cut proposals where the estimated acceptance probability of a position
             falls below this, in [0, 1) (0: never cut).
         prior_accepted, prior_rejected: pseudo-counts (> 0) of the per-position acceptance
@@ -250,7 +270,8 @@ class NgramDrafter(DrafterBase):
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1, max_lookback: int | None = None,
                  extend_period: bool = True, min_acceptance: float = 0.2, prior_accepted: float = 3.0,
-                 prior_rejected: float = 1.0, num_nodes: int | None = None, tree_depth: int = 8) -> None:
+                 prior_rejected: float = 1.0, num_nodes: int | None = None, tree_depth: int = 8,
+                 occurrence: str = "recent") -> None:
         for arg, value in (("max_ngram", max_ngram), ("min_ngram", min_ngram)):
             if isinstance(value, bool) or not isinstance(value, int):
                 raise TypeError(f"{arg}: expected an int >= 1, got {value!r}")
@@ -277,6 +298,7 @@ class NgramDrafter(DrafterBase):
         if num_nodes is not None:
             _check_int("num_nodes", num_nodes, 2)
         _check_int("tree_depth", tree_depth, 1)
+        self.occurrence = check_occurrence(occurrence)
         self.num_nodes = num_nodes
         self.tree_depth = tree_depth
         self.max_ngram = max_ngram
@@ -297,7 +319,7 @@ class NgramDrafter(DrafterBase):
     def describe(self) -> dict:
         return {"drafter": self.name, "max_ngram": self.max_ngram, "min_ngram": self.min_ngram,
                 "max_lookback": self.max_lookback, "extend_period": self.extend_period,
-                "min_acceptance": self.min_acceptance, "num_nodes": self.num_nodes,
+                "min_acceptance": self.min_acceptance, "occurrence": self.occurrence, "num_nodes": self.num_nodes,
                 "tree_depth": self.tree_depth if self.num_nodes else None}
 
     def with_tree(self, tree: Any = TRIE, num_nodes: int = 16, tree_depth: int | None = None,
@@ -367,7 +389,7 @@ class NgramDrafter(DrafterBase):
         if self.num_nodes is not None:
             return self._propose_trie(state, context, lengths)
         draft, counts, ngram = ngram_lookup(context, lengths, num_tokens, self.max_ngram, self.min_ngram,
-                                            self.extend_period)
+                                            self.extend_period, self.occurrence)
         if self.min_acceptance > 0.0:
             keep = self.acceptance_estimates(num_tokens) >= self.min_acceptance
             limit = keep.cumprod(1).sum(1)  # [max_ngram + 1]: positions before the first cut
@@ -388,7 +410,7 @@ class NgramDrafter(DrafterBase):
         assert self.num_nodes is not None
         # up to twice as many matches as draft nodes: identical continuations merge into one path
         paths, path_lengths = ngram_candidates(context, lengths, 2 * (self.num_nodes - 1), self.tree_depth,
-                                               self.max_ngram, self.min_ngram, self.extend_period)
+                                               self.max_ngram, self.min_ngram, self.extend_period, self.occurrence)
         invalid = paths >= state.vocab_size  # ids the target cannot score end a path
         path_lengths = np.minimum(path_lengths, np.where(invalid.any(2), invalid.argmax(2), self.tree_depth))
         tokens, parents, num_nodes = merge_into_trie(paths, path_lengths, self.num_nodes)
