@@ -9,7 +9,8 @@ float16 (or ``--dtype bfloat16``), its kind's JSON config and ``specdecode_draft
 With ``--num-draft-tokens`` / ``--tree`` / ``--num-nodes`` / ``--tree-depth`` the copy's record
 gets a ``"generation"`` entry: the settings measured best for the drafter, which
 ``specdecode.load_drafter`` applies (the tree it drafts, the draft length ``generate`` uses when
-not told). Loading casts the weights back to the target's dtype (``load_state_dict`` copies into the
+not told). ``--sampling-tree none`` (a chain) / ``--sampling-num-draft-tokens`` add its
+``"sampling"`` entry: what ``generate`` drafts instead when it samples. Loading casts the weights back to the target's dtype (``load_state_dict`` copies into the
 drafter's own float32 parameters), so a shipped drafter drafts like the trained one up to the
 half-precision rounding of its weights.
 """
@@ -54,10 +55,21 @@ def main() -> None:
     parser.add_argument("--tree", choices=["dynamic", "sequoia", "static"], help="the tree the drafter drafts")
     parser.add_argument("--num-nodes", type=int, help="with --tree: its size, root included")
     parser.add_argument("--tree-depth", type=int, help="with --tree: its deepest draft")
+    parser.add_argument("--sampling-tree", choices=["none", "dynamic", "sequoia", "static"],
+                        help="when generate samples: this tree instead ('none': a chain)")
+    parser.add_argument("--sampling-num-draft-tokens", type=int, help="when generate samples: this draft length")
     args = parser.parse_args()
     settings = {"num_draft_tokens": args.num_draft_tokens, "tree": args.tree, "num_nodes": args.num_nodes,
                 "tree_depth": args.tree_depth}
-    size = export(args.src, args.dst, getattr(torch, args.dtype), {k: v for k, v in settings.items() if v is not None})
+    settings = {k: v for k, v in settings.items() if v is not None}
+    sampling = {}
+    if args.sampling_tree is not None:
+        sampling["tree"] = None if args.sampling_tree == "none" else args.sampling_tree
+    if args.sampling_num_draft_tokens is not None:
+        sampling["num_draft_tokens"] = args.sampling_num_draft_tokens
+    if sampling:
+        settings["sampling"] = sampling
+    size = export(args.src, args.dst, getattr(torch, args.dtype), settings)
     print(f"{args.dst}: weights {size / 1e6:.2f} MB ({args.dtype})")
 
 

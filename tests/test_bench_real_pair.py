@@ -286,4 +286,6 @@ def test_the_shipped_drafter_folder_names_its_target() -> None:
     assert not (folder / "checkpoint.pt").exists() and not (folder / "data").exists()
     from specdecode.training.artifacts import GENERATION_KEYS
 
-    assert set(record.get("generation", {})) <= set(GENERATION_KEYS)  # settings load_drafter applies
+    generation = record.get("generation", {})
+    assert set(generation) <= {*GENERATION_KEYS, "sampling"}  # settings load_drafter applies
+    assert set(generation.get("sampling", {})) <= set(GENERATION_KEYS)

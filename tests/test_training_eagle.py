@@ -228,10 +228,47 @@ def test_generation_settings_in_the_record(demo_eagle, tmp_path):
     out = specdecode.generate(target, tree, ids, max_new_tokens=12, eos_token_id=None)
     assert torch.equal(out.sequences, steps.sequences)  # greedy: the target's own output either way
     for bad, named in [({"num_draft_tokens": 0}, "num_draft_tokens"), ({"gamma": 2}, "keys"),
-                       ({"num_nodes": 6}, "go with tree"), ({"tree": "bushy"}, "tree")]:
+                       ({"num_nodes": 6}, "go with tree"), ({"tree": "bushy"}, "tree"),
+                       ({"sampling": {"gamma": 2}}, "sampling"), ({"sampling": 2}, "sampling"),
+                       ({"sampling": {"num_draft_tokens": 0}}, "num_draft_tokens")]:
         write(bad)
         with pytest.raises(ValueError, match=named):
             specdecode.load_drafter(folder, target)
+
+
+def test_sampling_settings_in_the_record(demo_eagle, tmp_path):
+    """A record's ``"generation"`` ``"sampling"`` entry: generate drafts a chain of 3 when it
+    samples and the 6-node tree greedily; tree= given by the caller, or a copy made with
+    with_tree, holds at every temperature; the loaded drafter is left as it was."""
+    import json
+    import shutil
+
+    from specdecode.trees.builders import DynamicTree
+
+    target, tokenizer, result = demo_eagle
+    folder = tmp_path / "with-sampling"
+    shutil.copytree(result.path, folder)
+    record_file = folder / "specdecode_drafter.json"
+    record = json.loads(record_file.read_text())
+    record["generation"] = {"num_draft_tokens": 2, "tree": "dynamic", "num_nodes": 6, "tree_depth": 3,
+                            "sampling": {"tree": None, "num_draft_tokens": 3}}
+    record_file.write_text(json.dumps(record))
+    drafter = specdecode.load_drafter(folder, target)
+    assert isinstance(drafter.tree, DynamicTree) and drafter.default_num_draft_tokens == 2
+    sampled = drafter.for_sampling()
+    assert sampled.tree is None and sampled.default_num_draft_tokens == 3 and sampled.sampling_drafter is None
+    assert sampled.model is drafter.model
+    ids = tokenizer(["def parse(text):\n"], return_tensors="pt").input_ids
+    greedy = specdecode.generate(target, drafter, ids, max_new_tokens=12, eos_token_id=None)
+    assert greedy.stats.tree_rule != ""
+    hot = specdecode.generate(target, drafter, ids, max_new_tokens=12, eos_token_id=None, do_sample=True,
+                              generator=torch.Generator().manual_seed(0))
+    assert hot.stats.tree_rule == "" and len(hot.stats.position_drafted) == 3
+    told = specdecode.generate(target, drafter, ids, max_new_tokens=12, eos_token_id=None, do_sample=True,
+                               tree="static", num_nodes=5, generator=torch.Generator().manual_seed(0))
+    assert told.stats.tree_rule != ""
+    assert drafter.with_tree("dynamic", num_nodes=4).for_sampling().tree is not None
+    assert isinstance(drafter.tree, DynamicTree) and drafter.sampling_drafter is sampled
 
 
 def test_export_writes_half_weights_and_generation_settings(demo_eagle, tmp_path, monkeypatch):
@@ -249,13 +286,15 @@ def test_export_writes_half_weights_and_generation_settings(demo_eagle, tmp_path
     spec.loader.exec_module(module)
     out = tmp_path / "shipped"
     monkeypatch.setattr("sys.argv", ["export_drafter.py", str(result.path), str(out), "--num-draft-tokens", "2",
-                                     "--tree", "dynamic", "--num-nodes", "6", "--tree-depth", "3"])
+                                     "--tree", "dynamic", "--num-nodes", "6", "--tree-depth", "3",
+                                     "--sampling-tree", "none", "--sampling-num-draft-tokens", "3"])
     module.main()
     assert {t.dtype for t in load_file(str(out / "model.safetensors")).values() if t.is_floating_point()} == {
         torch.float16}
     assert not (out / "progress.json").exists()
     shipped = specdecode.load_drafter(out, target)
     assert shipped.default_num_draft_tokens == 2 and (shipped.tree.num_nodes, shipped.tree.max_depth) == (6, 3)
+    assert shipped.for_sampling().tree is None and shipped.for_sampling().default_num_draft_tokens == 3
     trained = result.drafter.model.state_dict()
     for name, value in shipped.model.state_dict().items():
         torch.testing.assert_close(value, trained[name].to(torch.float16).to(value.dtype), rtol=0, atol=0)

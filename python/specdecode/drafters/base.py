@@ -361,6 +361,7 @@ class TreeBuilderDrafter:
                                                               children=tree_children)
         clone = copy.copy(self)
         clone.tree = builder
+        clone.sampling_drafter = None  # settings chosen here hold at every temperature
         clone.reset()
         return clone
 
@@ -376,9 +377,17 @@ class DrafterBase:
     #: Draft tokens per step ``generate`` uses when not told (None: its default, 5); a trained
     #: drafter's record may set it (``specdecode.load_drafter``).
     default_num_draft_tokens: int | None = None
+    #: The drafter ``generate`` uses instead when it samples and is given no ``tree=`` (None:
+    #: this one); a trained drafter's record may set it, e.g. a chain at T > 0 where a tree pays
+    #: only greedily (``specdecode.load_drafter``).
+    sampling_drafter: Any = None
 
     def reset(self) -> None:  # noqa: D102
         return None
+
+    def for_sampling(self) -> Any:
+        """The drafter to use when generation samples: :attr:`sampling_drafter`, else this one."""
+        return self if self.sampling_drafter is None else self.sampling_drafter
 
     def commit(self, update: CommitUpdate) -> None:  # noqa: D102
         return None

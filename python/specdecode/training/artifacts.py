@@ -124,7 +124,7 @@ def load_drafter(path: str | Path, target: torch.nn.Module) -> Any:
     return with_generation_defaults(drafter, record.get("generation"), path)
 
 
-#: The keys of a record's optional ``"generation"`` entry.
+#: The keys of a record's optional ``"generation"`` entry (and of its ``"sampling"`` entry).
 GENERATION_KEYS = ("num_draft_tokens", "tree", "num_nodes", "tree_depth")
 
 
@@ -132,13 +132,34 @@ def with_generation_defaults(drafter: Any, defaults: dict[str, Any] | None, path
     """``drafter`` with the settings a record's ``"generation"`` entry names (None: as is):
     ``num_draft_tokens`` becomes its ``default_num_draft_tokens`` (what ``generate`` drafts per
     step when not told), ``tree`` / ``num_nodes`` / ``tree_depth`` make it draft that tree (as
-    ``generate``'s arguments of those names). A draft model is wrapped in a ``ModelDrafter`` to
-    carry them. ``ValueError`` naming ``path`` for an entry this version cannot apply."""
+    ``generate``'s arguments of those names). An optional ``"sampling"`` entry, with the same
+    keys, changes them for sampled generation (``tree: null``: a chain): the result's
+    ``sampling_drafter``. A draft model is wrapped in a ``ModelDrafter`` to carry them.
+    ``ValueError`` naming ``path`` for an entry this version cannot apply."""
     if defaults is None:
         return drafter
     where = f"path: {str(path)!r}: the record's generation settings"
-    if not isinstance(defaults, dict) or set(defaults) - set(GENERATION_KEYS):
-        raise ValueError(f"{where} must be a dict with keys among {', '.join(GENERATION_KEYS)}, got {defaults!r}")
+    if not isinstance(defaults, dict) or set(defaults) - {*GENERATION_KEYS, "sampling"}:
+        raise ValueError(f"{where} must be a dict with keys among {', '.join(GENERATION_KEYS)}, sampling; "
+                         f"got {defaults!r}")
+    greedy = {key: value for key, value in defaults.items() if key != "sampling"}
+    sampled = defaults.get("sampling")
+    if sampled is not None and (not isinstance(sampled, dict) or set(sampled) - set(GENERATION_KEYS)):
+        raise ValueError(f"{where}: sampling must be a dict with keys among {', '.join(GENERATION_KEYS)}, "
+                         f"got {sampled!r}")
+    main = _with_settings(drafter, greedy, where)
+    if sampled is not None:
+        merged = {**greedy, **sampled}
+        if merged.get("tree") is None:
+            merged = {key: value for key, value in merged.items() if key in ("num_draft_tokens", "tree")}
+        main.sampling_drafter = _with_settings(drafter, merged, f"{where} (sampling)")
+    return main
+
+
+def _with_settings(drafter: Any, defaults: dict[str, Any], where: str) -> Any:
+    """A drafter (a copy where settings apply) with one set of generation settings."""
+    import copy
+
     for key, low in (("num_draft_tokens", 1), ("num_nodes", 2), ("tree_depth", 1)):
         value = defaults.get(key)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < low):
@@ -154,5 +175,7 @@ def with_generation_defaults(drafter: Any, defaults: dict[str, Any] | None, path
         drafter = drafter.with_tree(tree, num_nodes=defaults.get("num_nodes", 16), tree_depth=defaults.get("tree_depth"))
     elif "num_nodes" in defaults or "tree_depth" in defaults:
         raise ValueError(f"{where}: num_nodes and tree_depth go with tree")
+    else:
+        drafter = copy.copy(drafter)  # the loaded drafter itself is never changed
     drafter.default_num_draft_tokens = defaults.get("num_draft_tokens")
     return drafter
