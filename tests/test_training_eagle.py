@@ -267,6 +267,10 @@ def test_sampling_settings_in_the_record(demo_eagle, tmp_path):
     told = specdecode.generate(target, drafter, ids, max_new_tokens=12, eos_token_id=None, do_sample=True,
                                tree="static", num_nodes=5, generator=torch.Generator().manual_seed(0))
     assert told.stats.tree_rule != ""
+    stats = specdecode.SpeculativeStats()  # the plug-in for model.generate reads the same entry
+    target.generate(ids, attention_mask=torch.ones_like(ids), custom_generate=specdecode.custom_generate,
+                    draft_model=drafter, do_sample=True, max_new_tokens=8, speculative_stats=stats)
+    assert stats.tree_rule == "" and len(stats.position_drafted) == 3
     assert drafter.with_tree("dynamic", num_nodes=4).for_sampling().tree is not None
     assert isinstance(drafter.tree, DynamicTree) and drafter.sampling_drafter is sampled
 

@@ -74,6 +74,15 @@ def rule_options(rule: str | None, options: dict[str, Any], function: str, other
     return dict(options)
 
 
+def draft_for_sampling(draft: Any, sampling: Any, tree: Any) -> Any:
+    """The drafter a generation uses: when it samples and no ``tree=`` was given, a drafter's
+    own settings for sampling (``for_sampling()``, e.g. a trained drafter whose record drafts a
+    chain at T > 0); otherwise ``draft`` as given."""
+    if not sampling.is_greedy and tree is None and callable(getattr(draft, "for_sampling", None)):
+        return draft.for_sampling()
+    return draft
+
+
 def tree_settings(draft: Any, tree: Any, num_nodes: int, tree_depth: int | None, tree_children: str | None
                   ) -> tuple[Any, Any]:
     """``(draft, builder)`` for ``generate``'s tree arguments: a drafter that builds its own

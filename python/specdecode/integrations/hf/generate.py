@@ -187,8 +187,7 @@ def generate(
     sampling_values = {n: (_SAMPLING_OFF[n] if v is None else v) for n, v in sampling_values.items()}
     sampling = SamplingParams.from_generate_kwargs(**sampling_values)  # checks them, with specdecode's messages
     args.as_id_list("eos_token_id", eos_token_id)  # type check
-    if not sampling.is_greedy and tree is None and callable(getattr(draft, "for_sampling", None)):
-        draft = draft.for_sampling()  # a drafter's own settings for sampled generation, if it has any
+    draft = args.draft_for_sampling(draft, sampling, tree)
     draft, num_draft_tokens = resolve_draft(
         target, {"draft": draft, "assistant_model": assistant_model}, num_draft_tokens=num_draft_tokens,
         tokenizer=tokenizer, assistant_tokenizer=assistant_tokenizer,

@@ -159,6 +159,8 @@ def custom_generate(
     options = args.rule_options(rule, dict(rule_options or {}), "custom_generate", _KEYWORDS)
     config = generation_config if generation_config is not None else model.generation_config
     hf_config.check_supported(config)
+    prepared = hf_config.from_prepared(config, logits_processor, stopping_criteria, int(input_ids.shape[1]))
+    draft_model = args.draft_for_sampling(draft_model, prepared.sampling, tree)
     draft, num_draft_tokens = resolve_draft(
         model, {"draft_model": draft_model, "assistant_model": assistant_model}, num_draft_tokens=num_draft_tokens,
         tokenizer=tokenizer, assistant_tokenizer=assistant_tokenizer,
@@ -175,7 +177,6 @@ def custom_generate(
         cache = model_kwargs.get(keyword)
         if cache is not None and hasattr(cache, "get_seq_length") and cache.get_seq_length() > 0:
             raise ValueError(f"{keyword}: a pre-filled cache is not supported; both models' caches are built here")
-    prepared = hf_config.from_prepared(config, logits_processor, stopping_criteria, int(input_ids.shape[1]))
     hf_config.check_tree(tree, prepared)
     mask = args.check_input_ids(input_ids, model_kwargs.get("attention_mask"), [], vocab_limit,
                                 mask_required_for_pads=False)
