@@ -163,6 +163,7 @@ def _occurrence_order(num_ends: int, occurrence: str) -> np.ndarray:
 
 
 def check_occurrence(occurrence: Any, name: str = "occurrence") -> str:
+    """``occurrence`` if it is one of :data:`OCCURRENCES`, else a ``ValueError`` naming ``name``."""
     if not isinstance(occurrence, str) or occurrence not in OCCURRENCES:
         raise ValueError(f"{name}: expected 'recent' or 'first', got {occurrence!r}")
     return occurrence
