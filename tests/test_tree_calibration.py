@@ -146,7 +146,10 @@ class Replanned(SequoiaTree):
     """Re-planned every step (by depth); remembers the shapes it used. Its prior makes the first
     shape wide (four root children), unlike the measured profile."""
 
-    PRIOR = (0.15, 0.15, 0.15, 0.15)
+    PRIOR = SAMPLED_PRIOR = (0.15, 0.15, 0.15, 0.15)
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, adapt_sampled=True, **kwargs)
 
     def build(self, root_tokens, root_logits, expand, sampling, coins):
         self.used = getattr(self, "used", []) + [self.shape.paths()]
@@ -237,3 +240,57 @@ def test_the_named_static_tree_samples_its_children_when_sampling(sampling_pair)
     assert out.stats.tree_rule == "rrs"
     assert chi_square_p(out.sequences[:, len(PROMPT):], exact_joint(target, PROMPT)) > PASS_P
     assert make_tree_builder([[0], [1]]).children == "deterministic"  # a shape of the caller's: top-k by default
+
+
+def test_the_named_static_tree_has_a_deeper_shape_for_sampled_children():
+    """tree="static" keeps its two-then-one shape for top-k children and, when sampling, draws
+    the Sequoia shape fixed for SAMPLED_PROFILE (a long chain with a few side branches:
+    at temperature 1 depth is worth more than width); the same shape every step."""
+    from specdecode.sampling import SamplingParams
+    from specdecode.trees.builders import SAMPLED_PROFILE, StaticTree, make_tree_builder
+    from specdecode.trees.sequoia import acceptance_from_conditional
+
+    builder = make_tree_builder("static", num_nodes=16)
+    profile = acceptance_from_conditional(list(SAMPLED_PROFILE))
+    assert builder.sampled_shape == sequoia_shape(profile, 16, 15)[0]
+    assert builder.sampled_shape.max_depth > builder.shape.max_depth and builder.max_nodes == 16
+    assert make_tree_builder("static", num_nodes=16, children="deterministic").sampled_shape is None
+    V, b = 11, 3
+    gen = torch.Generator().manual_seed(0)
+
+    def expand(ids, tokens, parents, depth):
+        return torch.randn(b, ids.shape[1], V, generator=gen)
+
+    def coins(*shape):
+        return torch.rand(*shape, generator=gen, dtype=torch.float64)
+
+    root = torch.randn(b, V, generator=gen)
+    for sampling, shape in ((SamplingParams(temperature=0.0), builder.shape),
+                            (SamplingParams(temperature=1.0), builder.sampled_shape)):
+        built = builder.build(torch.zeros(b, dtype=torch.long), root, expand, sampling, coins)
+        assert built.tree.parents[0].tolist()[: shape.num_nodes] == list(shape.parents)
+    with pytest.raises(ValueError, match="sampled_shape"):
+        StaticTree([[0]], "without_replacement", sampled_shape=TreeShape.from_paths([]))
+
+
+def test_sequoia_plans_sampled_steps_for_the_sampled_profile(sampling_pair):
+    """SequoiaTree (so the dynamic tree's sampling steps): sampled children get the fixed shape of
+    SAMPLED_PROFILE, kept while tries are still counted; greedy steps are re-planned from the
+    counts; adapt_sampled=True re-plans sampled steps too."""
+    from specdecode.trees.builders import SAMPLED_PROFILE
+    from specdecode.trees.sequoia import acceptance_from_conditional
+
+    target, draft = sampling_pair
+    fixed = sequoia_shape(acceptance_from_conditional(list(SAMPLED_PROFILE)), 6, 5)[0]
+    builder = SequoiaTree(num_nodes=6)
+    ids = torch.tensor([PROMPT]).expand(64, -1)
+    specdecode.generate(target, ModelDrafter(draft, tree=builder), ids, do_sample=True, max_new_tokens=K,
+                        eos_token_id=[], pad_token_id=PAD, generator=torch.Generator().manual_seed(0))
+    assert builder.shape == fixed and int(builder.counts.tried.sum()) > 0
+    adaptive = SequoiaTree(num_nodes=6, adapt_sampled=True)
+    adaptive.counts.tried[0, 0], adaptive.counts.accepted[0, 0] = 1000.0, 50.0  # rank 0 at depth 1: 5%
+    specdecode.generate(target, ModelDrafter(draft, tree=adaptive), ids[:2], do_sample=True, max_new_tokens=K,
+                        eos_token_id=[], pad_token_id=PAD, generator=torch.Generator().manual_seed(0))
+    assert adaptive.shape != fixed
+    with pytest.raises(TypeError, match="adapt_sampled"):
+        SequoiaTree(num_nodes=6, adapt_sampled=1)

@@ -40,192 +40,23 @@ builder takes the draft's top-k as children (sampled children would all be the a
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Sequence
 
 import torch
 from torch import Tensor
 
-from specdecode.sampling import SamplingParams, processed_probs, sample_logits
+from specdecode.sampling import SamplingParams
+from specdecode.trees.builder_base import (CHILDREN_SCHEMES, LOSSLESS_RULE, SAMPLED_PROFILE, BuiltTree, Coins,
+                                           Expand, StaticTree, TreeBuilder, compact_tree)
 from specdecode.trees.calibration import AcceptanceCalibration
 from specdecode.trees.dynamic import prune_to_budget, select_frontier
 from specdecode.trees.outcomes import NodeRecord, RankDepthCounts, path_outcomes
 from specdecode.trees.sequoia import acceptance_from_conditional, sequoia_shape, sequoia_shape_by_depth
 from specdecode.trees.shapes import TreeShape
-from specdecode.trees.stochastic import draw_children
-from specdecode.trees.transport import draw_hub_children
 from specdecode.trees.tree import TokenTree
 
-CHILDREN_SCHEMES = ("deterministic", "iid", "without_replacement", "hub")
-#: The lossless tree rule for each children scheme.
-LOSSLESS_RULE = {"deterministic": "deterministic", "iid": "specinfer", "without_replacement": "rrs",
-                 "hub": "spechub"}
-
-Expand = Callable[[Tensor, Tensor, Tensor, int], Tensor]
-Coins = Callable[..., Tensor]
-
-
-@dataclass
-class BuiltTree:
-    """A drafted batch of trees.
-
-    Shape:
-        tree: :class:`TokenTree` ``[b, N]``.
-        draft_logits: ``[b, N, V]`` float32 or None — at node v, the logits v's children were
-            drawn from (None for deterministic children: no rule reads them).
-    """
-
-    tree: TokenTree
-    draft_logits: Tensor | None
-    children: str
-    forward_calls: int
-
-
-def _check_children(children: str) -> str:
-    if children not in CHILDREN_SCHEMES:
-        raise ValueError(f"children: expected one of {', '.join(CHILDREN_SCHEMES)}, got {children!r}")
-    return children
-
-
-class TreeBuilder:
-    """Base of the builders: ``build`` grows the trees; ``max_nodes`` bounds their size (root
-    included); ``observe`` receives the measured acceptance by child rank after each step."""
-
-    children: str = "deterministic"
-    max_nodes: int = 1
-
-    def build(self, root_tokens: Tensor, root_logits: Tensor, expand: Expand, sampling: SamplingParams,
-              coins: Coins) -> BuiltTree:  # pragma: no cover - abstract
-        raise NotImplementedError
-
-    def observe(self, rank_tried: Sequence[int], rank_accepted: Sequence[int]) -> None:
-        """Running counts per child rank: how often the rank-r child was tried / accepted."""
-        return None
-
-    def record(self, accepted_nodes: Tensor) -> None:
-        """The accepted path of each row of the tree built last (root first, ``-1`` padded), which
-        the drafter reports from its ``commit``; builders that learn from it override this.
-
-        Shape:
-            accepted_nodes: ``[b, D + 1]`` int64, rows as in the last :meth:`build`.
-        """
-        return None
-
-
-class StaticTree(TreeBuilder):
-    """Every row gets the same ``shape`` (a :class:`TreeShape` or a list of rank paths such as
-    ``[[0], [1], [0, 0]]``); a node's children are drawn by ``children``.
-
-    Example:
-        >>> builder = StaticTree([[0], [1], [0, 0], [0, 1], [1, 0]], children="deterministic")
-        >>> builder.max_nodes
-        6
-    """
-
-    def __init__(self, shape: TreeShape | Sequence[Sequence[int]], children: str = "deterministic") -> None:
-        self.children = _check_children(children)
-        self.set_shape(shape if isinstance(shape, TreeShape) else TreeShape.from_paths(shape))
-
-    def set_shape(self, shape: TreeShape) -> None:
-        if not isinstance(shape, TreeShape):
-            raise TypeError(f"shape: expected a TreeShape or a list of rank paths, got {type(shape).__name__}")
-        if shape.num_nodes < 2:
-            raise ValueError("shape: a tree needs at least one node besides the root")
-        self.shape = shape
-        self.max_nodes = shape.num_nodes
-
-    def build(self, root_tokens: Tensor, root_logits: Tensor, expand: Expand, sampling: SamplingParams,
-              coins: Coins) -> BuiltTree:
-        shape = self.shape
-        b, device = root_tokens.shape[0], root_tokens.device
-        N = shape.num_nodes
-        parents_row = torch.tensor(shape.parents, dtype=torch.long, device=device)
-        tokens = torch.zeros((b, N), dtype=torch.long, device=device)
-        tokens[:, 0] = root_tokens
-        valid = torch.ones((b, N), dtype=torch.bool, device=device)
-        node_logits: dict[int, Tensor] = {0: root_logits}
-        calls = 0
-        for depth in range(shape.max_depth):
-            parents_here = [v for v in range(N) if shape.depth[v] == depth and shape.num_children[v] > 0]
-            if not parents_here:
-                break
-            for v, kids in zip(parents_here, self._draw([node_logits[v] for v in parents_here],
-                                                         [shape.num_children[v] for v in parents_here],
-                                                         sampling, coins)):
-                children = shape.children(v)
-                tokens[:, list(children)] = kids.clamp_min(0)
-                valid[:, list(children)] = (kids >= 0) & valid[:, v: v + 1]
-            new = [c for c in range(N) if shape.depth[c] == depth + 1 and shape.num_children[c] > 0]
-            if new:
-                ids = torch.tensor(new, dtype=torch.long, device=device).expand(b, -1)
-                logits = expand(ids, tokens[:, new], parents_row[new].expand(b, -1), depth + 1)
-                calls += 1
-                for i, c in enumerate(new):
-                    node_logits[c] = logits[:, i]
-        draft_logits = None
-        if self._scheme(sampling) != "deterministic":
-            zeros = torch.zeros_like(root_logits)
-            draft_logits = torch.stack([node_logits.get(v, zeros) for v in range(N)], 1)
-        parents = parents_row.expand(b, -1)
-        if bool(valid.all()):
-            num = torch.full((b,), N, dtype=torch.long, device=device)
-            tree = TokenTree(tokens, parents.contiguous(), num)
-        else:
-            tree, keep = compact_tree(tokens, parents, valid)
-            if draft_logits is not None:
-                draft_logits = draft_logits.gather(1, keep[:, :, None].expand(-1, -1, draft_logits.shape[2]))
-        return BuiltTree(tree, draft_logits, self._scheme(sampling), calls)
-
-    def _scheme(self, sampling: SamplingParams) -> str:
-        """At temperature 0 every ``q`` is one-hot, so sampled children would all be the
-        argmax: draw the top-k instead (verification is the exact greedy walk then)."""
-        return "deterministic" if sampling.is_greedy else self.children
-
-    def _draw(self, logits: list[Tensor], counts: list[int], sampling: SamplingParams, coins: Coins) -> list[Tensor]:
-        """Children of several nodes at once: ``logits[j]`` ``[b, V]`` -> ``[b, counts[j]]``."""
-        stacked = torch.stack(logits, 1)  # [b, m, V]
-        b, m, V = stacked.shape
-        k = max(counts)
-        scheme = self._scheme(sampling)
-        if scheme == "deterministic":
-            drawn = stacked.topk(min(k, V), dim=-1).indices
-            if k > V:
-                drawn = torch.cat([drawn, drawn.new_full((b, m, k - V), -1)], -1)
-        elif scheme == "iid":
-            flat = stacked.reshape(b * m, V).repeat_interleave(k, 0)
-            drawn = sample_logits(flat, sampling, uniforms=coins(b * m * k)).view(b, m, k)
-        elif scheme == "hub":
-            probs = processed_probs(stacked.reshape(b * m, V), sampling)
-            drawn = draw_hub_children(probs, k, coins(b * m, k)).view(b, m, k)
-        else:
-            probs = processed_probs(stacked.reshape(b * m, V), sampling)
-            drawn = draw_children(probs, k, False, coins(b * m, k)).view(b, m, k)
-        return [drawn[:, j, : counts[j]] for j in range(m)]
-
-
-def compact_tree(tokens: Tensor, parents: Tensor, valid: Tensor) -> tuple[TokenTree, Tensor]:
-    """Drop invalid nodes (and their descendants) from trees in topological order, keeping the
-    order of the rest; returns the compacted tree and, per row, the kept old node indices.
-
-    Shape:
-        tokens, parents: ``[b, N]`` int64; valid: ``[b, N]`` bool (the root must be valid).
-        returns ``(TokenTree [b, N], keep [b, N])``; padding slots repeat node 0.
-    """
-    b, N = tokens.shape
-    alive = valid.clone()
-    for i in range(1, N):  # topological: a parent's status is final before its children
-        alive[:, i] &= alive.gather(1, parents[:, i: i + 1].clamp_min(0))[:, 0]
-    order = torch.sort((~alive).to(torch.int8), dim=1, stable=True).indices
-    count = alive.sum(1)
-    slot = torch.arange(N, device=tokens.device)[None, :]
-    keep = torch.where(slot < count[:, None], order, torch.zeros_like(order))
-    new_index = torch.empty_like(order)
-    new_index.scatter_(1, order, slot.expand(b, -1).contiguous())
-    old_parents = parents.gather(1, keep)
-    new_parents = torch.where(old_parents >= 0, new_index.gather(1, old_parents.clamp_min(0)), old_parents)
-    new_parents = torch.where(slot < count[:, None], new_parents, torch.zeros_like(new_parents))
-    new_parents[:, 0] = -1
-    return TokenTree(tokens.gather(1, keep), new_parents, count), keep
+__all__ = ["CHILDREN_SCHEMES", "LOSSLESS_RULE", "SAMPLED_PROFILE", "BuiltTree", "Coins", "DynamicTree", "Expand",
+           "SequoiaTree", "StaticTree", "TreeBuilder", "compact_tree", "make_tree_builder"]
 
 
 class SequoiaTree(StaticTree):
@@ -244,15 +75,27 @@ class SequoiaTree(StaticTree):
     (``observe``), re-planned every ``replan_every`` steps until ``settle_after`` tries per rank.
     Either way the shape of a step is fixed before that step's draws, from earlier steps only,
     so ``children="iid"`` / ``"without_replacement"`` stay lossless.
+
+    Steps whose children are sampled (temperature > 0) accept siblings far less often than
+    steps with top-k children, so they are planned for ``SAMPLED_PROFILE`` instead of ``PRIOR``:
+    with ``adapt_sampled=False`` (the default) in the shape fixed for that profile, as Sequoia
+    plans from a profile measured offline (on the demo pair's tune prompts, re-planning each
+    64-token generation online from its own few steps gave fewer tokens per call at every size:
+    the rates it re-plans from are noisy); with ``True`` re-planned online like greedy steps,
+    from that prior. Tries and acceptances are counted in every mode (``self.counts``).
     """
 
+    #: Prior conditional acceptance per rank of sampled children (their fixed profile unless
+    #: ``adapt_sampled``).
+    SAMPLED_PRIOR = SAMPLED_PROFILE
     #: Prior conditional acceptance per rank before anything was measured.
     PRIOR = (0.6, 0.3, 0.2, 0.15, 0.1, 0.1, 0.1, 0.1)
 
     def __init__(self, num_nodes: int = 16, max_depth: int | None = None,
                  acceptance_by_rank: Sequence[float] | None = None,
                  children: str = "without_replacement", replan_every: int | None = None, settle_after: int = 2000,
-                 by_depth: bool = True, pooled_weight: float = 4.0, depth_weight: float = 8.0) -> None:
+                 by_depth: bool = True, pooled_weight: float = 4.0, depth_weight: float = 8.0,
+                 adapt_sampled: bool = False) -> None:
         if replan_every is None:
             replan_every = 1 if by_depth else 16
         if max_depth is None:
@@ -260,8 +103,9 @@ class SequoiaTree(StaticTree):
         for name, value in (("num_nodes", num_nodes), ("max_depth", max_depth), ("replan_every", replan_every)):
             if isinstance(value, bool) or not isinstance(value, int) or value < (2 if name == "num_nodes" else 1):
                 raise ValueError(f"{name}: expected an int >= {2 if name == 'num_nodes' else 1}, got {value!r}")
-        if not isinstance(by_depth, bool):
-            raise TypeError(f"by_depth: expected a bool, got {type(by_depth).__name__}")
+        for name, flag in (("by_depth", by_depth), ("adapt_sampled", adapt_sampled)):
+            if not isinstance(flag, bool):
+                raise TypeError(f"{name}: expected a bool, got {type(flag).__name__}")
         for name, value in (("pooled_weight", pooled_weight), ("depth_weight", depth_weight)):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
                 raise ValueError(f"{name}: expected a positive number, got {value!r}")
@@ -277,6 +121,8 @@ class SequoiaTree(StaticTree):
         self.acceptance_by_rank = vector
         self.acceptance_by_depth = [vector]
         self._last: TokenTree | None = None
+        self.adapt_sampled = adapt_sampled
+        self._planned_sampled = False  # the current shape is planned for sampled children
         super().__init__(shape, children)
 
     def observe(self, rank_tried: Sequence[int], rank_accepted: Sequence[int]) -> None:
@@ -299,6 +145,10 @@ class SequoiaTree(StaticTree):
 
     def build(self, root_tokens: Tensor, root_logits: Tensor, expand: Expand, sampling: SamplingParams,
               coins: Coins) -> BuiltTree:
+        sampled = self._scheme(sampling) != "deterministic"
+        if sampled != self._planned_sampled and not self.fixed and self.by_depth:
+            self._planned_sampled = sampled
+            self._replan()
         built = super().build(root_tokens, root_logits, expand, sampling, coins)
         self._last = built.tree
         return built
@@ -313,9 +163,22 @@ class SequoiaTree(StaticTree):
         if not self.by_depth:
             return
         self.steps += 1
-        if self.steps % self.replan_every:
+        if self.steps % self.replan_every or (self._planned_sampled and not self.adapt_sampled):
             return
-        prior = torch.tensor(self.PRIOR, dtype=torch.float64)
+        self._replan()
+
+    def _replan(self) -> None:
+        """The shape for the current mode: the fixed ``SAMPLED_PROFILE`` shape for sampled
+        children unless ``adapt_sampled``; otherwise from the counts by rank and depth, shrunk
+        towards the mode's prior."""
+        prior_rates = self.SAMPLED_PRIOR if self._planned_sampled else self.PRIOR
+        if self._planned_sampled and not self.adapt_sampled:
+            vector = acceptance_from_conditional(list(prior_rates))
+            shape, value = sequoia_shape(vector, self.num_nodes, self.max_depth)
+            self.acceptance_by_depth, self.acceptance_by_rank, self.expected_accepted = [vector], vector, value
+            self.set_shape(shape)
+            return
+        prior = torch.tensor(prior_rates, dtype=torch.float64)
         rates = self.counts.conditional(prior, self.pooled_weight, self.depth_weight)
         table = [acceptance_from_conditional(row.clamp(0.0, 1.0).tolist()) for row in rates]
         shape, value = sequoia_shape_by_depth(table, self.num_nodes, self.max_depth)
@@ -478,7 +341,12 @@ def make_tree_builder(tree: str | TreeShape | TreeBuilder | Sequence[Sequence[in
         return SequoiaTree(num_nodes=num_nodes, max_depth=max_depth or min(num_nodes - 1, 16),
                            acceptance_by_rank=acceptance_by_rank, children=children or "without_replacement")
     if tree == "static":  # top-k children at temperature 0; sampled without replacement (rrs) when sampling
-        return StaticTree(_default_static_paths(num_nodes, max_depth or 8), children or "without_replacement")
+        sampled_children = children or "without_replacement"
+        sampled_shape = None
+        if sampled_children != "deterministic":
+            profile = acceptance_from_conditional(list(SAMPLED_PROFILE))
+            sampled_shape = sequoia_shape(profile, num_nodes, max_depth or max(min(num_nodes - 1, 16), 1))[0]
+        return StaticTree(_default_static_paths(num_nodes, max_depth or 8), sampled_children, sampled_shape)
     raise ValueError(
         f"tree: expected 'dynamic', 'sequoia', 'static', a TreeShape, a list of rank paths or a TreeBuilder, got {tree!r}"
     )
