@@ -273,7 +273,8 @@ def test_stats_are_consistent_and_printable():
     out = ours(target, draft, ids, mask, num_draft_tokens=4, eos_token_id=[], max_new_tokens=16)
     s = out.stats
     assert s.new_tokens == 3 * 16
-    assert s.target_calls == s.steps + s.target_prefill_calls
+    assert s.fused_prefills == 1  # the prompt was scored with the first draft: one target call fewer
+    assert s.target_calls == s.steps + s.target_prefill_calls - s.fused_prefills
     assert s.accepted_tokens <= s.drafted_tokens
     assert sum(s.position_accepted) == s.accepted_tokens and sum(s.position_drafted) == s.drafted_tokens
     assert s.block_efficiency == pytest.approx(s.new_tokens / s.row_steps)

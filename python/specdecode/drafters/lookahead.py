@@ -22,8 +22,8 @@ On a CPU every side token costs (a forward over 16 tokens costs well over a one-
 so the lookahead branch runs only while its n-grams pay: the drafter keeps a moving average
 of the tokens accepted per step through a pool continuation (not also proposed from the
 context), and while it is below ``min_pool_gain`` the branch runs once every
-``explore_every`` steps only. ``min_pool_gain=0`` runs it at every step, as the method was
-published. A step without the branch whose trie is a single path in every row (or empty) is
+``explore_every`` steps only (and not in the first step, whose pool is empty).
+``min_pool_gain=0`` runs it at every step, as the method was published. A step without the branch whose trie is a single path in every row (or empty) is
 proposed as a chain of at most ``num_draft_tokens`` tokens (default: the trie's depth), which
 the target scores without the tree path's per-node mask.
 
@@ -178,7 +178,12 @@ class LookaheadDrafter(DrafterBase):
         width = int(num_nodes.max())
         self._tree_tokens = tokens[:, : width - 1]
         self._steps += 1
-        self._ran_side = self.pool_gain >= self.min_pool_gain or self._steps % self.explore_every == 0
+        # When the branch must pay (min_pool_gain > 0), not in a generation's first step: the
+        # pool is empty then, and without side tokens a one-path trie is a chain, which the
+        # engine scores in the prompt's own forward (one target call fewer).
+        first_gated = self._steps == 1 and self.min_pool_gain > 0
+        self._ran_side = not first_gated and (self.pool_gain >= self.min_pool_gain
+                                              or self._steps % self.explore_every == 0)
         if not self._ran_side and _all_paths(parents[:, : width - 1], num_nodes):
             # No side tokens and every row's trie is one path (or empty): verify it as a chain,
             # which costs less than the tree path's per-node mask (a plain step when it is empty).

@@ -69,6 +69,7 @@ class SpeculativeEngine:
         self.feature_layers = None if layers is None else facts.check_feature_layers(
             target, layers, f"{type(drafter).__name__}.feature_layers")
         self._features: Tensor | None = None  # the last target forward's, when feature_layers is set
+        self._prompt_unscored = False  # the prefill waits to be fused with the first chain step
 
     # ------------------------------------------------------------------ public
     @torch.no_grad()
@@ -121,9 +122,23 @@ class SpeculativeEngine:
 
     # ------------------------------------------------------------------ phases
     def _prefill(self) -> None:
+        """The target's forward over the prompt before the pending token. Deferred when it can
+        be fused with the first verification (``self._prompt_unscored``): a drafter that reads
+        no target features drafts from the prompt alone, so a first chain step scores the
+        prompt and the draft in one forward (as Hugging Face's assisted generation does), one
+        target call fewer; a first tree step runs it on its own first."""
         b = self.batch
+        self._prompt_unscored = False
         if b.pending == 0:
             return
+        if self.feature_layers is None and self._logits_to_keep_ok and self.window is None:
+            self._prompt_unscored = True
+            return
+        self._run_prefill()
+
+    def _run_prefill(self) -> None:
+        b = self.batch
+        self._prompt_unscored = False
         t0 = self.clock()
         self._target_forward(b.tokens[:, : b.pending], b.attention(b.pending), b.positions[:, : b.pending], True)
         count_prefill(self.stats, self.clock() - t0)
@@ -192,14 +207,24 @@ class SpeculativeEngine:
         t0 = self.clock()
         p = b.pending
         k = 0 if draft_tokens is None else draft_tokens.shape[1]
-        logits = self._target_forward(b.tokens[:, p: p + k + 1], b.attention(p + k + 1), b.positions[:, p: p + k + 1],
-                                      False)
+        if self._prompt_unscored:  # the prompt and the first draft in one forward
+            logits = facts.forward(self.target, b.tokens[:, : p + k + 1], b.attention(p + k + 1),
+                                   b.positions[:, : p + k + 1], self.cache, last_only=False,
+                                   logits_to_keep_ok=self._logits_to_keep_ok, keep_last=k + 1)
+        else:
+            logits = self._target_forward(b.tokens[:, p: p + k + 1], b.attention(p + k + 1),
+                                          b.positions[:, p: p + k + 1], False)
         logits = scored_logits(logits, s.vocab_size, self.device)
         if self.processors.processors is not None:
             logits = torch.stack([self.processors.process(logits[:, i], draft_tokens[:, :i] if k else None)
                                   for i in range(k + 1)], 1)
         self.stats.target_calls += 1
         self.stats.target_time += self.clock() - t0
+        if self._prompt_unscored:  # this call was the prefill too: counted once in each
+            self._prompt_unscored = False
+            self.stats.target_prefill_calls += 1
+            self.stats.target_prefill_time += self.clock() - t0
+            self.stats.fused_prefills += 1
         return logits
 
     def _verify(self, target_logits: Tensor, proposal: Proposal | None, remaining: Tensor
@@ -336,6 +361,8 @@ class SpeculativeEngine:
         tree = proposal.tree if proposal is not None else None
         nodes = side_logits = None
         if tree is not None:
+            if self._prompt_unscored:
+                self._run_prefill()
             target_logits, side_logits = self._score_tree(tree, proposal.side)
             tokens, accepted_len, nodes = self._verify_tree(target_logits, proposal)
             k = int(tokens.shape[1]) - 1

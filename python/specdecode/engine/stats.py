@@ -45,7 +45,12 @@ class SpeculativeStats:
       ``row_steps`` sums the active rows over those rounds.
     - ``target_calls`` / ``draft_calls``: forward passes of each model, prefill included
       (``target_prefill_calls`` is the target's share of prefill; the draft's prefill is the
-      first draft call, which also yields its first proposal).
+      first draft call, which also yields its first proposal). ``fused_prefills``: prefills
+      that were the first verification forward too (the prompt and the first chain draft
+      scored in one forward; a drafter that reads target features cannot, its first
+      proposal needs the prompt's features): that call counts in ``target_calls`` and
+      ``target_prefill_calls`` and its time in ``target_prefill_time``, and its step in
+      ``steps``.
     - ``drafted_tokens``: draft tokens that were verified; ``accepted_tokens``: those accepted
       (tau summed over rows); ``rejections``: row-steps that rejected a draft (tau < drafted).
     - ``new_tokens``: tokens in the output after EOS / max_new_tokens / stopping criteria cut
@@ -79,6 +84,7 @@ class SpeculativeStats:
     row_steps: int = 0
     target_calls: int = 0
     target_prefill_calls: int = 0
+    fused_prefills: int = 0
     draft_calls: int = 0
     drafted_tokens: int = 0
     accepted_tokens: int = 0
@@ -214,7 +220,8 @@ class SpeculativeStats:
             ("new tokens", str(self.new_tokens),
              f"in {self.total_time:.2f} s, {words.per_second(self.tokens_per_second)} tok/s"),
             ("target / draft calls", f"{self.target_calls} / {self.draft_calls}",
-             f"{self.steps} verification steps + {self.target_prefill_calls} target prefill"),
+             f"{self.steps} verification steps + {self.target_prefill_calls} target prefill"
+             + (f" ({self.fused_prefills} fused into the first step)" if self.fused_prefills else "")),
             ("drafted / accepted", f"{self.drafted_tokens} / {self.accepted_tokens}", "draft tokens"),
             (words.ACCEPTANCE_RATE.name, words.rate(self.acceptance_rate), words.ACCEPTANCE_RATE.short),
             (words.ALPHA.name, words.rate(self.alpha), words.ALPHA.short),

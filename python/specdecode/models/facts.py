@@ -141,16 +141,17 @@ def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
 
 
 def forward(model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor | None, position_ids: Tensor,
-            cache: Any, *, last_only: bool, logits_to_keep_ok: bool) -> Tensor:
+            cache: Any, *, last_only: bool, logits_to_keep_ok: bool, keep_last: int | None = None) -> Tensor:
     """One forward pass that appends ``input_ids``' columns to ``cache``.
 
     Shape:
         input_ids, position_ids: ``[b, n]`` int64.
         attention_mask: ``[b, cache_columns + n]`` 0/1, a 4D ``[b, 1, n, cache_columns + n]``
             mask, or None (no padding anywhere).
-        returns: ``[b, V]`` logits of the last column when ``last_only``, else ``[b, n, V]``;
-            always a plain tensor holding every vocabulary entry (tensor-parallel logits that
-            come back as a vocabulary-sharded ``DTensor`` are gathered here, on every rank).
+        returns: ``[b, V]`` logits of the last column when ``last_only``, else ``[b, n, V]``
+            (``[b, keep_last, V]``, the last columns', with ``keep_last``); always a plain
+            tensor holding every vocabulary entry (tensor-parallel logits that come back as a
+            vocabulary-sharded ``DTensor`` are gathered here, on every rank).
     """
     kwargs: dict[str, Any] = {
         "input_ids": input_ids,
@@ -158,10 +159,13 @@ def forward(model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor | 
         "position_ids": position_ids,
         **cache_kwargs(model, cache),
     }
-    if last_only and logits_to_keep_ok:
-        kwargs["logits_to_keep"] = 1
+    keep = 1 if last_only else keep_last
+    if keep is not None and logits_to_keep_ok:
+        kwargs["logits_to_keep"] = keep
     logits = full_tensor(model(**kwargs).logits)
-    return logits[:, -1] if last_only else logits
+    if last_only:
+        return logits[:, -1]
+    return logits if keep_last is None else logits[:, -keep_last:]
 
 
 def check_feature_layers(model: torch.nn.Module, layers: Any, name: str = "feature_layers") -> tuple[int, ...]:
