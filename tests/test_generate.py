@@ -365,3 +365,31 @@ def test_stats_passed_in_accumulate_over_calls():
     assert stats.new_tokens == 3 * 2 * 6
     phases = stats.draft_time + stats.target_time + stats.verify_time + stats.bookkeeping_time
     assert stats.total_time >= phases > 0
+
+
+def test_the_prompt_is_scored_with_the_first_chain_draft():
+    """A drafter that reads no target features proposes from the prompt, and the prompt's forward
+    verifies that first chain (one target call fewer); a first tree, or n-grams with nothing to
+    propose, still give the target's own greedy output."""
+    from specdecode import ModelDrafter, NgramDrafter
+    from specdecode.trees.builders import make_tree_builder
+
+    target, draft = make_pair("llama")
+    ids, mask = left_padded([5, 8, 3], seed=21)
+    want = target.generate(ids, attention_mask=mask, max_new_tokens=10, do_sample=False, pad_token_id=PAD)
+    calls = []
+    hook = target.register_forward_hook(lambda m, a, out: calls.append(out.logits.shape[1]))
+    try:
+        for drafter, kwargs, fused in ((draft, dict(num_draft_tokens=3), 1),  # random prompts: no n-gram draft
+                                       (NgramDrafter(), dict(num_draft_tokens=3), 1),
+                                       (ModelDrafter(draft, tree=make_tree_builder("sequoia", num_nodes=4)), {}, 0)):
+            calls.clear()
+            out = generate(target, drafter, ids, mask, max_new_tokens=10, pad_token_id=PAD, **kwargs)
+            assert torch.equal(out.sequences, want)
+            s = out.stats
+            assert s.fused_prefills == fused and s.target_prefill_calls == 1
+            assert s.target_calls == s.steps + 1 - fused
+            if fused:  # the first forward held the prompt and the draft: logits for the draft's 3 + 1 only
+                assert calls[0] == (4 if drafter is draft else 1) and "fused into the first step" in str(s)
+    finally:
+        hook.remove()
