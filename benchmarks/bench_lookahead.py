@@ -92,9 +92,9 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--clock", choices=["cpu", "wall"], default="cpu")
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--configs", nargs="*", default=["2x2:0.6:10:8:1", "4x3"],
+    parser.add_argument("--configs", nargs="*", default=["2x2:0.6:10:32:1:first", "4x3"],
                         help="Lookahead settings WINDOWxNGRAM[:MIN_POOL_GAIN[:CONTEXT_DEPTH[:EXPLORE_EVERY[:CONTEXT_CANDIDATES[:OCCURRENCE]]]]] "
-                             "(default: 2x2:0.6:10:8:1, chosen on --prompt-set tune, and 4x3)")
+                             "(default: 2x2:0.6:10:32:1:first, chosen on --prompt-set tune, and 4x3)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     if args.clock == "cpu" and args.threads != 1:
