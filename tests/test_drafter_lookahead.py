@@ -55,10 +55,14 @@ class Recording(LookaheadDrafter):
         proposal = super().propose(state, num_tokens)
         if self.drop_side:
             proposal.side = None
+        self.num_nodes = None if proposal.tree is None else proposal.tree.num_nodes
         return proposal
 
     def commit(self, update):
-        self.seen.append(update.target_logits.clone())
+        logits = update.target_logits.clone()
+        if self.num_nodes is not None:  # only the rows' nodes are verified (a one-path trie is scored as a chain)
+            logits[torch.arange(logits.shape[1])[None, :] >= self.num_nodes[:, None]] = 0
+        self.seen.append(logits)
         assert (update.side_logits is None) == self.drop_side
         if not self.drop_side:
             super().commit(update)

@@ -338,6 +338,15 @@ class SpeculativeEngine:
             return logits, None
         return logits[:, : tree.tokens.shape[1]], logits[:, tree.tokens.shape[1]:]
 
+    def _is_path(self, tree: TokenTree) -> bool:
+        """True when every row's tree is a single path (node ``i``'s parent is ``i - 1``), so
+        the chain scoring gives the same logits at its nodes as the tree mask would."""
+        parents, n = tree.parents[:, 1:], tree.parents.shape[1]
+        if n < 2:
+            return False
+        slot = torch.arange(1, n, device=parents.device)[None, :]
+        return self.syncs.flag(((parents == slot - 1) | (slot >= tree.num_nodes[:, None])).all())
+
     def _verify_tree(self, target_logits: Tensor, proposal: Proposal) -> tuple[Tensor, Tensor, Tensor]:
         """``(tokens [b, D+1], accepted_len [b], accepted_nodes [b, D+1])``."""
         s = self.settings
@@ -361,9 +370,15 @@ class SpeculativeEngine:
         tree = proposal.tree if proposal is not None else None
         nodes = side_logits = None
         if tree is not None:
-            if self._prompt_unscored:
-                self._run_prefill()
-            target_logits, side_logits = self._score_tree(tree, proposal.side)
+            if proposal.side is None and self.processors.processors is None and self._is_path(tree):
+                # every row's tree is one path: score it as a chain (a plain mask; the prompt's
+                # forward when it is still unscored), verify it with the tree rule
+                b.write_draft(tree.tokens[:, 1:], None)
+                target_logits = self._score(tree.tokens[:, 1:])
+            else:
+                if self._prompt_unscored:
+                    self._run_prefill()
+                target_logits, side_logits = self._score_tree(tree, proposal.side)
             tokens, accepted_len, nodes = self._verify_tree(target_logits, proposal)
             k = int(tokens.shape[1]) - 1
             verified = torch.zeros_like(accepted_len)
