@@ -369,8 +369,9 @@ def test_stats_passed_in_accumulate_over_calls():
 
 def test_the_prompt_is_scored_with_the_first_chain_draft():
     """A drafter that reads no target features proposes from the prompt, and the prompt's forward
-    verifies that first chain (one target call fewer); a first tree, or n-grams with nothing to
-    propose, still give the target's own greedy output."""
+    verifies that first chain (one target call fewer), or a first tree that is one path (scored
+    as a chain, verified by the tree rule); a branching first tree keeps its prefill. Every run
+    gives the target's own greedy output (n-grams: nothing to propose on random prompts)."""
     from specdecode import ModelDrafter, NgramDrafter
     from specdecode.trees.builders import make_tree_builder
 
@@ -382,7 +383,8 @@ def test_the_prompt_is_scored_with_the_first_chain_draft():
     try:
         for drafter, kwargs, fused in ((draft, dict(num_draft_tokens=3), 1),  # random prompts: no n-gram draft
                                        (NgramDrafter(), dict(num_draft_tokens=3), 1),
-                                       (ModelDrafter(draft, tree=make_tree_builder("sequoia", num_nodes=4)), {}, 0)):
+                                       (ModelDrafter(draft, tree=make_tree_builder([[0], [0, 0]])), {}, 1),  # a path
+                                       (ModelDrafter(draft, tree=make_tree_builder("static", num_nodes=4)), {}, 0)):
             calls.clear()
             out = generate(target, drafter, ids, mask, max_new_tokens=10, pad_token_id=PAD, **kwargs)
             assert torch.equal(out.sequences, want)
@@ -390,6 +392,6 @@ def test_the_prompt_is_scored_with_the_first_chain_draft():
             assert s.fused_prefills == fused and s.target_prefill_calls == 1
             assert s.target_calls == s.steps + 1 - fused
             if fused:  # the first forward held the prompt and the draft: logits for the draft's 3 + 1 only
-                assert calls[0] == (4 if drafter is draft else 1) and "fused into the first step" in str(s)
+                assert calls[0] == {draft: 4}.get(drafter, 1 if kwargs else 3) and "fused into" in str(s)
     finally:
         hook.remove()
