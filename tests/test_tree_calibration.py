@@ -14,7 +14,7 @@ from test_tree_shapes import _all_trees, _depth, _paths, _size, _width
 
 import specdecode
 from specdecode import ModelDrafter
-from specdecode.trees.builders import BuiltTree, DynamicTree, SequoiaTree, compact_tree
+from specdecode.trees.builders import BuiltTree, DynamicTree, SequoiaTree, StaticTree, compact_tree
 from specdecode.trees.calibration import AcceptanceCalibration
 from specdecode.trees.outcomes import RankDepthCounts, path_outcomes, sibling_rank
 from specdecode.trees.sequoia import (expected_accepted_length, expected_accepted_length_by_depth, sequoia_shape,
@@ -294,3 +294,30 @@ def test_sequoia_plans_sampled_steps_for_the_sampled_profile(sampling_pair):
     assert adaptive.shape != fixed
     with pytest.raises(TypeError, match="adapt_sampled"):
         SequoiaTree(num_nodes=6, adapt_sampled=1)
+
+
+class UniformClaimingPath(StaticTree):
+    """Broken: the path's children are drawn from the draft's q but claimed as draws from a
+    uniform q (zero logits), so rrs accepts them at the wrong rate."""
+
+    def build(self, root_tokens, root_logits, expand, sampling, coins):
+        built = super().build(root_tokens, root_logits, expand, sampling, coins)
+        return BuiltTree(built.tree, torch.zeros_like(built.draft_logits), built.children, built.forward_calls)
+
+
+def test_a_path_tree_scored_as_a_chain_keeps_the_law(sampling_pair, joint_of_prompt):
+    """A tree that is one path in every row is scored through the chain forward (the first one
+    with the prompt) and verified by its tree rule: the law holds, and a path whose q is
+    misstated fails the same test."""
+    target, draft = sampling_pair
+    path = [[0], [0, 0]]
+    out = _sample(target, ModelDrafter(draft, tree=StaticTree(path, "without_replacement")))
+    assert out.stats.tree_rule == "rrs" and out.stats.fused_prefills == 1
+    assert chi_square_p(out.sequences[:, len(PROMPT):], joint_of_prompt) > PASS_P
+    broken = _sample(target, ModelDrafter(draft, tree=UniformClaimingPath(path, "without_replacement")))
+    assert chi_square_p(broken.sequences[:, len(PROMPT):], joint_of_prompt) < FAIL_P
+
+
+@pytest.fixture(scope="module")
+def joint_of_prompt(sampling_pair):
+    return exact_joint(sampling_pair[0], PROMPT)

@@ -23,9 +23,10 @@ so the lookahead branch runs only while its n-grams pay: the drafter keeps a mov
 of the tokens accepted per step through a pool continuation (not also proposed from the
 context), and while it is below ``min_pool_gain`` the branch runs once every
 ``explore_every`` steps only (and not in the first step, whose pool is empty).
-``min_pool_gain=0`` runs it at every step, as the method was published. A step without the branch whose trie is a single path in every row (or empty) is
-proposed as a chain of at most ``num_draft_tokens`` tokens (default: the trie's depth), which
-the target scores without the tree path's per-node mask.
+``min_pool_gain=0`` runs it at every step, as the method was published. A step without the
+branch whose trie is a single path in every row (or empty) is proposed as a chain of at most
+``num_draft_tokens`` tokens (default: the trie's depth), which the target scores without the
+tree path's per-node mask.
 
 The trie is a function of the context and of the drafter's own past (the pool and the
 window, which never depend on the generation's coins), so the ``deterministic`` tree rule

@@ -58,6 +58,14 @@ def _check_children(children: str) -> str:
     return children
 
 
+def _check_shape(shape: TreeShape, name: str) -> TreeShape:
+    if not isinstance(shape, TreeShape):
+        raise TypeError(f"{name}: expected a TreeShape or a list of rank paths, got {type(shape).__name__}")
+    if shape.num_nodes < 2:
+        raise ValueError(f"{name}: a tree needs at least one node besides the root")
+    return shape
+
+
 class TreeBuilder:
     """Base of the builders: ``build`` grows the trees; ``max_nodes`` bounds their size (root
     included); ``observe`` receives the measured acceptance by child rank after each step."""
@@ -100,21 +108,15 @@ class StaticTree(TreeBuilder):
                  sampled_shape: TreeShape | Sequence[Sequence[int]] | None = None) -> None:
         self.children = _check_children(children)
         self.set_shape(shape if isinstance(shape, TreeShape) else TreeShape.from_paths(shape))
-        if sampled_shape is not None and not isinstance(sampled_shape, TreeShape):
-            sampled_shape = TreeShape.from_paths(sampled_shape)
-        if sampled_shape is not None and sampled_shape.num_nodes < 2:
-            raise ValueError("sampled_shape: a tree needs at least one node besides the root")
         #: The shape drawn when sampling with non-deterministic children (None: ``shape``).
-        self.sampled_shape = sampled_shape
+        self.sampled_shape = None
         if sampled_shape is not None:
-            self.max_nodes = max(self.max_nodes, sampled_shape.num_nodes)
+            self.sampled_shape = _check_shape(sampled_shape if isinstance(sampled_shape, TreeShape)
+                                              else TreeShape.from_paths(sampled_shape), "sampled_shape")
+            self.max_nodes = max(self.max_nodes, self.sampled_shape.num_nodes)
 
     def set_shape(self, shape: TreeShape) -> None:
-        if not isinstance(shape, TreeShape):
-            raise TypeError(f"shape: expected a TreeShape or a list of rank paths, got {type(shape).__name__}")
-        if shape.num_nodes < 2:
-            raise ValueError("shape: a tree needs at least one node besides the root")
-        self.shape = shape
+        self.shape = _check_shape(shape, "shape")
         self.max_nodes = shape.num_nodes
 
     def build(self, root_tokens: Tensor, root_logits: Tensor, expand: Expand, sampling: SamplingParams,

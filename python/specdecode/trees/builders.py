@@ -24,8 +24,9 @@ children                    how a node's children are produced         lossless 
 ==========================  =========================================  ==================
 
 - :class:`StaticTree`: a fixed :class:`TreeShape` (Medusa / EAGLE "choices"), any scheme.
-- :class:`SequoiaTree`: the optimal static shape for the acceptance-by-rank vector measured
-  while generating (re-planned as the estimates settle), any scheme.
+- :class:`SequoiaTree`: the optimal static shape for the acceptance by rank (and depth)
+  measured while generating, re-planned every step; sampled steps keep the shape of a fixed
+  profile, ``SAMPLED_PROFILE`` (unless ``adapt_sampled``), any scheme.
 - :class:`DynamicTree`: EAGLE-2: expand the best frontier nodes by path probability, keep the
   best ``num_nodes`` overall; deterministic children only (re-ranking *sampled* children by
   their own probability would bias the stochastic rules).
