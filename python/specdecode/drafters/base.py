@@ -260,10 +260,18 @@ class StaticDraftState(Protocol):
     ``commit``. Whatever a drafter cached for columns below ``lengths[b] - 1`` was computed
     from tokens that are still committed, so it stays valid; anything at or beyond is stale.
 
+    A drafter with ``feature_layers`` also reads ``features``: the target's hidden states at
+    those layers (concatenated) for every column, written by the target forwards that wrote the
+    column's keys and values (the prompt's prefill, each step's score forward), valid where the
+    column is committed (``start[b] <= c < lengths[b]``; the rejected drafts' features lie beyond
+    and are stale), as :mod:`specdecode.engine.static_features` describes.
+
     Shape:
         tokens: ``[B, capacity]`` int64 — the token of every column (drafts of the current step
             after the pending column; stale values beyond).
         lengths, start: ``[B]`` int64.
+        features: ``[B, capacity, F]`` (the target's dtype) or None — None for drafters that
+            declare no ``feature_layers``.
     """
 
     @property
@@ -277,6 +285,9 @@ class StaticDraftState(Protocol):
 
     @property
     def capacity(self) -> int: ...
+
+    @property
+    def features(self) -> Tensor | None: ...
 
     @property
     def prompt_columns(self) -> int:

@@ -15,6 +15,7 @@ import torch
 from specdecode.drafters.base import StaticDrafter
 from specdecode.engine.schedules import ConstantSchedule, DraftSchedule
 from specdecode.engine.settings import EngineSettings
+from specdecode.engine.static_features import drafter_modules
 from specdecode.models import facts
 from specdecode.rules import get_rule, is_chain_rule
 
@@ -61,8 +62,8 @@ def check_static_path(target: torch.nn.Module, drafter: Any | None, settings: En
         if not isinstance(drafter, StaticDrafter):
             raise ValueError(
                 f"draft: {type(drafter).__name__} cannot draft on the static decode path (it needs static_key, "
-                "static_prefill and static_propose: ModelDrafter and LayerSkipDrafter have them); use "
-                "decode_path='eager'"
+                "static_prefill and static_propose: ModelDrafter, LayerSkipDrafter, EagleDrafter, MedusaDrafter and "
+                "HydraDrafter have them); use decode_path='eager'"
             )
         if getattr(drafter, "tree", None) is not None:
             raise ValueError(f"tree: token trees are not supported with {where} yet; draft a chain (tree=None) or "
@@ -71,13 +72,15 @@ def check_static_path(target: torch.nn.Module, drafter: Any | None, settings: En
             raise ValueError(f"draft_schedule: only the constant schedule runs with {where} (every step has one "
                              f"shape), got {getattr(settings.schedule, 'name', type(settings.schedule).__name__)!r}")
         gamma = settings.schedule.initial
-        model = getattr(drafter, "model", None)
-        if isinstance(model, torch.nn.Module):
+        features = getattr(drafter, "feature_layers", None) is not None  # its network is no causal LM to probe
+        for model in drafter_modules(drafter):
+            if not isinstance(model, torch.nn.Module) or model is target:
+                continue
             draft_device = _single_device(model, "draft")
             if draft_device != device:
                 raise ValueError(f"draft: the static decode path needs the draft on the target's device ({device}), "
                                  f"got {draft_device}")
-            if not facts.accepts_custom_4d_mask(model):
+            if not features and not facts.accepts_custom_4d_mask(model):
                 raise ValueError(_mask_message("draft", model))
     rule = settings.rule or "token"
     if not is_chain_rule(rule):

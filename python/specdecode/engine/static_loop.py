@@ -56,6 +56,7 @@ from specdecode.engine.accounting import (add_step_counters, count_prefill, coun
 from specdecode.engine.graphs import StepProgram
 from specdecode.engine.settings import EngineSettings
 from specdecode.engine.static_checks import check_static_path
+from specdecode.engine.static_features import drafter_modules, feature_layers_of, target_forward
 from specdecode.engine.static_layouts import SESSION_CACHE_SIZE, clear_static_sessions  # noqa: F401 (re-exported)
 from specdecode.engine.static_layouts import keep_layout, kept_layout
 from specdecode.engine.static_state import StaticState
@@ -134,6 +135,7 @@ class StaticEngine:
         self.rule = get_rule(settings.rule or "token")
         self._logits_to_keep_ok = facts.accepts_logits_to_keep(target)
         self.window = facts.sliding_window(target)
+        self.feature_layers = feature_layers_of(target, drafter)  # the target features the drafter reads
 
     # ------------------------------------------------------------------ public
     @torch.no_grad()
@@ -221,7 +223,7 @@ class StaticEngine:
         key = (self.drafter.static_key(), str(self.device), batch, capacity, self.gamma, s.sampling, self.rule.name,
                tuple(sorted(s.rule_options.items())), s.vocab_size, s.eos_ids, s.max_new_tokens, self.decode_path,
                self.phase_timing)
-        models = (self.target, getattr(self.drafter, "model", None))
+        models = (self.target, *drafter_modules(self.drafter))
         session = kept_layout(self.target, key, models)
         if session is None:
             session = _Session(self, batch, capacity)
@@ -267,8 +269,8 @@ class StaticEngine:
         first = torch.zeros(state.batch_size, dtype=torch.long, device=self.device)
         columns, positions, mask = column_inputs(first, state.start, width, state.capacity, self._dtype(self.target))
         session.cache.columns = columns
-        facts.forward(self.target, state.tokens[:, :width], mask, positions, session.cache, last_only=True,
-                      logits_to_keep_ok=self._logits_to_keep_ok)
+        target_forward(self.target, state.tokens[:, :width], mask, positions, session.cache, state,
+                       self.feature_layers, last_only=True, logits_to_keep_ok=self._logits_to_keep_ok)
         count_prefill(stats, time.perf_counter() - t0)
         t0 = time.perf_counter()
         self.drafter.static_prefill(state, self.gamma)
@@ -289,6 +291,7 @@ class StaticEngine:
         gamma = self.gamma
         s = self.settings
         dtype = self._dtype(self.target)
+        layers = self.feature_layers
         scratch: dict[str, Tensor] = {}
 
         def draft() -> None:
@@ -301,8 +304,9 @@ class StaticEngine:
 
             columns, positions, mask = column_inputs(state.lengths, state.start, gamma + 1, state.capacity, dtype)
             session.cache.columns = columns
-            logits = facts.forward(target_ref(), state.tokens.gather(1, columns), mask, positions, session.cache,
-                                   last_only=False, logits_to_keep_ok=logits_to_keep_ok)
+            ids = state.tokens.gather(1, columns)
+            logits = target_forward(target_ref(), ids, mask, positions, session.cache, state, layers, last_only=False,
+                                    logits_to_keep_ok=logits_to_keep_ok)
             scratch["target_logits"] = scored_logits(logits, s.vocab_size, device)
 
         def verify() -> None:

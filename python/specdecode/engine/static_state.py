@@ -18,7 +18,13 @@ from specdecode.sampling import SamplingParams
 
 class StaticState:
     """The persistent buffers of one static layout (the drafter's
-    :class:`~specdecode.drafters.StaticDraftState`)."""
+    :class:`~specdecode.drafters.StaticDraftState`).
+
+    Shape:
+        features: ``[B, capacity, F]`` or None — the target's features at every column, for a
+            drafter with ``feature_layers`` (:mod:`specdecode.engine.static_features`, which
+            allocates and writes it); None otherwise.
+    """
 
     def __init__(self, batch: int, capacity: int, vocab_size: int, sampling: SamplingParams, device: torch.device,
                  syncs: HostSyncs) -> None:
@@ -31,6 +37,7 @@ class StaticState:
         self._start = torch.zeros(batch, dtype=torch.long, device=device)
         self.philox_seed = torch.zeros(1, dtype=torch.long, device=device)
         self.philox_offset = torch.zeros(1, dtype=torch.long, device=device)
+        self.features: Tensor | None = None
         self._store: dict[str, Any] = {}
 
     tokens = property(lambda self: self._tokens)
