@@ -19,16 +19,25 @@ then continues on its *own* predicted features: draft ``i + 1`` reads ``[h_i, e(
 Trees (``tree=``, a :class:`~specdecode.trees.builders.TreeBuilder`) expand one depth per
 forward; a node's input is its parent's predicted feature and its own token.
 
+On the static decode path (chains) the features come from the engine's device buffer
+(:mod:`specdecode.engine.static_features`) and the network keeps a static cache on the engine's
+columns: each step feeds the ``k + 1`` columns up to the pending one with their true features,
+then ``k - 1`` one-token forwards on its own predictions (:meth:`EagleDrafter.static_propose`).
+
 Its training recipe is the kit's ``eagle`` kind (:mod:`specdecode.training.eagle`).
 """
 
 from __future__ import annotations
 
 import copy
+import weakref
+
 import torch
 from torch import Tensor, nn
 
-from specdecode.drafters.base import CommitUpdate, DrafterBase, DraftState, Proposal, TreeBuilderDrafter
+from specdecode.drafters.base import (CommitUpdate, DrafterBase, DraftState, Proposal, StaticDraftState,
+                                      TreeBuilderDrafter)
+from specdecode.drafters.last_feature import static_features_at
 from specdecode.drafters.model import _TreeSlots
 from specdecode.models import cache_kwargs, check_feature_layers, input_device, kv_cache, vocab_rows
 from specdecode.sampling import sample_logits
@@ -162,8 +171,8 @@ class EagleDrafter(TreeBuilderDrafter, DrafterBase):
     Draft tokens are drawn by :func:`specdecode.sampling.sample_logits` from the draft logits
     after the generation's logits processors (argmax at temperature 0), and those logits are
     returned as ``q``, as :class:`~specdecode.drafters.ModelDrafter` does; ``tree=`` drafts a
-    token tree with a builder instead. Chains and trees, any batch size, left padding; the
-    static decode path refuses it (it reads target features at commit).
+    token tree with a builder instead. Chains and trees, any batch size, left padding; chains
+    also on the static decode path (:meth:`static_propose`).
 
     Example:
         >>> drafter = specdecode.load_drafter("runs/eagle", target)        # doctest: +SKIP
@@ -231,7 +240,7 @@ class EagleDrafter(TreeBuilderDrafter, DrafterBase):
     def _embed(self, ids: Tensor) -> Tensor:
         return self.target.get_input_embeddings()(ids.to(self.device))
 
-    def _logits(self, state: DraftState, hidden: Tensor) -> Tensor:
+    def _logits(self, state: DraftState | StaticDraftState, hidden: Tensor) -> Tensor:
         head = self.target.get_output_embeddings()
         return self.model.logits(hidden, head, state.vocab_size).to(device=state.device, dtype=torch.float32)
 
@@ -351,3 +360,65 @@ class EagleDrafter(TreeBuilderDrafter, DrafterBase):
         kv_cache.gather_columns(self.cache, order.clamp_max(self.cached_columns - 1))
         kv_cache.crop(self.cache, keep)
         self.cached_columns = keep
+
+    # ------------------------------------------------------------------ static decode path
+    def static_key(self) -> tuple:
+        return ("eagle", weakref.ref(self.model), weakref.ref(self.target))
+
+    def _static_window(self, state: StaticDraftState, first: Tensor, num_columns: int) -> Tensor:
+        """Feed columns ``first .. first + num_columns - 1`` of every row with their tokens and the
+        target feature of the column before each (zeros before the row's first real column);
+        returns the predicted features ``[B, num_columns, hidden]``."""
+        from specdecode.models.static_cache import column_inputs
+
+        dtype = self.model.fc.weight.dtype
+        columns, positions, mask = column_inputs(first, state.start, num_columns, state.capacity, dtype)
+        features = self.model.input_features(static_features_at(state, columns - 1).to(dtype))
+        self._static_cache.columns = columns
+        return self.model(features, self._embed(state.tokens.gather(1, columns)), mask, positions, self._static_cache)
+
+    @torch.no_grad()
+    def static_prefill(self, state: StaticDraftState, num_tokens: int) -> None:
+        """Feed the prompt's columns the first step does not re-feed (it feeds the
+        ``num_tokens + 1`` columns up to the pending one)."""
+        if self.tree is not None:
+            raise ValueError("tree: EagleDrafter drafts chains only on the static decode path; pass tree=None or use "
+                             "decode_path='eager'")
+        from specdecode.models.static_cache import ColumnCache
+
+        self._static_cache = state.buffer("eagle_cache", lambda: ColumnCache(state.capacity))
+        width = state.prompt_columns - num_tokens
+        if width > 0:
+            self._static_window(state, torch.zeros(state.batch_size, dtype=torch.long, device=state.device), width)
+
+    @torch.no_grad()
+    def static_propose(self, state: StaticDraftState, num_tokens: int) -> tuple[Tensor, Tensor]:
+        """One forward over the ``num_tokens + 1`` columns up to the pending one, fed with true
+        target features (it re-feeds the accepted drafts, which the last step fed with predicted
+        ones, and any rejected column beyond is overwritten before it is read), then
+        ``num_tokens - 1`` one-token forwards on the network's own predicted features. Each
+        draft is drawn with ``state.sample`` from the logits returned for it; no host read.
+
+        Shape: returns ``[B, num_tokens]`` int64 and ``[B, num_tokens, V]`` float32.
+        """
+        from specdecode.models.static_cache import column_inputs
+
+        first = (state.lengths - num_tokens).clamp_min(0)  # a short prompt: the window starts at column 0
+        window = self._static_window(state, first, num_tokens + 1)
+        at_pending = (state.lengths - first)[:, None, None].expand(-1, 1, window.shape[-1])
+        hidden = window.gather(1, at_pending)[:, 0]
+        logits = self._logits(state, hidden)
+        tokens, used = [state.sample(logits)], [logits]
+        if num_tokens > 1:
+            # The one-token forwards i = 1 .. k-1 feed columns lengths + i: the rows of one layout.
+            columns, positions, mask = column_inputs(state.lengths + 1, state.start, num_tokens - 1, state.capacity,
+                                                     self.model.fc.weight.dtype)
+            for i in range(1, num_tokens):
+                j = slice(i - 1, i)
+                self._static_cache.columns = columns[:, j]
+                hidden = self.model(hidden[:, None], self._embed(tokens[-1][:, None]), mask[:, :, j], positions[:, j],
+                                    self._static_cache)[:, 0]
+                logits = self._logits(state, hidden)
+                tokens.append(state.sample(logits))
+                used.append(logits)
+        return torch.stack(tokens, 1), torch.stack(used, 1)

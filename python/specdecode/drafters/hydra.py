@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from specdecode.drafters.base import DraftState, Proposal
+from specdecode.drafters.base import DraftState, Proposal, StaticDraftState
 from specdecode.drafters.last_feature import (
     LastFeatureDrafter,
     check_count,
@@ -137,8 +137,10 @@ class HydraDrafter(LastFeatureDrafter):
 
     ``tree``: None for a chain of up to ``num_heads`` drafts, or Medusa rank paths
     (:func:`~specdecode.drafters.medusa.product_tree`, :func:`~specdecode.drafters.medusa.sparse_tree`)
-    for a tree whose nodes are conditioned on their paths. Any batch size, left padding; the
-    static decode path refuses it (it reads target features at commit).
+    for a tree whose nodes are conditioned on their paths. Any batch size, left padding. On the
+    static decode path (chains, ``num_draft_tokens`` at most ``num_heads``) the heads read the
+    feature of each row's last committed column from the engine's device buffer
+    (:meth:`static_propose`).
 
     Example:
         >>> drafter = specdecode.load_drafter("runs/demo-hydra", target)      # doctest: +SKIP
@@ -169,7 +171,7 @@ class HydraDrafter(LastFeatureDrafter):
         """The target's input embeddings. Shape: tokens ``[...]``; returns ``[..., H]``."""
         return self.target.get_input_embeddings()(tokens.to(self.device)).to(self.heads.dtype)
 
-    def _logits(self, state: DraftState, feature: Tensor, embeds: Tensor, head: int) -> Tensor:
+    def _logits(self, state: DraftState | StaticDraftState, feature: Tensor, embeds: Tensor, head: int) -> Tensor:
         """Float32 logits of head ``head`` on the state's device.
 
         Shape: feature ``[..., H]``, embeds ``[..., head + 1, H]``; returns ``[..., V]``.
@@ -208,3 +210,21 @@ class HydraDrafter(LastFeatureDrafter):
             top = logits.topk(int(ranks.max()) + 1, dim=-1).indices  # distinct ids per parent
             tokens[:, children] = top[:, slots.to(state.device), ranks.to(state.device)]
         return tree_proposal(tokens, self._parents, forward_calls=len(self._levels))
+
+    @torch.no_grad()
+    def static_propose(self, state: StaticDraftState, num_tokens: int) -> tuple[Tensor, Tensor]:
+        """Draft ``i`` drawn (``state.sample``) from head ``i`` on the last committed feature and
+        the embeddings of the pending token and drafts ``0 .. i-1``; no host read.
+
+        Shape: returns ``[B, num_tokens]`` int64 and ``[B, num_tokens, V]`` float32.
+        """
+        feature = self.static_last_feature(state)
+        embeds = [self._embed(state.tokens.gather(1, state.lengths[:, None])[:, 0])]
+        tokens: list[Tensor] = []
+        used: list[Tensor] = []
+        for i in range(num_tokens):
+            logits = self._logits(state, feature, torch.stack(embeds, 1), i)
+            tokens.append(state.sample(logits))
+            used.append(logits)
+            embeds.append(self._embed(tokens[-1]))
+        return torch.stack(tokens, 1), torch.stack(used, 1)

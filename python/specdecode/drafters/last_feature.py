@@ -4,20 +4,27 @@ row's last committed token (the one before the pending token), kept from one com
 :class:`LastFeatureDrafter` keeps that feature (``last_feature``, ``[b, H]``) through
 rejections, finished rows and re-packs; :func:`tree_layout` turns rank paths (Medusa's
 "choices", checked by :func:`specdecode.drafters.medusa.check_choices`) into per-node tables.
+
+On the static decode path the engine keeps every column's target feature in
+``state.features`` (:mod:`specdecode.engine.static_features`); :func:`static_features_at` reads
+it inside a step, and :class:`LastFeatureDrafter` drafts chains from the column before the
+pending token (:meth:`~LastFeatureDrafter.static_last_feature`).
 """
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 from torch import Tensor, nn
 
-from specdecode.drafters.base import CommitUpdate, DrafterBase, DraftState, Proposal
+from specdecode.drafters.base import CommitUpdate, DrafterBase, DraftState, Proposal, StaticDraftState
 from specdecode.models import vocab_rows
 from specdecode.sampling import sample_logits
 from specdecode.trees.tree import TokenTree
 
 __all__ = ["LastFeatureDrafter", "check_count", "check_heads_target", "check_width", "draw", "heads_setup",
-           "tree_layout", "tree_proposal"]
+           "static_features_at", "tree_layout", "tree_proposal"]
 
 
 def check_count(name: str, value: object) -> int:
@@ -104,6 +111,26 @@ def tree_proposal(tokens: Tensor, parents: Tensor, forward_calls: int) -> Propos
     return Proposal(tokens, None, tree=tree, children="deterministic", forward_calls=forward_calls)
 
 
+def static_features_at(state: StaticDraftState, columns: Tensor) -> Tensor:
+    """The target's features at ``columns`` of each row, read from ``state.features`` on the
+    device; zeros at a column before the row's first real one (left padding, or before a
+    prompt's first token: no feature there). The caller reads committed columns only
+    (``< lengths``): the others hold stale features.
+
+    Shape:
+        columns: ``[B, n]`` int64 (may be negative); returns ``[B, n, F]``.
+    """
+    features = state.features
+    if features is None:
+        raise RuntimeError("static features: the engine wrote no target features (the drafter declares no "
+                           "feature_layers)")
+    B, n = columns.shape
+    F = features.shape[-1]
+    found = features.gather(1, columns.clamp(0, features.shape[1] - 1)[:, :, None].expand(B, n, F))
+    real = (columns >= state.start[:, None])[:, :, None]
+    return torch.where(real, found, torch.zeros_like(found))
+
+
 class LastFeatureDrafter(DrafterBase):
     """A drafter that keeps, per row, the target's last hidden state of its last committed token
     (``last_feature``), from the features the engine hands over at every commit."""
@@ -138,3 +165,27 @@ class LastFeatureDrafter(DrafterBase):
             self.last_feature = feats[torch.arange(feats.shape[0], device=feats.device), index].to(self.device)
         if update.kept_rows is not None and self.last_feature is not None:
             self.last_feature = self.last_feature[update.kept_rows.to(self.device)]
+
+    # ------------------------------------------------------------------ static decode path
+    # Subclasses have ``heads`` (the draft network), ``target`` and ``choices`` (None: chains).
+    def static_key(self) -> tuple:
+        return (self.name, weakref.ref(self.heads), weakref.ref(self.target))
+
+    def static_prefill(self, state: StaticDraftState, num_tokens: int) -> None:
+        """Nothing to absorb (the engine's prefill wrote the prompt's features); refuses trees
+        and more drafts per step than there are heads, with a ``ValueError`` naming them."""
+        if self.choices is not None:
+            raise ValueError(f"tree: {type(self).__name__} drafts chains only on the static decode path; pass "
+                             "tree=None or use decode_path='eager'")
+        if num_tokens > self.heads.num_heads:
+            raise ValueError(f"num_draft_tokens: {type(self).__name__} has {self.heads.num_heads} heads, one draft "
+                             f"each; the static decode path drafts exactly num_draft_tokens = {num_tokens} per step")
+
+    def static_last_feature(self, state: StaticDraftState) -> Tensor:
+        """Each row's feature at its last committed column (``lengths - 1``; zeros when the
+        pending token is the row's first), in the heads' dtype.
+
+        Shape: returns ``[B, H]``.
+        """
+        feature = static_features_at(state, (state.lengths - 1)[:, None])[:, 0]
+        return feature.to(self.heads.dtype)

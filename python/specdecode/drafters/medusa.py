@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from specdecode.drafters.base import DraftState, Proposal
+from specdecode.drafters.base import DraftState, Proposal, StaticDraftState
 from specdecode.drafters.last_feature import (
     LastFeatureDrafter,
     check_heads_target,
@@ -67,6 +67,10 @@ class MedusaHeads(nn.Module):
         hidden = self.hidden_size
         self.weight = nn.Parameter(torch.zeros((num_heads, hidden, hidden), **factory))
         self.bias = nn.Parameter(torch.zeros((num_heads, hidden), **factory))
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.weight.dtype
 
     def forward(self, features: Tensor) -> Tensor:
         """Each head's residual block on the features.
@@ -159,7 +163,9 @@ class MedusaDrafter(LastFeatureDrafter):
 
     ``tree``: None for a chain of up to ``num_heads`` drafts, or Medusa rank paths (see
     :func:`check_choices`, :func:`product_tree`, :func:`sparse_tree`) for a tree. Any batch
-    size, left padding; the static decode path refuses it (it reads target features at commit).
+    size, left padding. On the static decode path (chains, ``num_draft_tokens`` at most
+    ``num_heads``) one head call per step reads the feature of each row's last committed column
+    from the engine's device buffer (:meth:`static_propose`).
 
     Example:
         >>> drafter = specdecode.load_drafter("runs/medusa", target)         # doctest: +SKIP
@@ -214,3 +220,16 @@ class MedusaDrafter(LastFeatureDrafter):
         nodes = top[:, heads, ranks]  # [b, N - 1]
         root = state.tokens[:, state.num_columns - 1].to(state.device)
         return tree_proposal(torch.cat([root[:, None], nodes], 1), parents, forward_calls=1)
+
+    @torch.no_grad()
+    def static_propose(self, state: StaticDraftState, num_tokens: int) -> tuple[Tensor, Tensor]:
+        """Draft ``i`` drawn (``state.sample``) from head ``i``'s logits on the last committed
+        feature; no host read.
+
+        Shape: returns ``[B, num_tokens]`` int64 and ``[B, num_tokens, V]`` float32.
+        """
+        feature = self.static_last_feature(state)
+        logits = self.heads.logits(feature, self.target.get_output_embeddings(), state.vocab_size)
+        logits = logits[:, :num_tokens].float()
+        tokens = [state.sample(logits[:, i]) for i in range(num_tokens)]
+        return torch.stack(tokens, 1), logits
