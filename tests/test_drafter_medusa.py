@@ -240,7 +240,7 @@ def test_bad_arguments_are_refused():
 def assert_drafter_refuses_bad_arguments(target, heads_class, drafter_class) -> None:
     """What Medusa and Hydra drafters refuse alike: a target or heads of the wrong type, heads
     built for another target, a tree deeper than the heads or asking for more ranks than ids,
-    the static decode path."""
+    more drafts per step than heads on the static decode path."""
     heads = heads_class(target, 2)
     with pytest.raises(TypeError, match="target"):
         heads_class("target", 2)
@@ -255,5 +255,6 @@ def assert_drafter_refuses_bad_arguments(target, heads_class, drafter_class) -> 
     ids = left_padded([4], vocab=111, seed=0)[0]
     with pytest.raises(ValueError, match="tree: a path asks for the rank-111"):
         specdecode.generate(target, drafter_class(target, heads, tree=[(0,), (111,)]), ids, max_new_tokens=4)
-    with pytest.raises(ValueError, match="static"):
-        specdecode.generate(target, drafter_class(target, heads), ids, max_new_tokens=4, decode_path="static")
+    with pytest.raises(ValueError, match="num_draft_tokens"):
+        specdecode.generate(target, drafter_class(target, heads), ids, max_new_tokens=4, num_draft_tokens=3,
+                            decode_path="static")
