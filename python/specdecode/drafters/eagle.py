@@ -367,8 +367,11 @@ class EagleDrafter(TreeBuilderDrafter, DrafterBase):
 
     def _static_window(self, state: StaticDraftState, first: Tensor, num_columns: int) -> Tensor:
         """Feed columns ``first .. first + num_columns - 1`` of every row with their tokens and the
-        target feature of the column before each (zeros before the row's first real column);
-        returns the predicted features ``[B, num_columns, hidden]``."""
+        target feature of the column before each (zeros before the row's first real column).
+
+        Shape:
+            first: ``[B]`` int64; returns the predicted features ``[B, num_columns, hidden]``.
+        """
         from specdecode.models.static_cache import column_inputs
 
         dtype = self.model.fc.weight.dtype

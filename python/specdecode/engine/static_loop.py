@@ -222,7 +222,7 @@ class StaticEngine:
         s = self.settings
         key = (self.drafter.static_key(), str(self.device), batch, capacity, self.gamma, s.sampling, self.rule.name,
                tuple(sorted(s.rule_options.items())), s.vocab_size, s.eos_ids, s.max_new_tokens, self.decode_path,
-               self.phase_timing)
+               self.phase_timing, self.feature_layers)
         models = (self.target, *drafter_modules(self.drafter))
         session = kept_layout(self.target, key, models)
         if session is None:
