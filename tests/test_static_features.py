@@ -64,7 +64,7 @@ def eagle_drafter(target, layers=(-1,), reduced: bool = False, std: float = 0.5,
     model = EagleModel(target, layers, ids, init_from_target=True).eval()
     H = model.hidden_size
     with torch.no_grad():
-        model.fc.weight[:, :H] += torch.randn(H, H) * std / H ** 0.5
+        model.fc.weight[:, :H] += (torch.randn(H, H) * std / H ** 0.5).to(model.fc.weight.device)
         if model.reduce is not None:
             model.reduce.weight.normal_(0.0, model.feature_size ** -0.5)
     return EagleDrafter(target, model)
