@@ -38,6 +38,7 @@ from specdecode.drafters import HydraDrafter, MedusaDrafter
 from specdecode.drafters.eagle import EagleDrafter, EagleModel
 from specdecode.drafters.last_feature import static_features_at
 from specdecode.drafters.medusa import product_tree
+from specdecode.models.static_cache import column_inputs
 
 ARCHS = ["llama", "gpt2", "qwen2"]
 KINDS = ["eagle", "eagle3_reduced", "medusa", "hydra"]
@@ -333,10 +334,11 @@ def _eagle_q_from_rejected_features(monkeypatch):
 
     def propose(self, state, num_tokens):
         tokens, logits = original(self, state, num_tokens)
+        first = (state.lengths - num_tokens).clamp_min(0)
         with monkeypatch.context() as m:
             m.setattr(eagle_module, "static_features_at", lambda s, columns: static_features_at(s, columns + 1))
-            first = (state.lengths - num_tokens).clamp_min(0)
-            window = self._static_window(state, first, num_tokens + 1)
+            inputs = column_inputs(first, state.start, num_tokens + 1, state.capacity, self.model.fc.weight.dtype)
+            window = self._static_window(state, inputs)
         hidden = window.gather(1, (state.lengths - first)[:, None, None].expand(-1, 1, window.shape[-1]))[:, 0]
         return tokens, torch.cat([self._logits(state, hidden)[:, None], logits[:, 1:]], 1)
 
@@ -393,3 +395,18 @@ def test_refusals_name_the_argument():
     drafter.feature_layers = (9,)
     with pytest.raises(ValueError, match="feature_layers"):
         static(target, drafter, ids, mask)
+
+
+def test_prefill_attends_over_the_prompt_columns_only():
+    from specdecode.models.static_cache import ColumnCache, prefill_inputs
+
+    cache = ColumnCache(8)
+    start = torch.tensor([0, 2])
+    with prefill_inputs(cache, start, 3, torch.float32) as (columns, positions, mask):
+        assert columns.tolist() == [[0, 1, 2], [0, 1, 2]] and positions.tolist() == [[0, 1, 2], [0, 0, 0]]
+        assert mask.shape == (2, 1, 3, 3)
+        keys, values = cache.update(torch.ones(2, 1, 3, 4), torch.ones(2, 1, 3, 4), 0)
+        assert keys.shape == values.shape == (2, 1, 3, 4) and cache.keys[0].shape == (2, 1, 8, 4)
+    assert cache.visible is None
+    cache.columns = torch.tensor([[3], [3]])
+    assert cache.update(torch.ones(2, 1, 1, 4), torch.ones(2, 1, 1, 4), 0)[0].shape == (2, 1, 8, 4)

@@ -365,17 +365,17 @@ class EagleDrafter(TreeBuilderDrafter, DrafterBase):
     def static_key(self) -> tuple:
         return ("eagle", weakref.ref(self.model), weakref.ref(self.target))
 
-    def _static_window(self, state: StaticDraftState, first: Tensor, num_columns: int) -> Tensor:
-        """Feed columns ``first .. first + num_columns - 1`` of every row with their tokens and the
-        target feature of the column before each (zeros before the row's first real column).
+    def _static_window(self, state: StaticDraftState, inputs: tuple[Tensor, Tensor, Tensor]) -> Tensor:
+        """Feed the columns of ``inputs`` (:func:`~specdecode.models.static_cache.column_inputs`)
+        with their tokens and the target feature of the column before each (zeros before the
+        row's first real column).
 
         Shape:
-            first: ``[B]`` int64; returns the predicted features ``[B, num_columns, hidden]``.
+            inputs: columns ``[B, n]``, positions ``[B, n]``, mask ``[B, 1, n, K]``; returns the
+            predicted features ``[B, n, hidden]``.
         """
-        from specdecode.models.static_cache import column_inputs
-
+        columns, positions, mask = inputs
         dtype = self.model.fc.weight.dtype
-        columns, positions, mask = column_inputs(first, state.start, num_columns, state.capacity, dtype)
         features = self.model.input_features(static_features_at(state, columns - 1).to(dtype))
         self._static_cache.columns = columns
         return self.model(features, self._embed(state.tokens.gather(1, columns)), mask, positions, self._static_cache)
@@ -387,12 +387,13 @@ class EagleDrafter(TreeBuilderDrafter, DrafterBase):
         if self.tree is not None:
             raise ValueError("tree: EagleDrafter drafts chains only on the static decode path; pass tree=None or use "
                              "decode_path='eager'")
-        from specdecode.models.static_cache import ColumnCache
+        from specdecode.models.static_cache import ColumnCache, prefill_inputs
 
         self._static_cache = state.buffer("eagle_cache", lambda: ColumnCache(state.capacity))
         width = state.prompt_columns - num_tokens
         if width > 0:
-            self._static_window(state, torch.zeros(state.batch_size, dtype=torch.long, device=state.device), width)
+            with prefill_inputs(self._static_cache, state.start, width, self.model.fc.weight.dtype) as inputs:
+                self._static_window(state, inputs)
 
     @torch.no_grad()
     def static_propose(self, state: StaticDraftState, num_tokens: int) -> tuple[Tensor, Tensor]:
@@ -406,8 +407,9 @@ class EagleDrafter(TreeBuilderDrafter, DrafterBase):
         """
         from specdecode.models.static_cache import column_inputs
 
+        dtype = self.model.fc.weight.dtype
         first = (state.lengths - num_tokens).clamp_min(0)  # a short prompt: the window starts at column 0
-        window = self._static_window(state, first, num_tokens + 1)
+        window = self._static_window(state, column_inputs(first, state.start, num_tokens + 1, state.capacity, dtype))
         at_pending = (state.lengths - first)[:, None, None].expand(-1, 1, window.shape[-1])
         hidden = window.gather(1, at_pending)[:, 0]
         logits = self._logits(state, hidden)
@@ -415,7 +417,7 @@ class EagleDrafter(TreeBuilderDrafter, DrafterBase):
         if num_tokens > 1:
             # The one-token forwards i = 1 .. k-1 feed columns lengths + i: the rows of one layout.
             columns, positions, mask = column_inputs(state.lengths + 1, state.start, num_tokens - 1, state.capacity,
-                                                     self.model.fc.weight.dtype)
+                                                     dtype)
             for i in range(1, num_tokens):
                 j = slice(i - 1, i)
                 self._static_cache.columns = columns[:, j]

@@ -196,13 +196,14 @@ class ModelDrafter(TreeBuilderDrafter, DrafterBase):
         if self.tree is not None:
             raise ValueError("tree: token trees are not supported on the static decode path yet; draft a chain "
                              "(tree=None) or use decode_path='eager'")
-        from specdecode.models.static_cache import ColumnCache
+        from specdecode.models.static_cache import ColumnCache, prefill_inputs
 
         self._static_cache = state.buffer("draft_cache", lambda: ColumnCache(state.capacity))
         width = state.prompt_columns - 1  # the first step feeds the last prompt column with the pending token
         if width > 0:
-            first = torch.zeros(state.batch_size, dtype=torch.long, device=state.device)
-            self._static_forward(state, self._static_inputs(state, first, width), None)
+            dtype = self.model.dtype if hasattr(self.model, "dtype") else torch.float32
+            with prefill_inputs(self._static_cache, state.start, width, dtype) as inputs:
+                self._static_forward(state, inputs, None)
 
     def static_propose(self, state: StaticDraftState, num_tokens: int) -> tuple[Tensor, Tensor]:
         logits = self._static_forward(state, self._static_inputs(state, state.lengths - 1, 2), None)

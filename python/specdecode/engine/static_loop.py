@@ -261,16 +261,14 @@ class StaticEngine:
         state.philox_offset.zero_()
 
     def _prefill(self, session: _Session) -> None:
-        from specdecode.models.static_cache import column_inputs
+        from specdecode.models.static_cache import prefill_inputs
 
         state, stats = session.state, self.stats
         t0 = time.perf_counter()
         width = state.prompt_width - 1  # columns before the first pending token
-        first = torch.zeros(state.batch_size, dtype=torch.long, device=self.device)
-        columns, positions, mask = column_inputs(first, state.start, width, state.capacity, self._dtype(self.target))
-        session.cache.columns = columns
-        target_forward(self.target, state.tokens[:, :width], mask, positions, session.cache, state,
-                       self.feature_layers, last_only=True, logits_to_keep_ok=self._logits_to_keep_ok)
+        with prefill_inputs(session.cache, state.start, width, self._dtype(self.target)) as (_, positions, mask):
+            target_forward(self.target, state.tokens[:, :width], mask, positions, session.cache, state,
+                           self.feature_layers, last_only=True, logits_to_keep_ok=self._logits_to_keep_ok)
         count_prefill(stats, time.perf_counter() - t0)
         t0 = time.perf_counter()
         self.drafter.static_prefill(state, self.gamma)

@@ -21,6 +21,8 @@ that accepts a custom 4D attention mask with explicit position ids runs on it un
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -33,8 +35,9 @@ class ColumnCache(Cache):
 
     Before each forward set :attr:`columns` (``[B, n]`` int64: the column of every fed token);
     every layer's ``update`` then scatters its new keys/values there and returns the whole
-    ``[B, H, capacity, D]`` tensors. Layers are allocated on their first update (prefill) and
-    keep their addresses afterwards.
+    ``[B, H, capacity, D]`` tensors (the first :attr:`visible` columns only while it is set:
+    :func:`prefill_inputs`). Layers are allocated on their first update (prefill) and keep their
+    addresses afterwards.
 
     Shape:
         columns: ``[B, n]`` int64, each in ``[0, capacity)``.
@@ -44,6 +47,7 @@ class ColumnCache(Cache):
         super().__init__(layers=[])
         self.capacity = int(capacity)
         self.columns: Tensor | None = None
+        self.visible: int | None = None
         self.keys: list[Tensor | None] = []
         self.values: list[Tensor | None] = []
 
@@ -63,6 +67,8 @@ class ColumnCache(Cache):
         index = self.columns.to(keys.device)[:, None, :, None]
         keys.scatter_(2, index.expand(B, H, n, keys.shape[3]), key_states.to(keys.dtype))
         values.scatter_(2, index.expand(B, H, n, values.shape[3]), value_states.to(values.dtype))
+        if self.visible is not None:
+            return keys[:, :, : self.visible], values[:, :, : self.visible]
         return keys, values
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
@@ -126,3 +132,24 @@ def column_inputs(first: Tensor, start: Tensor, num_columns: int, capacity: int,
     allowed = ((keys >= start[:, None, None]) & (keys <= query)) | (keys == query)
     mask = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill_(~allowed, torch.finfo(dtype).min)
     return columns, positions, mask[:, None]
+
+
+@contextlib.contextmanager
+def prefill_inputs(cache: ColumnCache, start: Tensor, width: int, dtype: torch.dtype
+                   ) -> Iterator[tuple[Tensor, Tensor, Tensor]]:
+    """The inputs of a forward over the first ``width`` columns of every row (a prompt's
+    prefill), for the duration of a ``with`` block: its queries see none of the later columns,
+    so attention runs over these ``width`` columns alone rather than the whole capacity
+    (``cache.visible``); sets ``cache.columns``. Outside graphs only (its shapes follow the prompt).
+
+    Shape:
+        start: ``[B]`` int64. Yields columns ``[B, width]``, positions ``[B, width]`` and the
+        additive mask ``[B, 1, width, width]`` (:func:`column_inputs`).
+    """
+    first = torch.zeros_like(start)
+    columns, positions, mask = column_inputs(first, start, width, width, dtype)
+    cache.columns, cache.visible = columns, width
+    try:
+        yield columns, positions, mask
+    finally:
+        cache.visible = None
