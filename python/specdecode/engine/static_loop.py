@@ -37,8 +37,10 @@ stopping criteria, streamers, adaptive draft schedules, token trees, Python rule
 without :class:`~specdecode.drafters.StaticDrafter`, sharded or offloaded models, models that
 ignore custom 4D attention masks, inputs with gaps in their attention mask (only left padding);
 :mod:`~specdecode.engine.static_checks` refuses them up front. The buffers a drafter reads are
-:class:`~specdecode.engine.static_state.StaticState`; the step's tensor work shared with the eager
-loop is in :mod:`~specdecode.engine.step_phases`, :mod:`~specdecode.engine.stopping` and
+:class:`~specdecode.engine.static_state.StaticState` (with the target's features at every column
+for a drafter with ``feature_layers``: :mod:`~specdecode.engine.static_features`, written by the
+prefill and the score phase); the step's tensor work shared with the eager loop is in
+:mod:`~specdecode.engine.step_phases`, :mod:`~specdecode.engine.stopping` and
 :mod:`~specdecode.engine.accounting`.
 """
 
