@@ -8,7 +8,7 @@ chains), on the CPU:
 - the feature buffer holds, before every proposal, the features of a plain forward at every
   committed column of every row (rows accepting different lengths, EOS); features written one
   column off fail that check and cost acceptance; exact heads are accepted at every draft;
-- the joint law of the first tokens is the target's (EAGLE full and reduced, Medusa, Hydra),
+- the joint law of the first tokens is the target's (EAGLE full and reduced, Medusa),
   and drafts whose reported ``q`` was computed from other features than the ones they were
   drawn with fail the same test;
 - ``static_propose`` reads no tensor value on the host; layouts are reused and freed with the
@@ -302,8 +302,7 @@ def sampling_drafter(kind: str, target):
     return HydraDrafter(target, hydra_heads(target))
 
 
-@pytest.mark.parametrize("kind, rule", [("eagle", "token"), ("eagle_reduced", "block"), ("medusa", "token"),
-                                        ("hydra", "block")])
+@pytest.mark.parametrize("kind, rule", [("eagle", "token"), ("eagle_reduced", "block"), ("medusa", "token")])
 def test_static_sampling_is_lossless(pair, kind, rule):
     target, _ = pair
     out = sample_static(target, sampling_drafter(kind, target), rule)
