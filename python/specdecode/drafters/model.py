@@ -11,8 +11,9 @@ from torch import Tensor
 from specdecode.drafters.base import (CommitUpdate, DrafterBase, DraftState, Proposal, StaticDraftState,
                                       TreeBuilderDrafter)
 from specdecode.models import facts, kv_cache
-from specdecode.sampling import sample_logits
+from specdecode.sampling import SamplingParams, sample_logits
 from specdecode.trees.builders import TreeBuilder
+from specdecode.trees.static_growth import StaticTreeDraft, StaticTreePlan, grow_static_tree, plan_static_tree
 
 
 class ModelDrafter(TreeBuilderDrafter, DrafterBase):
@@ -193,9 +194,6 @@ class ModelDrafter(TreeBuilderDrafter, DrafterBase):
 
     @torch.no_grad()
     def static_prefill(self, state: StaticDraftState, num_tokens: int) -> None:
-        if self.tree is not None:
-            raise ValueError("tree: token trees are not supported on the static decode path yet; draft a chain "
-                             "(tree=None) or use decode_path='eager'")
         from specdecode.models.static_cache import ColumnCache
 
         self._static_cache = state.buffer("draft_cache", lambda: ColumnCache(state.capacity))
@@ -219,6 +217,45 @@ class ModelDrafter(TreeBuilderDrafter, DrafterBase):
                 tokens.append(state.sample(logits))
                 all_logits.append(logits)
         return torch.stack(tokens, 1), torch.stack(all_logits, 1)
+
+    def static_tree_plan(self, sampling: SamplingParams, vocab_size: int) -> StaticTreePlan:
+        return plan_static_tree(self.tree, sampling, vocab_size)
+
+    def static_propose_tree(self, state: StaticDraftState, plan: StaticTreePlan) -> StaticTreeDraft:
+        """Feed the last committed column and the pending token (the root), then one forward per
+        level of the tree over its new nodes, written at columns ``lengths + offset`` of the
+        draft's cache (:func:`~specdecode.trees.static_growth.grow_static_tree`)."""
+        from specdecode.models.static_cache import tree_inputs
+
+        root_logits = self._static_forward(state, self._static_inputs(state, state.lengths - 1, 2), None)
+        dtype = self.model.dtype if hasattr(self.model, "dtype") else torch.float32
+        slots = plan.span + 1
+
+        def expand(offsets: Tensor, tokens: Tensor, ancestors: Tensor, depth: int) -> Tensor:
+            B, n, _ = ancestors.shape
+            visible = torch.zeros((B, n, slots), dtype=torch.bool, device=state.device)
+            visible.scatter_(2, ancestors.clamp_min(0), True)  # -1 padding marks the root, visible anyway
+            mask, _ = tree_inputs(state.lengths, state.start, visible, state.capacity, dtype)
+            self._static_cache.columns = state.lengths[:, None] + offsets
+            positions = (state.lengths - state.start + depth)[:, None].expand(B, n)
+            logits = facts.forward(self.model, tokens, mask, positions, self._static_cache, last_only=False,
+                                   logits_to_keep_ok=False)
+            return logits[..., : state.vocab_size].float()
+
+        root = state.tokens.gather(1, state.lengths[:, None])[:, 0]
+        return grow_static_tree(plan, state, root, root_logits, expand)
+
+    def static_accept_path(self, state: StaticDraftState, draft: StaticTreeDraft, accepted_nodes: Tensor,
+                           accepted_len: Tensor) -> None:
+        """Move the draft cache's entries of the accepted nodes that were fed (all but the last
+        one, which the next step re-feeds with the new pending token) next to the root."""
+        from specdecode.models.static_cache import move_columns
+
+        depth = torch.arange(1, accepted_nodes.shape[1], device=state.device)[None, :]
+        fed = depth < accepted_len[:, None]
+        offsets = draft.offsets.gather(1, accepted_nodes[:, 1:].clamp_min(0))
+        columns = state.lengths[:, None] + depth
+        move_columns(self._static_cache, torch.where(fed, state.lengths[:, None] + offsets, columns), columns)
 
 
 class _TreeSlots:

@@ -53,6 +53,15 @@ class StaticState:
         self.count_op_sync()
         return tokens.clamp_min(0)  # a bad row (only possible inside a graph) must not index out of range
 
+    def sample_weights(self, weights: Tensor) -> Tensor:
+        """One token per row drawn in proportion to ``weights`` ``[M, V]`` (float64, >= 0, some
+        mass in every row; e.g. a processed ``q`` with tokens already drawn set to 0), unprocessed
+        (no temperature or filters), with the coins of the generation's Philox counter."""
+        tokens = ops.sample_logits_philox(weights.log(), self.philox_seed, self.philox_offset, 1.0, 0, 1.0, 0.0)
+        self.philox_offset.add_(1)
+        self.count_op_sync()
+        return tokens.clamp_min(0)
+
     def count_op_sync(self) -> None:
         """Count the host synchronisation of a CUDA Philox op just run: outside graph capture it
         copies its per-row statuses to the host."""
