@@ -136,6 +136,15 @@ def test_static_dynamic_tree_sampling_is_lossless(pair):
         assert chi_square_p(tokens, joint) > PASS_P
 
 
+def test_static_tree_sampling_with_filters_is_lossless(pair):
+    """Children without replacement under top-k / top-p are drawn from the processed q itself."""
+    target, draft, _ = pair
+    filters = dict(temperature=0.8, top_k=6, top_p=0.9)
+    tokens, stats = sample_tree(target, draft, tree=SHAPE, tree_children="without_replacement", **filters)
+    assert stats.tree_rule == "rrs"
+    assert chi_square_p(tokens, exact_joint(target, PROMPT, **filters)) > PASS_P
+
+
 def _break_stale_mask(monkeypatch):
     """Broken: every node also sees the tree columns before its own (its elder siblings and
     their subtrees): the causal mask of a chain laid over a tree."""
@@ -186,6 +195,10 @@ def test_tree_refusals_name_the_argument():
         (dict(tree=SHAPE, rule="block"), "rule: 'block' is a chain rule"),
         (dict(tree=SHAPE, tree_children="iid", rule="gbv", **sampled), "rule: 'gbv' verifies K paths"),
         (dict(tree="dynamic", tree_children="iid", rule="gbv", **sampled), "rule: 'gbv' verifies K paths"),
+        (dict(tree=SHAPE, tree_children="hub", decode_path="graphed", **sampled), "^tree_children: 'hub'"),
+        (dict(tree=SHAPE, tree_children="without_replacement", decode_path="graphed", top_p=0.9, **sampled),
+         "^tree_children: 'without_replacement' children under top_k"),
+        (dict(tree=SHAPE, decode_path="graphed"), "^decode_path: 'graphed' records CUDA graphs"),
     ]
     for kwargs, match in cases:
         with pytest.raises(ValueError, match=match):

@@ -309,6 +309,10 @@ class StaticDraftState(Protocol):
         int64 (draws :func:`sample` does not cover, e.g. children without replacement)."""
         ...
 
+    def count_op_sync(self) -> None:
+        """Count the host synchronisation of a compiled op just run outside a CUDA graph."""
+        ...
+
     def buffer(self, name: str, factory: Any) -> Any:
         """A persistent object for this drafter (``factory()`` on first use): the same one for
         every generation that reuses this static layout, so that captured graphs stay valid."""

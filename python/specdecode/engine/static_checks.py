@@ -70,7 +70,7 @@ def check_static_path(target: torch.nn.Module, drafter: Any | None, settings: En
                 "decode_path='eager'"
             )
         if getattr(drafter, "tree", None) is not None:
-            tree = check_static_tree(drafter, settings, where)
+            tree = check_static_tree(drafter, settings, decode_path)
         elif type(settings.schedule) not in (ConstantSchedule, DraftSchedule):
             raise ValueError(f"draft_schedule: only the constant schedule runs with {where} (every step has one "
                              f"shape), got {getattr(settings.schedule, 'name', type(settings.schedule).__name__)!r}")
@@ -97,7 +97,7 @@ def check_static_path(target: torch.nn.Module, drafter: Any | None, settings: En
                              f"on {device}; decode_path='static' runs the same steps without graphs")
         ops = ("verify_logits_philox",) if tree is None else ("verify_tree_philox", "tree_attention_mask")
         if not settings.sampling.is_greedy:
-            ops += ("sample_logits_philox",) + (() if tree is None else ("processed_probs",))
+            ops += ("sample_logits_philox",)
         missing = [op for op in ops if not _has_cuda_kernel(op)]
         if missing:
             raise ValueError(f"decode_path: 'graphed' needs the CUDA kernels of {', '.join(missing)}, which this "

@@ -133,7 +133,7 @@ class StaticEngine:
         self.phase_timing = phase_timing
         self.device = facts.input_device(target)
         drafts_trees = not isinstance(drafter, TargetOnly) and getattr(drafter, "tree", None) is not None
-        self.tree = check_static_tree(drafter, settings, f"decode_path={decode_path!r}") if drafts_trees else None
+        self.tree = check_static_tree(drafter, settings, decode_path) if drafts_trees else None
         self.rule = get_rule(settings.rule or "token") if self.tree is None else None
         self._logits_to_keep_ok = facts.accepts_logits_to_keep(target)
         self.window = facts.sliding_window(target)

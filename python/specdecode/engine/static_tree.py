@@ -40,7 +40,7 @@ from specdecode.engine.settings import EngineSettings
 from specdecode.engine.step_phases import scored_logits, tree_rule_for
 from specdecode.models import facts
 from specdecode.trees.rules import get_tree_rule, tree_rule_params
-from specdecode.trees.static_growth import StaticTreePlan
+from specdecode.trees.static_growth import StaticTreePlan, needs_processed_probs
 
 
 @dataclass(frozen=True)
@@ -60,22 +60,29 @@ class TreeSetup:
         return (self.plan.key, self.op_rule, self.rule_params)
 
 
-def check_static_tree(drafter: Any, settings: EngineSettings, where: str) -> TreeSetup:
-    """Refuse what the static path cannot do with ``drafter``'s token trees (``ValueError``
-    naming the argument); returns the generation's :class:`TreeSetup`."""
+def check_static_tree(drafter: Any, settings: EngineSettings, decode_path: str) -> TreeSetup:
+    """Refuse what ``decode_path`` (``"static"`` or ``"graphed"``) cannot do with ``drafter``'s
+    token trees (``ValueError`` naming the argument); returns the generation's :class:`TreeSetup`."""
+    where = f"decode_path={decode_path!r}"
     if not isinstance(drafter, StaticTreeDrafter):
         raise ValueError(f"tree: {type(drafter).__name__} cannot draft token trees with {where} (it needs "
                          "static_tree_plan, static_propose_tree and static_accept_path: ModelDrafter has them); draft "
                          "a chain (tree=None) or use decode_path='eager'")
     plan = drafter.static_tree_plan(settings.sampling, settings.vocab_size)
+    if decode_path == "graphed" and needs_processed_probs(plan.children, settings.sampling):
+        when = "" if plan.children == "hub" else " under top_k / top_p / min_p"
+        raise ValueError(f"tree_children: {plan.children!r} children{when} are drawn from the processed distribution "
+                         "itself (processed_probs), whose CUDA kernel synchronises with the host, so it cannot run "
+                         "inside a CUDA graph; use 'iid' children, 'without_replacement' with temperature only, or "
+                         "decode_path='static'")
     rule = tree_rule_for(settings.rule, plan.children)
     info = get_tree_rule(rule)
     if not info.compiled:
         raise ValueError(f"rule: tree rule {rule!r} runs in Python only; {where} needs a compiled rule")
     if rule == "gbv" and not _is_paths(plan):
         raise ValueError(f"rule: 'gbv' verifies K paths of one length below the root, but this tree "
-                         f"{_describe(plan)}; draft such a shape (e.g. tree=[[0], [1], [0, 0], [1, 0]] with tree_children='iid') or use "
-                         "another rule")
+                         f"{_describe(plan)}; draft such a shape (e.g. tree=[[0], [1], [0, 0], [1, 0]] with "
+                         "tree_children='iid') or use another rule")
     params = tuple(tree_rule_params(info, settings.rule_options if rule == settings.rule else {}))
     op_rule = "greedy" if settings.sampling.is_greedy else rule
     return TreeSetup(plan, rule, op_rule, params if op_rule == rule else (),
@@ -83,12 +90,12 @@ def check_static_tree(drafter: Any, settings: EngineSettings, where: str) -> Tre
 
 
 def _is_paths(plan: StaticTreePlan) -> bool:
+    """Whether the plan's shape is K >= 1 paths of one length below the root (GBV's layout)."""
     shape = plan.shape
-    if shape is None:
+    if shape is None or not shape.children(0):
         return False
-    heads = shape.children(0)
-    return all(shape.num_children[v] <= 1 for v in range(1, shape.num_nodes)) and \
-        len({shape.depth[v] for v in range(shape.num_nodes) if v and shape.num_children[v] == 0}) == 1 and len(heads) > 0
+    leaf_depths = {shape.depth[v] for v in range(1, shape.num_nodes) if shape.num_children[v] == 0}
+    return all(shape.num_children[v] <= 1 for v in range(1, shape.num_nodes)) and len(leaf_depths) == 1
 
 
 def _describe(plan: StaticTreePlan) -> str:
@@ -116,6 +123,7 @@ def tree_phases(session: Any, scratch: dict[str, Any], setup: TreeSetup, target:
         tree = scratch["tree"]
         positions, _, tree_mask, *_ = ops.tree_attention_mask(tree.parents, tree.num_nodes, no_prefix,
                                                               state.lengths - state.start)
+        state.count_op_sync()  # on CUDA, outside a graph, the op reads its row statuses on the host
         mask, columns = tree_inputs(state.lengths, state.start, tree_mask, state.capacity, dtype)
         session.cache.columns = columns
         logits = facts.forward(target(), tree.tokens, mask, positions, session.cache, last_only=False,

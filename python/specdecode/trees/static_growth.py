@@ -247,7 +247,10 @@ def _draw(logits: Tensor, k: int, children: str, state: Any) -> Tensor:
     flat = logits.reshape(B * m, V)
     if children == "iid":
         return state.sample(flat.repeat_interleave(k, 0)).view(B, m, k)
+    if not needs_processed_probs(children, state.sampling):  # without replacement, temperature only
+        return _without_replacement_logits(flat, k, state).view(B, m, k)
     probs = processed_probs(flat, state.sampling)
+    state.count_op_sync()
     if children == "without_replacement":
         return _without_replacement(probs, k, state).view(B, m, k)
     # hub: x1 ~ q; the hub (argmax q, lowest id) unless x1 is the hub, then a draw without it;
@@ -265,6 +268,32 @@ def _draw(logits: Tensor, k: int, children: str, state: Any) -> Tensor:
         later = _without_replacement(remaining, k - 2, state)
         out.append(torch.where((second >= 0)[:, None], later, -1))
     return torch.cat(out, 1).view(B, m, k)
+
+
+def needs_processed_probs(children: str, sampling: SamplingParams) -> bool:
+    """Whether drafting ``children`` with ``sampling`` reads the processed ``q`` itself (the
+    compiled ``processed_probs``, whose CUDA kernel reads its row statuses on the host, so it
+    cannot run inside a CUDA graph): SpecHub's hub pairs, and draws without replacement under a
+    top-k / top-p / min-p filter. Without a filter, removing a drawn token's logit leaves the
+    rest of ``q = softmax(logits / T)`` proportional, so ``state.sample`` draws them."""
+    if sampling.is_greedy:
+        return False
+    filtered = sampling.top_k > 0 or sampling.top_p < 1.0 or sampling.min_p > 0.0
+    return children == "hub" or (children == "without_replacement" and filtered)
+
+
+def _without_replacement_logits(logits: Tensor, k: int, state: Any) -> Tensor:
+    """``k`` draws per row without replacement from the processed ``q`` of ``logits`` ``[M, V]``
+    when no filter is on: each draw by ``state.sample`` from the logits with the earlier draws
+    set to ``-inf``; ``-1`` once no finite logit is left. Returns ``[M, k]`` int64."""
+    masked = logits.clone()
+    out = []
+    for _ in range(k):
+        left = torch.isfinite(masked).any(1)
+        token = torch.where(left, state.sample(torch.where(left[:, None], masked, 0.0)), -1)
+        masked.scatter_(1, token.clamp_min(0)[:, None], -torch.inf)  # a row with nothing left has nothing to remove
+        out.append(token)
+    return torch.stack(out, 1)
 
 
 def _without_replacement(weights: Tensor, k: int, state: Any) -> Tensor:
