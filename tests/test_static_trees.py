@@ -88,6 +88,7 @@ def test_tree_layouts_are_reused_and_keyed_by_the_tree():
     first = run(target, draft, ids, mask, tree=SHAPE, eos_token_id=[])
     again = run(target, draft, ids, mask, tree=SHAPE, eos_token_id=[])
     assert torch.equal(first.sequences, again.sequences) and again.stats.graph_captures == 0
+    assert again.stats.host_syncs_per_step == 1.0  # a tree step reads nothing on the host
     run(target, draft, ids, mask, tree=PATHS, eos_token_id=[])
     assert len(static_layouts.kept_layouts(target)) == 2  # one layout per tree shape
 

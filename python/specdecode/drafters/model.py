@@ -38,7 +38,10 @@ class ModelDrafter(TreeBuilderDrafter, DrafterBase):
     With ``tree`` (a :class:`~specdecode.trees.builders.TreeBuilder`) it drafts a token tree
     instead: one draft forward per depth scores all the new nodes of that depth at once with a
     tree attention mask; afterwards the draft's cache keeps only the committed columns (the
-    accepted path is fed with the next step's first forward).
+    accepted path is fed with the next step's first forward). On the static path
+    (:class:`~specdecode.drafters.StaticTreeDrafter`) the tree follows the builder's fixed plan
+    (:mod:`specdecode.trees.static_growth`), its nodes written at the columns after the root, and
+    the accepted path's draft keys/values are moved next to the root after verification.
 
     Example:
         >>> drafter = ModelDrafter(draft_model)

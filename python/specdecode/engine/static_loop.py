@@ -32,9 +32,13 @@ generation with the same shapes (:mod:`specdecode.engine.static_layouts`: the
 :func:`clear_static_sessions` frees them all). With ``draft=None`` the same path decodes the target alone
 (one target forward per token): the baseline the speculative gain is measured against.
 
+Token trees run here too, with a node budget fixed before the generation: their draft, score
+and verify phases are :mod:`specdecode.engine.static_tree`'s, the commit phase is the chain's.
+
 Not supported here (``ValueError``, use the eager path): Hugging Face logits processors,
-stopping criteria, streamers, adaptive draft schedules, token trees, Python rules, drafters
-without :class:`~specdecode.drafters.StaticDrafter`, sharded or offloaded models, models that
+stopping criteria, streamers, adaptive draft schedules, Python rules, drafters without
+:class:`~specdecode.drafters.StaticDrafter` (or, for trees,
+:class:`~specdecode.drafters.StaticTreeDrafter`), sharded or offloaded models, models that
 ignore custom 4D attention masks, inputs with gaps in their attention mask (only left padding);
 :mod:`~specdecode.engine.static_checks` refuses them up front. The buffers a drafter reads are
 :class:`~specdecode.engine.static_state.StaticState`; the step's tensor work shared with the eager
