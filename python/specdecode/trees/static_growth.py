@@ -111,7 +111,7 @@ def plan_static_tree(builder: Any, sampling: SamplingParams, vocab_size: int) ->
     from specdecode.trees.builders import DynamicTree, SequoiaTree
 
     greedy = sampling.is_greedy
-    if isinstance(builder, DynamicTree):
+    if type(builder) is DynamicTree:  # subclasses may build otherwise: refused below
         if greedy or builder.sampled is None:
             k = min(builder.top_k, vocab_size)
             total = 1 + k + (builder.max_depth - 1) * k * k
@@ -120,7 +120,7 @@ def plan_static_tree(builder: Any, sampling: SamplingParams, vocab_size: int) ->
         sampled = builder.sampled
         shape = _sampled_profile_shape(sampled.num_nodes, sampled.max_depth)
         return _shape_plan(shape, sampled.children)
-    if isinstance(builder, SequoiaTree):
+    if type(builder) is SequoiaTree:
         shape = builder.shape
         if not greedy and builder.by_depth and not builder.adapt_sampled and builder.children != "deterministic":
             shape = _sampled_profile_shape(builder.num_nodes, builder.max_depth)
