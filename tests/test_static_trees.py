@@ -40,9 +40,9 @@ def _fresh_sessions():
     static_loop.clear_static_sessions()
 
 
-def hf_greedy(target, ids, mask=None, max_new_tokens=MAX_NEW):
+def hf_greedy(target, ids, mask=None, max_new_tokens=MAX_NEW, **kwargs):
     return target.generate(ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False,
-                           pad_token_id=PAD)
+                           pad_token_id=PAD, **kwargs)
 
 
 def run(target, draft, ids, mask=None, decode_path="static", **kwargs):
@@ -66,6 +66,20 @@ def test_greedy_static_trees_equal_target_generate(arch):
         assert out.stats.decode_path == "static" and out.stats.tree_rule == "deterministic"
         assert out.stats.accepted_tokens > 0
         assert torch.equal(run(target, draft, ids[1:2], tree=tree, **extra).sequences, ref1), (arch, tree)
+
+
+def test_eos_and_max_new_tokens_inside_an_accepted_path():
+    target, draft = make_pair("llama")
+    ids, mask = left_padded([5, 8, 3, 6], seed=7)
+    free = run(target, target, ids, mask, tree=SHAPE, eos_token_id=[], max_new_tokens=24).sequences[:, 8:].tolist()
+    eos = [next(t for t in row[k:] if t not in row[:k]) for row, k in zip(free[:3], (2, 8, 15))]
+    for drafter in (target, draft):  # a draft equal to the target accepts whole paths
+        out = run(target, drafter, ids, mask, tree=SHAPE, eos_token_id=eos, max_new_tokens=24)
+        assert torch.equal(out.sequences, hf_greedy(target, ids, mask, max_new_tokens=24, eos_token_id=eos))
+    for max_new in (1, 2, 5):
+        out = run(target, target, ids, mask, tree="dynamic", num_nodes=6, tree_depth=3, max_new_tokens=max_new)
+        assert torch.equal(out.sequences, hf_greedy(target, ids, mask, max_new_tokens=max_new))
+        assert out.stats.new_tokens == 4 * max_new
 
 
 @pytest.mark.parametrize("arch", ["llama", "gpt2"])
