@@ -303,16 +303,6 @@ class StaticDraftState(Protocol):
         Verification later reads the same logits as ``q``."""
         ...
 
-    def sample_weights(self, weights: Tensor) -> Tensor:
-        """One token per row drawn in proportion to ``weights`` ``[M, V]`` float64 (>= 0, mass in
-        every row), unprocessed, graph-safe, coins from the same Philox counter. Returns ``[M]``
-        int64 (draws :func:`sample` does not cover, e.g. children without replacement)."""
-        ...
-
-    def count_op_sync(self) -> None:
-        """Count the host synchronisation of a compiled op just run outside a CUDA graph."""
-        ...
-
     def buffer(self, name: str, factory: Any) -> Any:
         """A persistent object for this drafter (``factory()`` on first use): the same one for
         every generation that reuses this static layout, so that captured graphs stay valid."""

@@ -10,6 +10,7 @@ from torch import Tensor
 
 from specdecode.drafters.base import (CommitUpdate, DrafterBase, DraftState, Proposal, StaticDraftState,
                                       TreeBuilderDrafter)
+from specdecode.drafters.static_trees import StaticTreeDraftState
 from specdecode.models import facts, kv_cache
 from specdecode.sampling import SamplingParams, sample_logits
 from specdecode.trees.builders import TreeBuilder
@@ -224,7 +225,7 @@ class ModelDrafter(TreeBuilderDrafter, DrafterBase):
     def static_tree_plan(self, sampling: SamplingParams, vocab_size: int) -> StaticTreePlan:
         return plan_static_tree(self.tree, sampling, vocab_size)
 
-    def static_propose_tree(self, state: StaticDraftState, plan: StaticTreePlan) -> StaticTreeDraft:
+    def static_propose_tree(self, state: StaticTreeDraftState, plan: StaticTreePlan) -> StaticTreeDraft:
         """Feed the last committed column and the pending token (the root), then one forward per
         level of the tree over its new nodes, written at columns ``lengths + offset`` of the
         draft's cache (:func:`~specdecode.trees.static_growth.grow_static_tree`)."""
@@ -248,10 +249,14 @@ class ModelDrafter(TreeBuilderDrafter, DrafterBase):
         root = state.tokens.gather(1, state.lengths[:, None])[:, 0]
         return grow_static_tree(plan, state, root, root_logits, expand)
 
-    def static_accept_path(self, state: StaticDraftState, draft: StaticTreeDraft, accepted_nodes: Tensor,
+    def static_accept_path(self, state: StaticTreeDraftState, draft: StaticTreeDraft, accepted_nodes: Tensor,
                            accepted_len: Tensor) -> None:
         """Move the draft cache's entries of the accepted nodes that were fed (all but the last
-        one, which the next step re-feeds with the new pending token) next to the root."""
+        one, which the next step re-feeds with the new pending token) next to the root.
+
+        Shape:
+            accepted_nodes: ``[B, D + 1]`` int64 (root first, ``-1`` padded); accepted_len: ``[B]``.
+        """
         from specdecode.models.static_cache import move_columns
 
         depth = torch.arange(1, accepted_nodes.shape[1], device=state.device)[None, :]

@@ -26,6 +26,26 @@ from specdecode.trees.static_growth import StaticTreeDraft, StaticTreePlan
 
 
 @runtime_checkable
+class StaticTreeDraftState(StaticDraftState, Protocol):
+    """What a tree drafter reads on the static path: :class:`~specdecode.drafters.StaticDraftState`
+    and two more methods (both graph-safe)."""
+
+    def sample_weights(self, weights: Tensor) -> Tensor:
+        """One token per row drawn in proportion to ``weights`` (>= 0, mass in every row),
+        unprocessed, coins from the generation's Philox counter: draws ``sample`` does not cover
+        (children without replacement from a filtered ``q``).
+
+        Shape:
+            weights: ``[M, V]`` float64; returns ``[M]`` int64.
+        """
+        ...
+
+    def count_op_sync(self) -> None:
+        """Count the host synchronisation of a compiled op just run outside a CUDA graph."""
+        ...
+
+
+@runtime_checkable
 class StaticTreeDrafter(Protocol):
     """A drafter that drafts token trees on the static decode path.
 
@@ -34,7 +54,8 @@ class StaticTreeDrafter(Protocol):
     - ``static_propose_tree(state, plan)``: one tree per row (finished rows too), as a
       :class:`~specdecode.trees.static_growth.StaticTreeDraft` with ``plan.num_nodes`` slots;
       children drawn with ``state.sample`` / ``state.sample_weights`` from the logits returned
-      in ``draft_logits`` (as processed by the generation's sampling settings).
+      in ``draft_logits`` (as processed by the generation's sampling settings); ``state`` is a
+      :class:`StaticTreeDraftState`.
     - ``static_accept_path(state, draft, accepted_nodes, accepted_len)``: after verification,
       before the engine moves ``lengths``: node ``accepted_nodes[b, j]`` (``j = 1 ..
       accepted_len[b]``) becomes column ``lengths[b] + j``.
@@ -50,7 +71,7 @@ class StaticTreeDrafter(Protocol):
 
     def static_tree_plan(self, sampling: SamplingParams, vocab_size: int) -> StaticTreePlan: ...
 
-    def static_propose_tree(self, state: StaticDraftState, plan: StaticTreePlan) -> StaticTreeDraft: ...
+    def static_propose_tree(self, state: StaticTreeDraftState, plan: StaticTreePlan) -> StaticTreeDraft: ...
 
-    def static_accept_path(self, state: StaticDraftState, draft: StaticTreeDraft, accepted_nodes: Tensor,
+    def static_accept_path(self, state: StaticTreeDraftState, draft: StaticTreeDraft, accepted_nodes: Tensor,
                            accepted_len: Tensor) -> None: ...

@@ -283,9 +283,13 @@ def needs_processed_probs(children: str, sampling: SamplingParams) -> bool:
 
 
 def _without_replacement_logits(logits: Tensor, k: int, state: Any) -> Tensor:
-    """``k`` draws per row without replacement from the processed ``q`` of ``logits`` ``[M, V]``
-    when no filter is on: each draw by ``state.sample`` from the logits with the earlier draws
-    set to ``-inf``; ``-1`` once no finite logit is left. Returns ``[M, k]`` int64."""
+    """``k`` draws per row without replacement from the processed ``q`` of ``logits`` when no
+    filter is on: each draw by ``state.sample`` from the logits with the earlier draws set to
+    ``-inf``; ``-1`` once no finite logit is left.
+
+    Shape:
+        logits: ``[M, V]`` float32; returns ``[M, k]`` int64.
+    """
     masked = logits.clone()
     out = []
     for _ in range(k):
@@ -297,8 +301,12 @@ def _without_replacement_logits(logits: Tensor, k: int, state: Any) -> Tensor:
 
 
 def _without_replacement(weights: Tensor, k: int, state: Any) -> Tensor:
-    """``k`` draws per row without replacement from ``weights`` ``[M, V]`` float64 (each draw
-    proportional to what is left), ``-1`` once nothing is left; returns ``[M, k]`` int64."""
+    """``k`` draws per row without replacement from ``weights`` (each draw proportional to what
+    is left), ``-1`` once nothing is left.
+
+    Shape:
+        weights: ``[M, V]`` float64; returns ``[M, k]`` int64.
+    """
     remaining = weights.clone()
     out = []
     for _ in range(k):
