@@ -2,6 +2,7 @@
 :mod:`specdecode.engine.static_tree`) on the CPU: the step functions ``decode_path="graphed"``
 records, run eagerly.
 
+- no tensor value read on the host while the steps run (every children scheme);
 - greedy output equals the target's own greedy ``generate`` (three architectures, batch 1 and a
   left-padded batch of 3; fixed shapes, ``tree="static"``, Sequoia's shape and EAGLE-2 dynamic
   trees), and a fixed tree accepts exactly what the eager path accepts (the draft's cache is
@@ -105,6 +106,40 @@ def test_tree_layouts_are_reused_and_keyed_by_the_tree():
     assert again.stats.host_syncs_per_step == 1.0  # a tree step reads nothing on the host
     run(target, draft, ids, mask, tree=PATHS, eos_token_id=[])
     assert len(static_layouts.kept_layouts(target)) == 2  # one layout per tree shape
+
+
+def test_tree_steps_read_no_tensor_on_the_host(monkeypatch):
+    """The CPU's stand-in for CUDA's sync debug mode: while the steps run (no stop check asked
+    for), every way Python reads a tensor's value raises."""
+    target, draft = make_pair("llama")
+    ids, mask = left_padded([5, 9, 2], seed=1)
+    original = static_loop.StaticEngine._decode
+    reads = ("item", "tolist", "numpy", "__bool__", "__int__", "__float__", "__index__")
+
+    def strict(self, session, program):
+        saved = {name: getattr(torch.Tensor, name) for name in reads}
+
+        def refuse(name):
+            def read(*args, **kwargs):
+                raise AssertionError(f"Tensor.{name} inside a static step")
+            return read
+
+        for name in reads:
+            setattr(torch.Tensor, name, refuse(name))
+        try:
+            return original(self, session, program)
+        finally:
+            for name, method in saved.items():
+                setattr(torch.Tensor, name, method)
+
+    monkeypatch.setattr(static_loop.StaticEngine, "_decode", strict)
+    sampled = dict(do_sample=True, generator=torch.Generator().manual_seed(0))
+    for kwargs in (dict(tree=SHAPE), dict(tree="dynamic", num_nodes=6, tree_depth=3),
+                   dict(tree=SHAPE, tree_children="iid", **sampled),
+                   dict(tree=SHAPE, tree_children="without_replacement", **sampled),
+                   dict(tree=SHAPE, tree_children="hub", top_k=5, **sampled)):
+        out = run(target, draft, ids, mask, max_new_tokens=8, eos_token_id=[], stop_check_every=8, **kwargs)
+        assert out.stats.step_host_syncs == 0 and out.stats.new_tokens == 3 * 8
 
 
 # ------------------------------------------------------------------------ sampling exactness
