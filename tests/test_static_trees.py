@@ -5,8 +5,9 @@ records, run eagerly.
 - no tensor value read on the host while the steps run (every children scheme);
 - greedy output equals the target's own greedy ``generate`` (three architectures, batch 1 and a
   left-padded batch of 3; fixed shapes, ``tree="static"``, Sequoia's shape and EAGLE-2 dynamic
-  trees), and a fixed tree accepts exactly what the eager path accepts (the draft's cache is
-  moved along the accepted path correctly, or acceptance would differ);
+  trees; ``LayerSkipDrafter`` too), EOS and ``max_new_tokens`` inside an accepted path, and a
+  fixed tree accepts exactly what the eager path accepts (the draft's cache is moved along the
+  accepted path correctly, or acceptance would differ);
 - the whole-loop sampling law (the exact joint of the first three tokens) for every lossless
   tree rule the path offers, each with its children scheme, and two broken variants of the step
   that the same test rejects (a tree mask leaking sibling columns; the accepted path's
@@ -18,13 +19,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_generate_models import PAD, _one_thread, left_padded, make_pair  # noqa: F401
+from test_generate_models import PAD, _one_thread, left_padded, make_model, make_pair  # noqa: F401
 from test_generate_sampling import K, PROMPT, V, chi_square_p, exact_joint
 
 import specdecode.engine.static_layouts as static_layouts
 import specdecode.engine.static_loop as static_loop
 import specdecode.models.static_cache as static_cache
-from specdecode import ModelDrafter, generate
+from specdecode import LayerSkipDrafter, ModelDrafter, generate
 from specdecode.drafters import DrafterBase, StaticTreeDrafter
 from specdecode.trees.builders import DynamicTree, SequoiaTree, StaticTree, TreeBuilder
 
@@ -81,6 +82,13 @@ def test_eos_and_max_new_tokens_inside_an_accepted_path():
         out = run(target, target, ids, mask, tree="dynamic", num_nodes=6, tree_depth=3, max_new_tokens=max_new)
         assert torch.equal(out.sequences, hf_greedy(target, ids, mask, max_new_tokens=max_new))
         assert out.stats.new_tokens == 4 * max_new
+
+
+def test_layer_skip_drafter_drafts_static_trees():
+    target = make_model("llama", layers=3, init=0.05)
+    ids, mask = left_padded([5, 8, 3], seed=12)
+    out = run(target, LayerSkipDrafter(target, layers=[0, 2]).with_tree(SHAPE), ids, mask)
+    assert torch.equal(out.sequences, hf_greedy(target, ids, mask)) and out.stats.accepted_tokens > 0
 
 
 @pytest.mark.parametrize("arch", ["llama", "gpt2"])
