@@ -84,11 +84,9 @@ def test_graphs_are_recorded_once_and_replayed(cuda):
     assert s.draft_time > 0 and s.target_time > 0 and s.verify_time > 0 and s.bookkeeping_time > 0
 
 
-def test_no_host_sync_inside_the_replayed_loop(cuda, monkeypatch):
-    target, draft = (m.to(cuda) for m in make_pair("llama"))
-    ids, mask = _on(cuda, *left_padded([5, 8, 3], seed=4))
-    kwargs = dict(num_draft_tokens=4, max_new_tokens=16, eos_token_id=[], pad_token_id=PAD, decode_path="graphed")
-    generate(target, draft, ids, mask, stop_check_every=16, **kwargs)  # records the graphs
+def strict_decode(monkeypatch) -> None:
+    """Run the decoding loop (not the setup before it or the read of the results after) under
+    CUDA's sync debug mode "error": a host synchronisation inside it raises."""
     original = static_loop.StaticEngine._decode
 
     def strict(self, session, program):
@@ -99,6 +97,14 @@ def test_no_host_sync_inside_the_replayed_loop(cuda, monkeypatch):
             torch.cuda.set_sync_debug_mode("default")
 
     monkeypatch.setattr(static_loop.StaticEngine, "_decode", strict)
+
+
+def test_no_host_sync_inside_the_replayed_loop(cuda, monkeypatch):
+    target, draft = (m.to(cuda) for m in make_pair("llama"))
+    ids, mask = _on(cuda, *left_padded([5, 8, 3], seed=4))
+    kwargs = dict(num_draft_tokens=4, max_new_tokens=16, eos_token_id=[], pad_token_id=PAD, decode_path="graphed")
+    generate(target, draft, ids, mask, stop_check_every=16, **kwargs)  # records the graphs
+    strict_decode(monkeypatch)
     out = generate(target, draft, ids, mask, stop_check_every=16, **kwargs)
     assert out.stats.step_host_syncs == 0 and out.stats.decode_steps_run == 16
     monkeypatch.undo()

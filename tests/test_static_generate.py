@@ -332,7 +332,7 @@ def test_refusals_name_the_argument():
          "logits_processor"),
         (dict(streamer=object()), ValueError, "streamer"),
         (dict(draft_schedule="heuristic"), ValueError, "draft_schedule"),
-        (dict(tree="static", num_nodes=4), ValueError, "tree"),
+        (dict(tree="static", num_nodes=4, rule="block"), ValueError, "rule: 'block' is a chain rule"),  # trees: test_static_trees.py
         (dict(rule="typical", do_sample=True), None, None),  # a compiled lossy rule runs
         (dict(stop_check_every=0), ValueError, "stop_check_every"),
     ]

@@ -63,6 +63,8 @@ def _run_paths(target, draft, ids, mask) -> None:
                         generator=torch.Generator().manual_seed(0), **common)
     specdecode.generate(target, draft, ids, mask, tree="dynamic", num_nodes=6, **common)
     specdecode.generate(target, draft, ids, mask, num_draft_tokens=2, decode_path="static", **common)
+    specdecode.generate(target, draft, ids, mask, tree="dynamic", num_nodes=6, tree_depth=3, decode_path="static",
+                        **common)
     specdecode.generate(target, None, ids, mask, decode_path="static", **common)
     specdecode.generate(target, specdecode.LayerSkipDrafter(target, 1), ids, mask, num_draft_tokens=2, **common)
     specdecode.generate(target, specdecode.NgramDrafter(), ids, mask, num_draft_tokens=2, **common)

@@ -3,7 +3,8 @@
 - :class:`Drafter` (protocol), :class:`Proposal`, :class:`CommitUpdate`, :class:`DraftState`:
   the contract between a drafter and the engine (:mod:`specdecode.drafters.base`);
   :class:`StaticDrafter` / :class:`StaticDraftState` the same for the static, graph-capturable
-  decode path.
+  decode path, and :class:`StaticTreeDrafter` / :class:`StaticTreeDraftState`
+  (:mod:`specdecode.drafters.static_trees`) for token trees there.
 - :class:`ModelDrafter`: a second Hugging Face causal LM with its own KV cache.
 - :class:`NgramDrafter`: prompt lookup, no model (copies what followed an earlier occurrence
   of each row's last tokens).
@@ -46,6 +47,7 @@ from specdecode.drafters.medusa import MedusaDrafter
 from specdecode.drafters.model import ModelDrafter
 from specdecode.drafters.ngram import NgramDrafter
 from specdecode.drafters.partial_cache import PartialCacheDrafter
+from specdecode.drafters.static_trees import StaticTreeDrafter, StaticTreeDraftState
 from specdecode.drafters.tokenizer_bridge import TokenizerBridgeDrafter
 
 __all__ = [
@@ -69,6 +71,8 @@ __all__ = [
     "SideTokens",
     "StaticDraftState",
     "StaticDrafter",
+    "StaticTreeDraftState",
+    "StaticTreeDrafter",
     "TokenizerBridgeDrafter",
     "VerticalCascadeDrafter",
     "point_mass_logits",

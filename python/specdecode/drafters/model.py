@@ -10,9 +10,11 @@ from torch import Tensor
 
 from specdecode.drafters.base import (CommitUpdate, DrafterBase, DraftState, Proposal, StaticDraftState,
                                       TreeBuilderDrafter)
+from specdecode.drafters.static_trees import StaticTreeDraftState
 from specdecode.models import facts, kv_cache
-from specdecode.sampling import sample_logits
+from specdecode.sampling import SamplingParams, sample_logits
 from specdecode.trees.builders import TreeBuilder
+from specdecode.trees.static_growth import StaticTreeDraft, StaticTreePlan, grow_static_tree, plan_static_tree
 
 
 class ModelDrafter(TreeBuilderDrafter, DrafterBase):
@@ -37,7 +39,10 @@ class ModelDrafter(TreeBuilderDrafter, DrafterBase):
     With ``tree`` (a :class:`~specdecode.trees.builders.TreeBuilder`) it drafts a token tree
     instead: one draft forward per depth scores all the new nodes of that depth at once with a
     tree attention mask; afterwards the draft's cache keeps only the committed columns (the
-    accepted path is fed with the next step's first forward).
+    accepted path is fed with the next step's first forward). On the static path
+    (:class:`~specdecode.drafters.StaticTreeDrafter`) the tree follows the builder's fixed plan
+    (:mod:`specdecode.trees.static_growth`), its nodes written at the columns after the root, and
+    the accepted path's draft keys/values are moved next to the root after verification.
 
     Example:
         >>> drafter = ModelDrafter(draft_model)
@@ -193,9 +198,6 @@ class ModelDrafter(TreeBuilderDrafter, DrafterBase):
 
     @torch.no_grad()
     def static_prefill(self, state: StaticDraftState, num_tokens: int) -> None:
-        if self.tree is not None:
-            raise ValueError("tree: token trees are not supported on the static decode path yet; draft a chain "
-                             "(tree=None) or use decode_path='eager'")
         from specdecode.models.static_cache import ColumnCache, prefill_inputs
 
         self._static_cache = state.buffer("draft_cache", lambda: ColumnCache(state.capacity))
@@ -220,6 +222,49 @@ class ModelDrafter(TreeBuilderDrafter, DrafterBase):
                 tokens.append(state.sample(logits))
                 all_logits.append(logits)
         return torch.stack(tokens, 1), torch.stack(all_logits, 1)
+
+    def static_tree_plan(self, sampling: SamplingParams, vocab_size: int) -> StaticTreePlan:
+        return plan_static_tree(self.tree, sampling, vocab_size)
+
+    def static_propose_tree(self, state: StaticTreeDraftState, plan: StaticTreePlan) -> StaticTreeDraft:
+        """Feed the last committed column and the pending token (the root), then one forward per
+        level of the tree over its new nodes, written at columns ``lengths + offset`` of the
+        draft's cache (:func:`~specdecode.trees.static_growth.grow_static_tree`)."""
+        from specdecode.models.static_cache import tree_inputs
+
+        root_logits = self._static_forward(state, self._static_inputs(state, state.lengths - 1, 2), None)
+        dtype = self.model.dtype if hasattr(self.model, "dtype") else torch.float32
+        slots = plan.span + 1
+
+        def expand(offsets: Tensor, tokens: Tensor, ancestors: Tensor, depth: int) -> Tensor:
+            B, n, _ = ancestors.shape
+            visible = torch.zeros((B, n, slots), dtype=torch.bool, device=state.device)
+            visible.scatter_(2, ancestors.clamp_min(0), True)  # -1 padding marks the root, visible anyway
+            mask, _ = tree_inputs(state.lengths, state.start, visible, state.capacity, dtype)
+            self._static_cache.columns = state.lengths[:, None] + offsets
+            positions = (state.lengths - state.start + depth)[:, None].expand(B, n)
+            logits = facts.forward(self.model, tokens, mask, positions, self._static_cache, last_only=False,
+                                   logits_to_keep_ok=False)
+            return logits[..., : state.vocab_size].float()
+
+        root = state.tokens.gather(1, state.lengths[:, None])[:, 0]
+        return grow_static_tree(plan, state, root, root_logits, expand)
+
+    def static_accept_path(self, state: StaticTreeDraftState, draft: StaticTreeDraft, accepted_nodes: Tensor,
+                           accepted_len: Tensor) -> None:
+        """Move the draft cache's entries of the accepted nodes that were fed (all but the last
+        one, which the next step re-feeds with the new pending token) next to the root.
+
+        Shape:
+            accepted_nodes: ``[B, D + 1]`` int64 (root first, ``-1`` padded); accepted_len: ``[B]``.
+        """
+        from specdecode.models.static_cache import move_columns
+
+        depth = torch.arange(1, accepted_nodes.shape[1], device=state.device)[None, :]
+        fed = depth < accepted_len[:, None]
+        offsets = draft.offsets.gather(1, accepted_nodes[:, 1:].clamp_min(0))
+        columns = state.lengths[:, None] + depth
+        move_columns(self._static_cache, torch.where(fed, state.lengths[:, None] + offsets, columns), columns)
 
 
 class _TreeSlots:

@@ -33,15 +33,13 @@ from specdecode.engine.processors import ProcessorRunner
 from specdecode.engine.settings import EngineSettings
 from specdecode.engine.side_tokens import with_side_tokens
 from specdecode.engine.stats import Clock, SpeculativeStats
-from specdecode.engine.step_phases import scored_logits, verify_chain
+from specdecode.engine.step_phases import scored_logits, tree_rule_for, verify_chain
 from specdecode.engine.stopping import emitted_lengths, finished_rows, output_columns, verify_budget
 from specdecode.engine.syncs import HostSyncs
 from specdecode.models import facts, kv_cache
 from specdecode.rules import get_rule, is_chain_rule
 from specdecode.sampling import sample_logits
-from specdecode.trees import TokenTree, list_tree_rules, tree_attention_mask, verify_tree
-from specdecode.trees.builders import LOSSLESS_RULE
-from specdecode.trees.rules import LOSSLESS_CHILDREN, is_tree_rule
+from specdecode.trees import TokenTree, tree_attention_mask, verify_tree
 
 
 class SpeculativeEngine:
@@ -293,20 +291,7 @@ class SpeculativeEngine:
     def _tree_rule(self, proposal: Proposal) -> str:
         """The tree rule for a proposal: the one asked for, if it is lossless for (or does not
         care about) the proposal's children scheme; else the scheme's own lossless rule."""
-        s = self.settings
-        children = proposal.children or "deterministic"
-        if s.rule is None:
-            return LOSSLESS_RULE[children]
-        if not is_tree_rule(s.rule):
-            raise ValueError(f"rule: {s.rule!r} is a chain rule, but the drafter proposed a token tree; tree rules: "
-                             f"{', '.join(r.name for r in list_tree_rules())} (or rule=None for the lossless one)")
-        allowed = LOSSLESS_CHILDREN.get(s.rule)
-        if allowed is not None and children not in allowed:
-            raise ValueError(
-                f"rule: {s.rule!r} is lossless only for children drafted {' or '.join(allowed)}, but this tree's "
-                f"children are {children}; use rule={LOSSLESS_RULE[children]!r} (or rule=None)"
-            )
-        return s.rule
+        return tree_rule_for(self.settings.rule, proposal.children or "deterministic")
 
     def _score_tree(self, tree: TokenTree, side: SideTokens | None) -> tuple[Tensor, Tensor | None]:
         """Target logits ``[b, N, V]`` at every node of ``tree`` (root = pending token), one

@@ -1,9 +1,12 @@
 """What the static decode path (:mod:`specdecode.engine.static_loop`) cannot do, refused up
 front with a ``ValueError`` that names the argument and says what to use instead (mostly
 ``decode_path='eager'``): host work at every token (processors, stopping criteria, streamers),
-changing shapes (adaptive schedules, token trees), Python rules, drafters without
+changing shapes (adaptive schedules), Python rules, drafters without
 :class:`~specdecode.drafters.StaticDrafter`, models spread over devices or ignoring custom 4D
-attention masks, and CUDA graphs without CUDA or without the compiled kernels.
+attention masks, and CUDA graphs without CUDA or without the compiled kernels. Token trees are
+checked by :func:`~specdecode.engine.static_tree.check_static_tree`: drafters without
+:class:`~specdecode.drafters.StaticTreeDrafter`, builders that decide on the host, and tree
+rules that are not lossless for the plan's children.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from specdecode.drafters.base import StaticDrafter
 from specdecode.engine.schedules import ConstantSchedule, DraftSchedule
 from specdecode.engine.settings import EngineSettings
 from specdecode.engine.static_features import drafter_modules
+from specdecode.engine.static_tree import check_static_tree
 from specdecode.models import facts
 from specdecode.rules import get_rule, is_chain_rule
 
@@ -56,6 +60,7 @@ def check_static_path(target: torch.nn.Module, drafter: Any | None, settings: En
             raise ValueError(f"{name}: not supported with {where} (it needs the host at every token); "
                              "use decode_path='eager'")
     device = _single_device(target, "target")
+    tree = None
     if drafter is None:
         gamma = 0
     else:
@@ -66,12 +71,11 @@ def check_static_path(target: torch.nn.Module, drafter: Any | None, settings: En
                 "HydraDrafter have them); use decode_path='eager'"
             )
         if getattr(drafter, "tree", None) is not None:
-            raise ValueError(f"tree: token trees are not supported with {where} yet; draft a chain (tree=None) or "
-                             "use decode_path='eager'")
-        if type(settings.schedule) not in (ConstantSchedule, DraftSchedule):
+            tree = check_static_tree(drafter, settings, decode_path)
+        elif type(settings.schedule) not in (ConstantSchedule, DraftSchedule):
             raise ValueError(f"draft_schedule: only the constant schedule runs with {where} (every step has one "
                              f"shape), got {getattr(settings.schedule, 'name', type(settings.schedule).__name__)!r}")
-        gamma = settings.schedule.initial
+        gamma = settings.schedule.initial if tree is None else tree.plan.max_depth
         features = getattr(drafter, "feature_layers", None) is not None  # its network is no causal LM to probe
         for model in drafter_modules(drafter):
             if not isinstance(model, torch.nn.Module) or model is target:
@@ -83,9 +87,9 @@ def check_static_path(target: torch.nn.Module, drafter: Any | None, settings: En
             if not features and not facts.accepts_custom_4d_mask(model):
                 raise ValueError(_mask_message("draft", model))
     rule = settings.rule or "token"
-    if not is_chain_rule(rule):
-        raise ValueError(f"rule: {rule!r} is not a chain rule; {where} verifies chains")
-    if not get_rule(rule).builtin:
+    if tree is None and not is_chain_rule(rule):  # (check_static_tree checked a tree's rule)
+        raise ValueError(f"rule: {rule!r} is not a chain rule; {where} verifies chains (or trees, drafted with tree=)")
+    if tree is None and not get_rule(rule).builtin:
         raise ValueError(f"rule: {rule!r} is a Python rule; {where} needs a compiled rule (its coins come from "
                          "Philox on the device)")
     if not facts.accepts_custom_4d_mask(target):
@@ -94,8 +98,10 @@ def check_static_path(target: torch.nn.Module, drafter: Any | None, settings: En
         if device.type != "cuda":
             raise ValueError(f"decode_path: 'graphed' records CUDA graphs and needs a CUDA device, but the target is "
                              f"on {device}; decode_path='static' runs the same steps without graphs")
-        missing = [op for op in ("verify_logits_philox",) + (() if settings.sampling.is_greedy else
-                                                             ("sample_logits_philox",)) if not _has_cuda_kernel(op)]
+        ops = ("verify_logits_philox",) if tree is None else ("verify_tree_philox", "tree_attention_mask")
+        if not settings.sampling.is_greedy:
+            ops += ("sample_logits_philox",)
+        missing = [op for op in ops if not _has_cuda_kernel(op)]
         if missing:
             raise ValueError(f"decode_path: 'graphed' needs the CUDA kernels of {', '.join(missing)}, which this "
                              "build of specdecode lacks (python -m specdecode info)")

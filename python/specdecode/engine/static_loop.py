@@ -32,9 +32,13 @@ generation with the same shapes (:mod:`specdecode.engine.static_layouts`: the
 :func:`clear_static_sessions` frees them all). With ``draft=None`` the same path decodes the target alone
 (one target forward per token): the baseline the speculative gain is measured against.
 
+Token trees run here too, with a node budget fixed before the generation: their draft, score
+and verify phases are :mod:`specdecode.engine.static_tree`'s, the commit phase is the chain's.
+
 Not supported here (``ValueError``, use the eager path): Hugging Face logits processors,
-stopping criteria, streamers, adaptive draft schedules, token trees, Python rules, drafters
-without :class:`~specdecode.drafters.StaticDrafter`, sharded or offloaded models, models that
+stopping criteria, streamers, adaptive draft schedules, Python rules, drafters without
+:class:`~specdecode.drafters.StaticDrafter` (or, for trees,
+:class:`~specdecode.drafters.StaticTreeDrafter`), sharded or offloaded models, models that
 ignore custom 4D attention masks, inputs with gaps in their attention mask (only left padding);
 :mod:`~specdecode.engine.static_checks` refuses them up front. The buffers a drafter reads are
 :class:`~specdecode.engine.static_state.StaticState` (with the target's features at every column
@@ -62,6 +66,7 @@ from specdecode.engine.static_features import drafter_modules, feature_layers_of
 from specdecode.engine.static_layouts import SESSION_CACHE_SIZE, clear_static_sessions  # noqa: F401 (re-exported)
 from specdecode.engine.static_layouts import keep_layout, kept_layout
 from specdecode.engine.static_state import StaticState
+from specdecode.engine.static_tree import check_static_tree, tree_phases, tree_span
 from specdecode.engine.stats import SpeculativeStats
 from specdecode.engine.step_phases import scored_logits, verify_chain
 from specdecode.engine.stopping import emitted_lengths, finished_rows, output_columns, verify_budget
@@ -134,7 +139,9 @@ class StaticEngine:
         self.stop_check_every = stop_check_every
         self.phase_timing = phase_timing
         self.device = facts.input_device(target)
-        self.rule = get_rule(settings.rule or "token")
+        drafts_trees = not isinstance(drafter, TargetOnly) and getattr(drafter, "tree", None) is not None
+        self.tree = check_static_tree(drafter, settings, decode_path) if drafts_trees else None
+        self.rule = get_rule(settings.rule or "token") if self.tree is None else None
         self._logits_to_keep_ok = facts.accepts_logits_to_keep(target)
         self.window = facts.sliding_window(target)
         self.feature_layers = feature_layers_of(target, drafter)  # the target features the drafter reads
@@ -150,7 +157,8 @@ class StaticEngine:
         s = self.settings
         B, L = input_ids.shape
         prompt_width = L + 1  # one leading padding column: the first step re-feeds column prompt_width - 2
-        needed = prompt_width + s.max_new_tokens + self.gamma  # > the last column any step writes
+        # > the last column any step writes
+        needed = prompt_width + s.max_new_tokens + tree_span(self.tree, self.gamma)
         if self.window is not None and needed > self.window:
             raise ValueError(f"max_new_tokens: prompt_len + max_new_tokens + num_draft_tokens + 1 = {needed} exceeds the "
                              f"sliding window ({self.window}); use decode_path='eager'")
@@ -222,7 +230,8 @@ class StaticEngine:
     # ------------------------------------------------------------------ setup
     def _session(self, batch: int, capacity: int) -> _Session:
         s = self.settings
-        key = (self.drafter.static_key(), str(self.device), batch, capacity, self.gamma, s.sampling, self.rule.name,
+        rule = self.rule.name if self.rule is not None else self.tree.key  # type: ignore[union-attr]
+        key = (self.drafter.static_key(), str(self.device), batch, capacity, self.gamma, s.sampling, rule,
                tuple(sorted(s.rule_options.items())), s.vocab_size, s.eos_ids, s.max_new_tokens, self.decode_path,
                self.phase_timing, self.feature_layers)
         models = (self.target, *drafter_modules(self.drafter))
@@ -345,6 +354,8 @@ class StaticEngine:
             state.tokens.scatter_(1, state.lengths[:, None], torch.where(continuing[:, None], next_token, current))
             session.counters.add_(step_counters(active, accepted, verified, keep, idx[:gamma]))  # on the device
 
+        if self.tree is not None:  # token trees: their own draft, score and verify; the same commit
+            draft, score, verify = tree_phases(session, scratch, self.tree, target_ref, dtype, logits_to_keep_ok, s)
         phases: list[tuple[str, Callable[[], None]]] = [("draft", draft)] if gamma > 0 else []
         phases += [("target", score), ("verify", verify), ("bookkeeping", commit)]
         return StepProgram(phases, self.device, graphed=self.decode_path == "graphed",
@@ -356,8 +367,11 @@ class StaticEngine:
         assert program is not None
         c = counters.tolist()
         steps = c[0]
-        label_run(stats, rule=self.rule.name, drafter=self.drafter, batch_size=session.state.batch_size,
-                  schedule="constant", decode_path=self.decode_path)
+        label_run(stats, rule=self.rule.name if self.rule is not None else self.tree.rule,  # type: ignore[union-attr]
+                  drafter=self.drafter, batch_size=session.state.batch_size, schedule="constant",
+                  decode_path=self.decode_path)
+        if self.tree is not None:
+            stats.tree_rule = self.tree.rule
         add_step_counters(stats, c, gamma)
         stats.target_calls += steps
         stats.draft_calls += steps * gamma + (1 if gamma and session.state.prompt_columns > 1 else 0)

@@ -1,6 +1,7 @@
 """The persistent buffers of one layout of the static decode path: :class:`StaticState`,
 what a :class:`~specdecode.drafters.StaticDrafter` reads and samples with
-(:class:`~specdecode.drafters.StaticDraftState`). Its tensors keep their addresses for the
+(:class:`~specdecode.drafters.StaticDraftState`; for token trees
+:class:`~specdecode.drafters.StaticTreeDraftState`). Its tensors keep their addresses for the
 layout's lifetime, so CUDA graphs recorded over them replay on their current contents.
 """
 
@@ -59,6 +60,19 @@ class StaticState:
         self.philox_offset.add_(1)
         self.count_op_sync()
         return tokens.clamp_min(0)  # a bad row (only possible inside a graph) must not index out of range
+
+    def sample_weights(self, weights: Tensor) -> Tensor:
+        """One token per row drawn in proportion to ``weights`` (>= 0, some mass in every row;
+        e.g. a processed ``q`` with tokens already drawn set to 0), unprocessed (no temperature or
+        filters), with the coins of the generation's Philox counter, which advances on the device.
+
+        Shape:
+            weights: ``[M, V]`` float64; returns ``[M]`` int64.
+        """
+        tokens = ops.sample_logits_philox(weights.log(), self.philox_seed, self.philox_offset, 1.0, 0, 1.0, 0.0)
+        self.philox_offset.add_(1)
+        self.count_op_sync()
+        return tokens.clamp_min(0)
 
     def count_op_sync(self) -> None:
         """Count the host synchronisation of a CUDA Philox op just run: outside graph capture it

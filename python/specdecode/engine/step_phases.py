@@ -18,6 +18,8 @@ from specdecode.drafters.base import point_mass_logits
 from specdecode.engine.settings import EngineSettings
 from specdecode.rules import RuleInfo
 from specdecode.reference import VerifyOutput
+from specdecode.trees.builder_base import LOSSLESS_RULE
+from specdecode.trees.rules import LOSSLESS_CHILDREN, is_tree_rule, list_tree_rules
 from specdecode.verify import verify_logits
 
 
@@ -49,3 +51,19 @@ def verify_chain(target_logits: Tensor, draft_tokens: Tensor, draft_logits: Tens
         q = draft_logits if draft_logits is not None else point_mass_logits(draft_tokens, settings.vocab_size)
     return verify_logits(target_logits, q, draft_tokens, sampling=settings.sampling, rule=rule.name,
                          num_draft_tokens=verified, **coins, **settings.rule_options)
+
+
+def tree_rule_for(rule: str | None, children: str) -> str:
+    """The tree rule that verifies a tree whose children were drafted by the scheme ``children``:
+    ``rule`` when it is a tree rule lossless for (or indifferent to) that scheme, the scheme's own
+    lossless rule for None; ``ValueError`` naming ``rule`` otherwise."""
+    if rule is None:
+        return LOSSLESS_RULE[children]
+    if not is_tree_rule(rule):
+        raise ValueError(f"rule: {rule!r} is a chain rule, but the drafter proposed a token tree; tree rules: "
+                         f"{', '.join(r.name for r in list_tree_rules())} (or rule=None for the lossless one)")
+    allowed = LOSSLESS_CHILDREN.get(rule)
+    if allowed is not None and children not in allowed:
+        raise ValueError(f"rule: {rule!r} is lossless only for children drafted {' or '.join(allowed)}, but this "
+                         f"tree's children are {children}; use rule={LOSSLESS_RULE[children]!r} (or rule=None)")
+    return rule

@@ -153,3 +153,43 @@ def prefill_inputs(cache: ColumnCache, start: Tensor, width: int, dtype: torch.d
         yield columns, positions, mask
     finally:
         cache.visible = None
+
+
+def tree_inputs(lengths: Tensor, start: Tensor, visible: Tensor, capacity: int, dtype: torch.dtype
+                ) -> tuple[Tensor, Tensor]:
+    """The additive 4D mask of a forward over tree nodes written after each row's root column
+    ``lengths[b]``: query ``i`` may attend to the row's committed columns ``start[b] ..
+    lengths[b] - 1`` and to the columns ``lengths[b] + s`` with ``visible[b, i, s]`` (its
+    ancestors-or-self, the root's offset 0 among them); and the columns of the offsets
+    ``0 .. S - 1``.
+
+    Shape:
+        lengths, start: ``[B]`` int64; visible: ``[B, n, S]`` bool.
+        returns: mask ``[B, 1, n, capacity]`` of ``dtype`` (0 = attend, the dtype's minimum =
+            masked), slot columns ``[B, S]`` int64.
+    """
+    B, n, S = visible.shape
+    device = lengths.device
+    slots = lengths[:, None] + torch.arange(S, device=device)[None, :]
+    keys = torch.arange(capacity, device=device)[None, None, :]
+    allowed = ((keys >= start[:, None, None]) & (keys < lengths[:, None, None])).expand(B, n, capacity).clone()
+    allowed.scatter_(2, slots[:, None, :].expand(B, n, S), visible)
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill_(~allowed, torch.finfo(dtype).min)
+    return mask[:, None], slots
+
+
+def move_columns(cache: ColumnCache, source: Tensor, target: Tensor) -> None:
+    """Copy every layer's keys and values of row ``b`` from columns ``source[b, j]`` to columns
+    ``target[b, j]`` (all read before any is written, so the two may overlap).
+
+    Shape:
+        source, target: ``[B, m]`` int64 in ``[0, capacity)``.
+    """
+    for store in (cache.keys, cache.values):
+        for tensor in store:
+            if tensor is None:
+                continue
+            B, H, _, D = tensor.shape
+            m = source.shape[1]
+            moved = tensor.gather(2, source[:, None, :, None].expand(B, H, m, D))
+            tensor.scatter_(2, target[:, None, :, None].expand(B, H, m, D), moved)

@@ -37,7 +37,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-__all__ = ["PrunedTree", "prune_to_budget", "select_frontier"]
+__all__ = ["PrunedTree", "best_first", "prune_on_device", "prune_to_budget", "select_frontier"]
 
 
 class PrunedTree(NamedTuple):
@@ -182,6 +182,24 @@ def prune_to_budget(parents: Tensor, path_log_values: Tensor, num_valid: Tensor,
         b, i = (int(x) for x in torch.nonzero(bad)[0])
         raise ValueError(f"parents[{b}, {i + 1}]: expected 0 <= parent < {i + 1} (topological "
                          f"order), got {int(parents[b, i + 1])}")
+    return prune_on_device(parents, path_log_values, num_valid, num_nodes)
+
+
+def best_first(path_log_values: Tensor, k: int) -> Tensor:
+    """The ``k`` nodes with the largest path values per row, best first, ties towards the lower
+    index: :func:`select_frontier` over all-valid nodes, without its checks (no host read, so it
+    can run inside a CUDA graph; the caller vouches for its input). Shape: ``[B, F]`` float ->
+    ``[B, min(k, F)]`` int64."""
+    valid = torch.ones_like(path_log_values, dtype=torch.bool)
+    return _stable_order(path_log_values, valid)[:, : min(k, path_log_values.shape[1])]
+
+
+def prune_on_device(parents: Tensor, path_log_values: Tensor, num_valid: Tensor, num_nodes: int) -> PrunedTree:
+    """:func:`prune_to_budget` without its checks: tensor operations only, no host read (so it
+    can run inside a CUDA graph); the caller vouches for its inputs. Same shapes."""
+    batch, width = parents.shape
+    column = torch.arange(width, device=parents.device)
+    valid = column[None, :] < num_valid[:, None]
 
     # Rank key: the root first, then the minimum value along the path (closure, see module doc).
     parent_index = torch.where(valid & (column[None, :] > 0), parents, torch.zeros_like(parents))

@@ -1,0 +1,159 @@
+"""Token trees on the static decode path (:mod:`specdecode.engine.static_loop`): the draft,
+score and verify phases of a tree step, with fixed shapes and no host synchronisation.
+
+Every step of a generation drafts trees of one plan
+(:class:`~specdecode.trees.static_growth.StaticTreePlan`, fixed by the drafter's builder before
+the generation): ``N`` node slots per row, depth at most ``D``. The layout is the static
+cache's (:mod:`specdecode.models.static_cache`): row ``b``'s committed tokens are columns
+``[start[b], lengths[b])`` and its pending token, the tree's root, column ``lengths[b]``.
+
+- **draft**: the drafter's ``static_propose_tree``
+  (:class:`~specdecode.drafters.StaticTreeDrafter`) drafts one tree per row.
+- **score**: one target forward over the ``N`` nodes, node ``i`` at column ``lengths[b] + i``,
+  position ``lengths[b] - start[b] + depth(i)``, attending to the committed columns and its
+  ancestors-or-self (positions and the tree mask from the compiled ``tree_attention_mask``).
+- **verify**: the compiled ``verify_tree_philox`` with the tree rule, coins from the
+  generation's Philox counter (the offset advanced on the device), trimmed to ``D + 1``
+  columns. Then the accepted path moves into place: for ``j = 1 .. accepted_len[b]`` the
+  target's keys/values at column ``lengths[b] + accepted_nodes[b, j]`` are copied to column
+  ``lengths[b] + j`` (:func:`~specdecode.models.static_cache.move_columns`), the drafter moves
+  its own columns (``static_accept_path``), and the path's tokens are written at those columns.
+  The chain step's *commit* phase then does the rest unchanged (output, EOS, lengths moved
+  past the path, the bonus token as the next pending token, counters).
+
+The tree rule is checked up front (:func:`check_static_tree`): the one asked for must be
+lossless for the plan's children (or indifferent to them), as on the eager path; ``gbv`` needs
+a shape of K paths of one length. At temperature 0 every rule is the greedy walk.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+from torch import Tensor
+
+from specdecode._ops import ops
+from specdecode.drafters.static_trees import StaticTreeDrafter
+from specdecode.engine.settings import EngineSettings
+from specdecode.engine.step_phases import scored_logits, tree_rule_for
+from specdecode.models import facts
+from specdecode.trees.rules import get_tree_rule, tree_rule_params
+from specdecode.trees.static_growth import StaticTreePlan, needs_processed_probs
+
+
+@dataclass(frozen=True)
+class TreeSetup:
+    """What a static-path generation with trees runs: the plan, the tree rule named in the
+    statistics (``rule``), the rule the op runs (``op_rule``: ``greedy`` at temperature 0) and
+    its packed options."""
+
+    plan: StaticTreePlan
+    rule: str
+    op_rule: str
+    rule_params: tuple[float, ...]
+    needs_draft_logits: bool
+
+    @property
+    def key(self) -> tuple:
+        return (self.plan.key, self.op_rule, self.rule_params)
+
+
+def check_static_tree(drafter: Any, settings: EngineSettings, decode_path: str) -> TreeSetup:
+    """Refuse what ``decode_path`` (``"static"`` or ``"graphed"``) cannot do with ``drafter``'s
+    token trees (``ValueError`` naming the argument); returns the generation's :class:`TreeSetup`."""
+    where = f"decode_path={decode_path!r}"
+    if not isinstance(drafter, StaticTreeDrafter):
+        raise ValueError(f"tree: {type(drafter).__name__} cannot draft token trees with {where} (it needs "
+                         "static_tree_plan, static_propose_tree and static_accept_path: ModelDrafter has them); draft "
+                         "a chain (tree=None) or use decode_path='eager'")
+    plan = drafter.static_tree_plan(settings.sampling, settings.vocab_size)
+    if decode_path == "graphed" and needs_processed_probs(plan.children, settings.sampling):
+        when = "" if plan.children == "hub" else " under top_k / top_p / min_p"
+        raise ValueError(f"tree_children: {plan.children!r} children{when} are drawn from the processed distribution "
+                         "itself (processed_probs), whose CUDA kernel synchronises with the host, so it cannot run "
+                         "inside a CUDA graph; use 'iid' children, 'without_replacement' with temperature only, or "
+                         "decode_path='static'")
+    rule = tree_rule_for(settings.rule, plan.children)
+    info = get_tree_rule(rule)
+    if not info.compiled:
+        raise ValueError(f"rule: tree rule {rule!r} runs in Python only; {where} needs a compiled rule")
+    if rule == "gbv" and not _is_paths(plan):
+        raise ValueError(f"rule: 'gbv' verifies K paths of one length below the root, but this tree "
+                         f"{_describe(plan)}; draft such a shape (e.g. tree=[[0], [1], [0, 0], [1, 0]] with "
+                         "tree_children='iid') or use another rule")
+    params = tuple(tree_rule_params(info, settings.rule_options if rule == settings.rule else {}))
+    op_rule = "greedy" if settings.sampling.is_greedy else rule
+    return TreeSetup(plan, rule, op_rule, params if op_rule == rule else (),
+                     get_tree_rule(op_rule).needs_draft_logits)
+
+
+def _is_paths(plan: StaticTreePlan) -> bool:
+    """Whether the plan's shape is K >= 1 paths of one length below the root (GBV's layout)."""
+    shape = plan.shape
+    if shape is None or not shape.children(0):
+        return False
+    leaf_depths = {shape.depth[v] for v in range(1, shape.num_nodes) if shape.num_children[v] == 0}
+    return all(shape.num_children[v] <= 1 for v in range(1, shape.num_nodes)) and len(leaf_depths) == 1
+
+
+def _describe(plan: StaticTreePlan) -> str:
+    return "is a dynamic tree" if plan.shape is None else f"has the shape {plan.shape.paths()}"
+
+
+def tree_phases(session: Any, scratch: dict[str, Any], setup: TreeSetup, target: Callable[[], Any],
+                dtype: torch.dtype, logits_to_keep_ok: bool, settings: EngineSettings
+                ) -> tuple[Callable[[], None], Callable[[], None], Callable[[], None]]:
+    """The draft, score and verify phases of a tree step over ``session``'s buffers (they leave
+    ``tokens [B, D + 1]``, ``accepted [B]`` and ``verified [B]`` in ``scratch`` for the chain
+    step's commit phase). ``target`` returns the target model (held weakly by the caller)."""
+    state, plan = session.state, setup.plan
+    N, D = plan.num_nodes, plan.max_depth
+    device = state.device
+    depth_index = torch.arange(1, D + 1, device=device)[None, :]
+    no_prefix = torch.zeros((state.batch_size, 0), dtype=torch.bool, device=device)
+
+    def draft() -> None:
+        scratch["tree"] = session.drafter.static_propose_tree(state, plan)
+
+    def score() -> None:
+        from specdecode.models.static_cache import tree_inputs
+
+        tree = scratch["tree"]
+        positions, _, tree_mask, *_ = ops.tree_attention_mask(tree.parents, tree.num_nodes, no_prefix,
+                                                              state.lengths - state.start)
+        state.count_op_sync()  # on CUDA, outside a graph, the op reads its row statuses on the host
+        mask, columns = tree_inputs(state.lengths, state.start, tree_mask, state.capacity, dtype)
+        session.cache.columns = columns
+        logits = facts.forward(target(), tree.tokens, mask, positions, session.cache, last_only=False,
+                               logits_to_keep_ok=logits_to_keep_ok)
+        scratch["target_logits"] = scored_logits(logits, settings.vocab_size, device)
+
+    def verify() -> None:
+        from specdecode.models.static_cache import move_columns
+
+        tree = scratch["tree"]
+        draft_logits = tree.draft_logits if setup.needs_draft_logits else None
+        tokens, accepted, nodes = ops.verify_tree_philox(
+            scratch["target_logits"], draft_logits, tree.tokens, tree.parents, tree.num_nodes, state.philox_seed,
+            state.philox_offset, *settings.sampling.op_args(), setup.op_rule, list(setup.rule_params))
+        state.philox_offset.add_(1)
+        state.count_op_sync()
+        tokens, nodes = tokens[:, : D + 1], nodes[:, : D + 1]
+        lengths = state.lengths[:, None]
+        on_path = depth_index <= accepted[:, None]
+        target_columns = lengths + depth_index
+        move_columns(session.cache, torch.where(on_path, lengths + nodes[:, 1:], target_columns), target_columns)
+        session.drafter.static_accept_path(state, tree, nodes, accepted)
+        state.tokens.scatter_(1, target_columns, tokens[:, :D].clamp_min(0))
+        active = ~session.finished
+        scratch["tokens"], scratch["accepted"] = tokens, accepted
+        scratch["verified"] = torch.where(active, D, 0)
+
+    return draft, score, verify
+
+
+def tree_span(setup: TreeSetup | None, gamma: int) -> int:
+    """Columns after the pending one that a step writes: ``gamma`` for chains."""
+    return gamma if setup is None else setup.plan.span
