@@ -102,10 +102,21 @@ def load_command_pair(pair: str = "benchmark", *, target_path: str | None = None
 
         from specdecode.models.loading import quiet_loading
 
-        with quiet_loading():
-            target = AutoModelForCausalLM.from_pretrained(target_path).eval()
-            draft = AutoModelForCausalLM.from_pretrained(draft_path).eval()
-        return target, draft, AutoTokenizer.from_pretrained(target_path), f"{target_path} / {draft_path}"
+        for name, path in (("target_path", target_path), ("draft_path", draft_path)):
+            if not Path(path).is_dir():
+                raise ValueError(f"{name}: no such folder: {str(path)!r} (the path of a local Hugging Face model)")
+        loaded = []
+        for name, path in (("target_path", target_path), ("draft_path", draft_path)):
+            try:
+                with quiet_loading():
+                    loaded.append(AutoModelForCausalLM.from_pretrained(path).eval())
+            except (OSError, ValueError) as exc:  # a folder without a model in it
+                raise ValueError(f"{name}: {str(path)!r} holds no Hugging Face model ({exc})") from None
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(target_path)
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"target_path: {str(target_path)!r} holds no tokenizer ({exc})") from None
+        return loaded[0], loaded[1], tokenizer, f"{target_path} / {draft_path}"
     if pair == "benchmark":
         from specdecode.demo import load_benchmark_pair
 
