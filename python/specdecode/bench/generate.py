@@ -4,6 +4,8 @@ same pair, prompts, seed and max_new_tokens.
 
     python -m specdecode bench                  # cost-realistic pair, full table
     python -m specdecode bench --quick          # the same pair, shorter: about half a minute
+    python -m specdecode bench --trees          # token trees by size (bench --trees --help)
+    python -m specdecode bench --device cuda    # the decode paths on a GPU (bench --device cuda --help)
     python -m specdecode bench --drafters ngram --rules token --batch-sizes 1
     python -m specdecode bench --plot           # also PNGs: acceptance by position, speedup vs gamma
     python benchmarks/bench_generate.py ...     # the same
@@ -404,8 +406,10 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
                              "prompts, its own table and options (bench --pair smollm2 --help)")
     parser.add_argument("--drafter-dir", nargs="+", metavar="DIR",
                         help="with --pair smollm2 only: folders of trained drafters, one row each")
-    parser.add_argument("--target", help="path of a local Hugging Face target model (with --draft)")
-    parser.add_argument("--draft", help="path of a local Hugging Face draft model (with --target)")
+    parser.add_argument("--target", type=cli_args.existing_dir("target"),
+                        help="path of a local Hugging Face target model (with --draft)")
+    parser.add_argument("--draft", type=cli_args.existing_dir("draft"),
+                        help="path of a local Hugging Face draft model (with --target)")
     parser.add_argument("--num-prompts", type=at_least("num_prompts", 1),
                         help=f"held-out prompts from the embedded corpus (default: {FULL['num_prompts']}; "
                              f"--quick: {QUICK['num_prompts']})")
@@ -417,8 +421,8 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     parser.add_argument("--drafters", nargs="+", default=None, choices=DRAFTERS, metavar="DRAFTER",
                         help=f"specdecode drafters to run, of {' '.join(DRAFTERS)} (default: all; --quick: model "
                              "ngram)")
-    parser.add_argument("--rules", nargs="+", default=list(RULES),
-                        help="verification rules for every chain drafter (default: token block)")
+    parser.add_argument("--rules", nargs="+", type=cli_args.rule, default=None, metavar="RULE",
+                        help=f"verification rules for every chain drafter (default: {' '.join(RULES)})")
     parser.add_argument("--plot", action="store_true", help="write PNG figures to --out")
     add_run_options(parser, FULL, QUICK, gamma=5, gamma_users="specdecode and HF assisted generation")
     return parser
@@ -443,6 +447,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
         parser.error(f"argument --num-prompts: num_prompts: at most {len(demo_prompts())} held-out prompts exist")
     if args.drafters is None:
         args.drafters = ["model", "ngram"] if args.quick else list(DRAFTERS)
+    args.rules = args.rules or list(RULES)
     run(args)
 
 

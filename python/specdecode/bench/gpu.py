@@ -367,7 +367,10 @@ def plot(rows: list[dict[str, Any]], out: Path) -> list[Path]:
 
 def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     parser = base_parser(__doc__.splitlines()[0], prog=prog)
-    parser.add_argument("--device", default="cuda", help="cuda (the real run) or cpu (smoke run, with --quick)")
+    from specdecode import cli_args
+
+    parser.add_argument("--device", type=cli_args.device, default="cuda",
+                        help="cuda (the real run) or cpu (smoke run, with --quick)")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default=None,
                         help="model dtype (default bfloat16; float32 with --quick)")
     parser.add_argument("--pairs", nargs="+", default=["demo", "1b"], help="demo (the trained pair), 1b (1.03B target)")

@@ -169,9 +169,9 @@ def base_parser(description: str, prog: str | None = None,
                 repeats_help: str = "timed runs per case, median reported (default: chosen per case)",
                 ) -> argparse.ArgumentParser:
     """Arguments every benchmark takes: --quick, --repeats, --out, --seed; help shows defaults."""
-    from specdecode.cli_args import HelpFormatter, int_at_least
+    from specdecode.cli_args import ArgumentParser, HelpFormatter, int_at_least
 
-    parser = argparse.ArgumentParser(description=description, prog=prog, formatter_class=HelpFormatter)
+    parser = ArgumentParser(description=description, prog=prog, formatter_class=HelpFormatter)
     parser.add_argument("--quick", action="store_true", help=quick_help)
     parser.add_argument("--repeats", type=int_at_least("repeats", 1), default=None, help=repeats_help)
     parser.add_argument("--out", default="bench_results", help="directory for the CSV/JSON results")

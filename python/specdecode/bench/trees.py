@@ -83,7 +83,7 @@ def run(args: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     target, draft, tokenizer = load_demo_pair()
     prompts = _prompts(tokenizer, args.num_prompts, args.prompt_set)
     rank_depth: list[dict[str, Any]] = []
-    sizes = [8] if args.quick else args.sizes
+    sizes = args.sizes
     rows: list[dict[str, Any]] = []
     for temperature in args.temperatures:
         sampling = dict(do_sample=True, temperature=temperature) if temperature > 0 else dict(do_sample=False)
@@ -201,13 +201,29 @@ def plot(rows: list[dict[str, Any]], out: str) -> str:
     return path
 
 
+#: Defaults of a full run and of a --quick one; values given on the command line win over both.
+FULL = dict(num_prompts=8, max_new_tokens=48, sizes=[8, 16, 32])
+QUICK = dict(num_prompts=2, max_new_tokens=16, sizes=[8])
+
+
 def main(argv: list[str] | None = None, prog: str | None = None) -> None:
-    parser = base_parser(__doc__.splitlines()[0], prog=prog, repeats_help="timed runs per case (default: 1)")
-    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
-    parser.add_argument("--num-prompts", type=int, default=8)
-    parser.add_argument("--max-new-tokens", type=int, default=48)
-    parser.add_argument("--sizes", type=int, nargs="+", default=[8, 16, 32], help="tree sizes (nodes, root included)")
-    parser.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
+    from specdecode import cli_args
+
+    at_least = cli_args.int_at_least
+    parser = base_parser(__doc__.splitlines()[0], prog=prog, repeats_help="timed runs per case (default: 1)",
+                         quick_help="a shorter run (the defaults below after the semicolons); options given "
+                                    "explicitly win")
+    parser.add_argument("--threads", type=at_least("threads", 1), default=1, help="torch CPU threads")
+    parser.add_argument("--num-prompts", type=at_least("num_prompts", 1),
+                        help=f"prompts (default: {FULL['num_prompts']}; --quick: {QUICK['num_prompts']})")
+    parser.add_argument("--max-new-tokens", type=at_least("max_new_tokens", 1),
+                        help=f"tokens generated per prompt (default: {FULL['max_new_tokens']}; --quick: "
+                             f"{QUICK['max_new_tokens']})")
+    parser.add_argument("--sizes", type=at_least("sizes", 2), nargs="+",
+                        help=f"tree sizes, nodes with the root (default: {' '.join(map(str, FULL['sizes']))}; "
+                             f"--quick: {' '.join(map(str, QUICK['sizes']))})")
+    parser.add_argument("--temperatures", type=cli_args.temperature, nargs="+", default=[0.0, 1.0],
+                        help="sampling temperatures; 0 is greedy")
     parser.add_argument("--plot", action="store_true", help="write a PNG of tokens per call vs tree size")
     parser.add_argument("--prompt-set", default="demo",
                         choices=["demo", "tune", "tune-code", "tune-prose", "report", "report-code", "report-prose"],
@@ -218,8 +234,9 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
     args = parser.parse_args(argv)
     if args.clock == "cpu" and args.threads != 1:
         parser.error("--clock cpu counts only this thread's CPU time; run with --threads 1")
-    if args.quick:
-        args.num_prompts, args.max_new_tokens = min(args.num_prompts, 2), min(args.max_new_tokens, 16)
+    for name, value in (QUICK if args.quick else FULL).items():  # explicit options win over --quick
+        if getattr(args, name) is None:
+            setattr(args, name, value)
     args.repeats = args.repeats or 1
     rows, rank_depth, cost = run(args)
     print()

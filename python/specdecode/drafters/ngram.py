@@ -257,8 +257,9 @@ class NgramDrafter(DrafterBase):
             the prompt when the answer rewrites text given there).
         min_acceptance: cut proposals where the estimated acceptance probability of a position
             falls below this, in [0, 1) (0: never cut).
-        prior_accepted, prior_rejected: pseudo-counts (> 0) of the per-position acceptance
+        prior_accepted: pseudo-count (> 0) of accepted drafts in the per-position acceptance
             estimate before anything was verified.
+        prior_rejected: pseudo-count (> 0) of rejected drafts, likewise.
         num_nodes: None (chains), or the largest trie, root included (an int >= 2).
         tree_depth: the longest path of a trie (an int >= 1).
 

@@ -121,7 +121,9 @@ def train_drafter(kind: str, target: Any, out_dir: str | Path, *, tokenizer: Any
             model's ``name_or_path``).
         num_prompts: default prompts to use (default 256).
         loss: ``"kl"`` (forward KL) or ``"tvd"`` (total variation), :mod:`.losses`.
-        data_settings, loop_settings: lengths, batch sizes and optimiser settings (``seed`` and
+        data_settings: lengths and batch sizes of the data stage (``seed`` above replaces its
+            field of that name).
+        loop_settings: batch size and optimiser settings of the training loop (``seed`` and
             ``loss`` above replace their fields of the same names).
         callback: called with a :class:`StepInfo` after every step.
         progress: draw progress bars (on stderr).
@@ -155,9 +157,8 @@ def train_drafter(kind: str, target: Any, out_dir: str | Path, *, tokenizer: Any
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise ValueError(f"out_dir: {str(out)!r} is a file")
+    built = module.build(target, **kind_options)  # before the folder and the data: a bad option fails at once
     out.mkdir(parents=True, exist_ok=True)
-
-    built = module.build(target, **kind_options)  # before the data: a bad option fails at once
     data_cfg = replace(data_settings or DataSettings(), seed=seed,
                        feature_layers=getattr(built, "feature_layers", None))
     loop_cfg = replace(loop_settings or LoopSettings(), seed=seed, loss=loss)

@@ -92,7 +92,7 @@ def train_parser(sub: Any) -> argparse.ArgumentParser:
                    help="wall-time budget of the whole run (default: --max-steps, or 300 steps)")
     t.add_argument("--data", type=cli_args.checked(_data, "data"), default=None,
                    help="a .jsonl file of prompts ({\"prompt\": ...} per line) or a plain text file "
-                        "(default: built-in prompts, see the README)")
+                        "(default: built-in prompts, see docs/training.md)")
     t.add_argument("--seed", type=cli_args.int_at_least("seed", 0), default=0, help="random seed")
     t.add_argument("--max-steps", type=cli_args.int_at_least("max_steps", 1), default=None,
                    help="most optimizer steps")

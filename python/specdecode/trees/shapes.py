@@ -99,7 +99,8 @@ class TreeShape:
     Derived fields: ``depth`` (root 0) and ``num_children`` per node.
 
     Raises:
-        TypeError / ValueError naming the argument when the lists are malformed.
+        ValueError: naming the argument when the lists are malformed (``TypeError`` for a
+            wrong type).
     """
 
     parents: tuple[int, ...]

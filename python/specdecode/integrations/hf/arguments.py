@@ -10,13 +10,13 @@ from typing import Any, Iterable
 import torch
 from torch import Tensor
 
-from specdecode.drafters.base import Drafter
+from specdecode.drafters.base import Drafter, TreeBuilderDrafter
 from specdecode.drafters.model import ModelDrafter
 from specdecode.integrations.hf.compat import check_compatibility
 from specdecode.models.facts import check_model, vocab_rows
-from specdecode.rules import builtin_rule_params, get_rule, is_chain_rule, rule_option_names
+from specdecode.rules import builtin_rule_params, get_rule, is_chain_rule, list_rules, rule_option_names
 from specdecode.trees.builders import make_tree_builder
-from specdecode.trees.rules import get_tree_rule, is_tree_rule, tree_rule_params
+from specdecode.trees.rules import get_tree_rule, is_tree_rule, list_tree_rules, tree_rule_params
 from specdecode.sampling import SamplingParams
 
 
@@ -66,6 +66,12 @@ def rule_options(rule: str | None, options: dict[str, Any], function: str, other
     if declared is not None:
         for name in options:
             if name not in declared:
+                owners = rules_with_option(name)
+                if owners:  # another rule's option: say what this rule takes, not a look-alike keyword
+                    label = "the default rule 'token'" if rule is None else f"rule {rule!r}"
+                    allowed = ", ".join(sorted(declared)) or "none"
+                    raise TypeError(f"{function}(): {label} got unexpected option(s) {sorted(set(options) - declared)}; "
+                                    f"its options: {allowed} ({name} is an option of {', '.join(owners)})")
                 raise unknown_keyword_error(function, name, set(declared) | set(other_keywords))
     if rule is not None and is_tree_rule(rule) and not is_chain_rule(rule):
         tree_rule_params(get_tree_rule(rule), options)
@@ -74,21 +80,54 @@ def rule_options(rule: str | None, options: dict[str, Any], function: str, other
     return dict(options)
 
 
+def rules_with_option(name: str) -> list[str]:
+    """The chain and tree rules that declare an option called ``name``, as ``"rule 'x'"`` /
+    ``"tree rule 'x'"`` labels (empty when none does)."""
+    owners = [f"rule {info.name!r}" for info in list_rules() if name in (rule_option_names(info) or ())]
+    return owners + [f"tree rule {info.name!r}" for info in list_tree_rules() if name in info.options]
+
+
+#: ``generate``'s default ``tree``: the drafter's own setting (a draft model drafts chains;
+#: a drafter built with a tree, or a trained drafter whose record names one, drafts that tree).
+DRAFTER_TREE = "auto"
+
+
+def is_drafter_tree(tree: Any) -> bool:
+    """Whether ``tree`` is :data:`DRAFTER_TREE` (no tree asked for by ``generate``'s caller)."""
+    return isinstance(tree, str) and tree == DRAFTER_TREE
+
+
+def asks_for_tree(tree: Any) -> bool:
+    """Whether ``generate``'s ``tree`` names a tree (neither None nor :data:`DRAFTER_TREE`)."""
+    return tree is not None and not is_drafter_tree(tree)
+
+
 def draft_for_sampling(draft: Any, sampling: Any, tree: Any) -> Any:
-    """The drafter a generation uses: when it samples and no ``tree=`` was given, a drafter's
-    own settings for sampling (``for_sampling()``, e.g. a trained drafter whose record drafts a
-    chain at T > 0); otherwise ``draft`` as given."""
-    if not sampling.is_greedy and tree is None and callable(getattr(draft, "for_sampling", None)):
+    """The drafter a generation uses: when it samples and ``tree`` is the drafter's own
+    (:data:`DRAFTER_TREE`), a drafter's own settings for sampling (``for_sampling()``, e.g. a
+    trained drafter whose record drafts a chain at T > 0); otherwise ``draft`` as given."""
+    if not sampling.is_greedy and is_drafter_tree(tree) and callable(getattr(draft, "for_sampling", None)):
         return draft.for_sampling()
     return draft
 
 
-def tree_settings(draft: Any, tree: Any, num_nodes: int, tree_depth: int | None, tree_children: str | None
+def tree_settings(draft: Any, tree: Any, num_nodes: int | None, tree_depth: int | None, tree_children: str | None
                   ) -> tuple[Any, Any]:
-    """``(draft, builder)`` for ``generate``'s tree arguments: a drafter that builds its own
-    trees (one with a ``with_tree`` method, e.g. :class:`~specdecode.drafters.NgramDrafter`)
-    is replaced by its tree-drafting copy (builder None); otherwise :func:`tree_builder`."""
-    if tree is not None and not isinstance(draft, torch.nn.Module) and callable(getattr(draft, "with_tree", None)):
+    """``(draft, builder)`` for ``generate``'s tree arguments. ``tree=None`` asks for a chain:
+    a drafter that carries a tree is replaced by its chain-drafting copy (``with_tree(None)``),
+    or refused when it has none. A tree name with a drafter that builds its own trees (one with a
+    ``with_tree`` method, e.g. :class:`~specdecode.drafters.NgramDrafter`) gives its
+    tree-drafting copy (builder None); with a draft model, :func:`tree_builder`. ``num_nodes``,
+    ``tree_depth`` and ``tree_children`` shape a tree and are refused without one."""
+    if not asks_for_tree(tree):
+        given = [n for n, v in (("num_nodes", num_nodes), ("tree_depth", tree_depth), ("tree_children", tree_children))
+                 if v is not None]
+        if given:
+            raise ValueError(f"tree: {' / '.join(given)} shape a token tree; pass tree=... ('dynamic', 'sequoia', "
+                             "'static', ...) with them")
+        return (chain_drafter(draft) if tree is None else draft), None
+    num_nodes = DEFAULT_NUM_NODES if num_nodes is None else num_nodes
+    if not isinstance(draft, torch.nn.Module) and callable(getattr(draft, "with_tree", None)):
         check_int("num_nodes", num_nodes, 2)
         if tree_depth is not None:
             check_int("tree_depth", tree_depth, 1)
@@ -96,13 +135,28 @@ def tree_settings(draft: Any, tree: Any, num_nodes: int, tree_depth: int | None,
     return draft, tree_builder(draft, tree, num_nodes, tree_depth, tree_children)
 
 
+#: Nodes of a tree (root included) when ``tree=`` is given without ``num_nodes``.
+DEFAULT_NUM_NODES = 16
+
+
+def chain_drafter(draft: Any) -> Any:
+    """``draft`` drafting chains (``generate(..., tree=None)``): as it is when it drafts chains,
+    its ``with_tree(None)`` copy when it carries a tree builder, else a ``ValueError`` saying
+    how to get a chain."""
+    if draft is None or isinstance(draft, torch.nn.Module):
+        return draft
+    if isinstance(draft, TreeBuilderDrafter):
+        return draft if draft.tree is None else draft.with_tree(None)
+    if getattr(draft, "choices", None) is not None or getattr(draft, "num_nodes", None) is not None:
+        raise ValueError(f"tree: None asks for a chain, but this {type(draft).__name__} drafts the tree it was built "
+                         f"with; build one without a tree (e.g. {type(draft).__name__}(...) without tree= / num_nodes=) "
+                         "for chains")
+    return draft
+
+
 def tree_builder(draft: Any, tree: Any, num_nodes: int, tree_depth: int | None, tree_children: str | None) -> Any:
-    """The ``TreeBuilder`` for ``generate``'s tree arguments (None for a chain); a tree goes
-    with a draft *model* (a drafter instance carries its own tree settings)."""
-    if tree is None:
-        if tree_children is not None or tree_depth is not None:
-            raise ValueError("tree: tree_depth / tree_children need tree=... ('dynamic', 'sequoia', 'static', ...)")
-        return None
+    """The ``TreeBuilder`` for ``generate``'s tree arguments; a tree goes with a draft *model*
+    (a drafter instance carries its own tree settings)."""
     if not isinstance(draft, torch.nn.Module):
         if not hasattr(draft, "tree"):
             raise ValueError(

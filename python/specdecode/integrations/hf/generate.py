@@ -61,8 +61,8 @@ def generate(
     num_draft_tokens: int | None = None,
     rule: str | None = None,
     max_new_tokens: int | None = None,
-    tree: Any = None,
-    num_nodes: int = 16,
+    tree: Any = "auto",
+    num_nodes: int | None = None,
     tree_depth: int | None = None,
     tree_children: str | None = None,
     do_sample: bool | None = None,
@@ -135,8 +135,15 @@ def generate(
     ``tree`` drafts a token tree instead of a chain: ``"dynamic"`` (EAGLE-2, deterministic
     children), ``"sequoia"`` (optimal shape for the acceptance measured as it runs, children
     drawn without replacement), ``"static"``, a :class:`~specdecode.trees.TreeShape`, rank
-    paths or a tree builder; ``num_nodes`` (root included), ``tree_depth`` and
-    ``tree_children`` (``"deterministic"``, ``"iid"``, ``"without_replacement"``, ``"hub"``) shape it.
+    paths or a tree builder; ``num_nodes`` (root included, default 16), ``tree_depth`` and
+    ``tree_children`` (``"deterministic"``, ``"iid"``, ``"without_replacement"``, ``"hub"``) shape
+    it and are refused without a tree. ``tree=None`` drafts a chain of ``num_draft_tokens``,
+    even with a drafter built with a tree (its ``with_tree(None)`` copy; a drafter that cannot
+    draft chains is refused). The default, ``"auto"``, keeps the drafter's own setting: a draft
+    model drafts chains, a drafter built with a tree (or a trained drafter whose record names
+    one) drafts that tree, whatever ``num_draft_tokens`` says. As in ``model.generate``,
+    ``temperature`` / ``top_k`` / ``top_p`` / ``min_p`` without ``do_sample=True`` decode greedily
+    and transformers warns that they are ignored.
     ``eos_token_id`` / ``pad_token_id`` default to the target's generation config; each row
     stops at EOS, ``max_new_tokens`` or a stopping criterion and is then right-padded.
     ``streamer`` (batch 1) receives the prompt, each step's tokens, then ``end()``.
@@ -215,6 +222,9 @@ def generate(
             overrides[name] = value
     if sampling.is_greedy:
         overrides["do_sample"] = False
+        if not sampling_values["do_sample"]:  # as model.generate: the config's validation warns they are ignored
+            overrides.update({n: v for n, v in (("temperature", temperature), ("top_k", top_k), ("top_p", top_p),
+                                                ("min_p", min_p)) if v is not None})
     else:
         overrides.update(sampling_values)
     device = input_device(target)
@@ -232,7 +242,7 @@ def generate(
         input_ids = input_ids.repeat_interleave(copies, dim=0)
         mask = None if mask is None else mask.repeat_interleave(copies, dim=0)
     prepared = hf_config.from_prepared(config, processors, criteria, int(input_ids.shape[1]))
-    hf_config.check_tree(tree, prepared)
+    hf_config.check_tree(drafter, prepared)
     settings = EngineSettings(
         sampling=prepared.sampling, rule=rule, rule_options=rule_options, max_new_tokens=prepared.max_new_tokens,
         eos_ids=prepared.eos_ids, pad_id=prepared.pad_id, processors=prepared.processors,

@@ -221,14 +221,15 @@ def from_prepared(config: Any, processors: Any, criteria: Any, prompt_len: int) 
     return Prepared(sampling, others, stopping, eos_ids, int(pad_id), max_new_tokens, score_processors)
 
 
-def check_tree(tree: Any, prepared: Prepared) -> None:
+def check_tree(drafter: Any, prepared: Prepared) -> None:
     """Token trees take no logits processors (each node has its own context): a ``ValueError``
     naming the processors, whether ``logits_processor=`` or generation arguments such as
-    ``repetition_penalty`` made them."""
-    if tree is not None and prepared.processors is not None and len(prepared.processors):
+    ``repetition_penalty`` made them, when ``drafter`` drafts trees (a tree builder, rank paths
+    or tries)."""
+    drafts_trees = any(getattr(drafter, name, None) is not None for name in ("tree", "choices", "num_nodes"))
+    if drafts_trees and prepared.processors is not None and len(prepared.processors):
         names = ", ".join(type(p).__name__ for p in prepared.processors)
         raise ValueError(
             f"tree: logits processors ({names}, from logits_processor= or generation arguments such as "
             "repetition_penalty) are not supported with token trees; draft a chain (tree=None) to use them"
         )
-

@@ -95,8 +95,8 @@ def custom_generate(
     num_draft_tokens: int | None = None,
     rule: str | None = None,
     rule_options: dict[str, Any] | None = None,
-    tree: Any = None,
-    num_nodes: int = 16,
+    tree: Any = "auto",
+    num_nodes: int | None = None,
     tree_depth: int | None = None,
     tree_children: str | None = None,
     draft_schedule: Any = "constant",
@@ -177,7 +177,7 @@ def custom_generate(
         cache = model_kwargs.get(keyword)
         if cache is not None and hasattr(cache, "get_seq_length") and cache.get_seq_length() > 0:
             raise ValueError(f"{keyword}: a pre-filled cache is not supported; both models' caches are built here")
-    hf_config.check_tree(tree, prepared)
+    hf_config.check_tree(drafter, prepared)
     mask = args.check_input_ids(input_ids, model_kwargs.get("attention_mask"), [], vocab_limit,
                                 mask_required_for_pads=False)
     if speculative_stats is not None and not isinstance(speculative_stats, SpeculativeStats):
