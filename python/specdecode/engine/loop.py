@@ -41,7 +41,7 @@ from specdecode.rules import get_rule, is_chain_rule
 from specdecode.sampling import sample_logits
 from specdecode.trees import TokenTree, list_tree_rules, tree_attention_mask, verify_tree
 from specdecode.trees.builders import LOSSLESS_RULE
-from specdecode.trees.rules import LOSSLESS_CHILDREN, is_tree_rule
+from specdecode.trees.rules import is_tree_rule, lossless_children
 
 
 class SpeculativeEngine:
@@ -300,7 +300,7 @@ class SpeculativeEngine:
         if not is_tree_rule(s.rule):
             raise ValueError(f"rule: {s.rule!r} is a chain rule, but the drafter proposed a token tree; tree rules: "
                              f"{', '.join(r.name for r in list_tree_rules())} (or rule=None for the lossless one)")
-        allowed = LOSSLESS_CHILDREN.get(s.rule)
+        allowed = lossless_children(s.rule)
         if allowed is not None and children not in allowed:
             raise ValueError(
                 f"rule: {s.rule!r} is lossless only for children drafted {' or '.join(allowed)}, but this tree's "
