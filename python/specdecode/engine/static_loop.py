@@ -353,7 +353,7 @@ class StaticEngine:
         c = counters.tolist()
         steps = c[0]
         label_run(stats, rule=self.rule.name, drafter=self.drafter, batch_size=session.state.batch_size,
-                  schedule="constant", decode_path=self.decode_path)
+                  schedule="constant", decode_path=self.decode_path, settings=self.settings)
         add_step_counters(stats, c, gamma)
         stats.target_calls += steps
         stats.draft_calls += steps * gamma + (1 if gamma and session.state.prompt_columns > 1 else 0)
