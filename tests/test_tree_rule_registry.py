@@ -14,7 +14,9 @@ import specdecode
 from specdecode.testing import exact_tree_test
 from specdecode.trees import (TokenTree, get_tree_rule, list_tree_rules, register_tree_rule, unregister_tree_rule,
                               verify_tree)
-from specdecode.trees.reference import NODE_RULES, node_rule_as_tree_rule, normalized_or
+from specdecode.trees.reference import NODE_RULES, node_rule_as_tree_rule
+
+top_k_node = NODE_RULES["deterministic"]  # wrapped and registered as a user rule below
 
 
 @pytest.fixture
@@ -32,19 +34,8 @@ def tree_rules():
             unregister_tree_rule(name)
 
 
-def top_k_node(p, q, children, chooser, **_):
-    """Deterministic (distinct) children: accept child x iff u < R(x), else R(x) = 0."""
-    R = list(p)
-    for j, (node, x) in enumerate(children):
-        if chooser.accept(node, R[x]):
-            return ("accept", j)
-        R[x] = 0
-        R = normalized_or(R, p)
-    return ("emit", chooser.sample(R))
-
-
 def top_k_node_broken(p, q, children, chooser, **_):
-    """The same, forgetting to remove a rejected child from R: biased."""
+    """The deterministic-children rule, forgetting to remove a rejected child from R: biased."""
     for j, (node, x) in enumerate(children):
         if chooser.accept(node, p[x]):
             return ("accept", j)
