@@ -62,6 +62,12 @@ def test_tables_are_checked_and_distributions():
         st.random_tables(1)
     with pytest.raises(ValueError, match="children"):
         st.exact_tree_test("rrs", children="hub")
+    with pytest.raises(ValueError, match="num_samples"):
+        st.exact_test("token", num_samples=0)
+    with pytest.raises(ValueError, match="alpha"):
+        st.exact_test("token", alpha=1.5)
+    with pytest.raises(ValueError, match="tables: rows for prefixes up to length 2 are needed, these stop at 1"):
+        st.exact_tree_test("rrs", children="without_replacement", tables=st.random_tables(3, 1))
 
 
 def test_docstring_examples():

@@ -3,7 +3,7 @@
 A rule registered with :func:`specdecode.register_rule` or
 :func:`specdecode.trees.register_tree_rule` runs in plain PyTorch, so nothing compiled stands
 between a mistake in it and the generated text. Every output is checked here before anyone reads
-it: the container, each tensor's type, dtype, shape and device, the accepted length's range,
+it: the container, each tensor's type, dtype and shape, the accepted length's range,
 the accepted tokens (they must be the drafted ones: the target scored nothing else) and the
 emitted token's range. Each error names the rule and the field.
 
@@ -29,7 +29,7 @@ from specdecode.reference import VerifyOutput
 
 def _unpack(result: Any, rule: str, kind: str, names: tuple[str, ...]) -> tuple[Any, ...]:
     what = ", ".join(names)
-    if isinstance(result, tuple) or isinstance(result, list):
+    if isinstance(result, (tuple, list)):
         if len(result) != len(names):
             raise TypeError(f"{kind} {rule!r} returned a {type(result).__name__} of {len(result)} items; expected "
                             f"{len(names)}: ({what})")
@@ -39,6 +39,7 @@ def _unpack(result: Any, rule: str, kind: str, names: tuple[str, ...]) -> tuple[
 
 def _check_field(kind: str, rule: str, name: str, value: Any, shape: tuple[int, ...], shape_text: str,
                  device: torch.device) -> Tensor:
+    """``value`` checked for type, dtype and shape, on ``device``."""
     if not isinstance(value, Tensor):
         raise TypeError(f"{kind} {rule!r} returned {name} of type {type(value).__name__}; expected an int64 tensor "
                         f"of shape {shape_text}")
@@ -47,9 +48,7 @@ def _check_field(kind: str, rule: str, name: str, value: Any, shape: tuple[int, 
     if tuple(value.shape) != shape:
         raise ValueError(f"{kind} {rule!r} returned {name} of shape {tuple(value.shape)}; expected {shape_text} = "
                          f"{list(shape)}")
-    if value.device != device:
-        raise ValueError(f"{kind} {rule!r} returned {name} on {value.device}; expected {device} (the inputs' device)")
-    return value
+    return value.to(device)  # a rule may build its outputs on the CPU
 
 
 def _first(bad: Tensor) -> tuple[int, ...]:
@@ -81,7 +80,7 @@ def check_chain_output(result: Any, rule: str, draft_tokens: Tensor, num_draft_t
         result: ``(tokens [B, gamma+1] int64, accepted_len [B] int64)`` (a ``VerifyOutput`` or a
             pair); draft_tokens: ``[B, gamma]`` int64; num_draft_tokens: ``[B]`` int64.
 
-    ``TypeError`` for a wrong container, type or dtype; ``ValueError`` for a wrong shape or device,
+    ``TypeError`` for a wrong container, type or dtype; ``ValueError`` for a wrong shape,
     ``accepted_len[b]`` outside ``[0, num_draft_tokens[b]]``, an accepted position that does not
     hold the drafted token, an emitted token outside ``[0, vocab_size)`` or anything but -1 after
     it. Meta tensors are checked for type and shape only.

@@ -183,6 +183,18 @@ def goodness_of_fit(counts: Tensor, probs: Tensor, *, alpha: float = 1e-3, min_e
     return LawTest(statistic, dof, 0.0 if impossible else pvalue, impossible, int(n), alpha)
 
 
+def _check_run(num_samples: int, alpha: float, tables: Tables | None, depth: int) -> None:
+    if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
+        raise ValueError(f"num_samples: expected an int >= 1, got {num_samples!r}")
+    if not 0.0 < alpha < 1.0:
+        raise ValueError(f"alpha: expected a level in (0, 1), got {alpha!r}")
+    if tables is not None:
+        if not isinstance(tables, Tables):
+            raise TypeError(f"tables: expected specdecode.testing.Tables, got {type(tables).__name__}")
+        if tables.depth < depth:
+            raise ValueError(f"tables: rows for prefixes up to length {depth} are needed, these stop at {tables.depth}")
+
+
 def _draw(rows: Tensor, gen: torch.Generator) -> Tensor:
     return torch.multinomial(rows, 1, generator=gen)[:, 0]
 
@@ -219,6 +231,7 @@ def exact_test(rule: str | Callable[..., Any], *, num_draft_tokens: int = 3, voc
     import specdecode
     from specdecode.rule_checks import check_chain_output
 
+    _check_run(num_samples, alpha, tables, 1)
     tables = tables if tables is not None else random_tables(vocab_size, num_draft_tokens, seed)
     gen = torch.Generator().manual_seed(seed + 1)
     g, N = tables.depth, num_samples
@@ -264,6 +277,7 @@ def exact_tree_test(rule: str, *, shape: Sequence[Sequence[int]] = ((0,), (1,), 
 
     tree_shape = TreeShape.from_paths([list(path) for path in shape])
     D, n_nodes = tree_shape.max_depth, tree_shape.num_nodes
+    _check_run(num_samples, alpha, tables, D)
     tables = tables if tables is not None else random_tables(vocab_size, D, seed, draft_zeros=children == "iid")
     V, N = tables.vocab_size, num_samples
     gen = torch.Generator().manual_seed(seed + 1)
@@ -279,8 +293,8 @@ def exact_tree_test(rule: str, *, shape: Sequence[Sequence[int]] = ((0,), (1,), 
             tokens[:, list(kids)] = _draw_children(tables.draft[row[:, v]], len(kids), children, gen)
     parents = torch.tensor(tree_shape.parents, dtype=torch.int64).expand(N, -1).contiguous()
     tree = TokenTree(tokens, parents, torch.full((N,), n_nodes, dtype=torch.int64))
-    log = lambda t: t.log()  # noqa: E731 - zeros become -inf: masked tokens, as the ops define them
-    out = specdecode.verify_tree(log(tables.target[row]), log(tables.draft[row]), tree, rule=rule,
+    # log 0 = -inf: a masked token, as the ops define it, so the processed rows are the tables' own
+    out = specdecode.verify_tree(tables.target[row].log(), tables.draft[row].log(), tree, rule=rule,
                                  uniforms=torch.rand(N, n_nodes, generator=gen, dtype=torch.float64), **rule_options)
     width = D + 1
     return _law(tables, out.tokens[:, :width], width, gen, alpha)
