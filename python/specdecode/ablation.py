@@ -25,6 +25,8 @@ from typing import Any, Sequence
 import torch
 from torch import Tensor
 
+from specdecode.integrations.hf import generate
+
 #: The statistics copied into every run row (see :class:`specdecode.SpeculativeStats`).
 RUN_FIELDS = ("rule", "tree_rule", "rule_options", "sampling", "num_draft_tokens", "draft_schedule", "tree_shape",
               "drafter", "new_tokens", "steps", "row_steps", "drafted_tokens", "accepted_tokens", "acceptance_rate",
@@ -109,8 +111,6 @@ def ablate(target: torch.nn.Module, draft: Any, prompts: Sequence[str | Tensor],
     Shape:
         prompts: text (needs ``tokenizer``) or token ids ``[1, L]`` each.
     """
-    import specdecode
-
     if output not in ("auto", "records", "dataframe"):
         raise ValueError(f"output: expected 'auto', 'records' or 'dataframe', got {output!r}")
     if isinstance(configs, (str, dict)) or not configs:
@@ -130,7 +130,7 @@ def ablate(target: torch.nn.Module, draft: Any, prompts: Sequence[str | Tensor],
         runs = []
         for p, prompt_ids in enumerate(ids):
             for seed in seeds:
-                out = specdecode.generate(target, draft, prompt_ids, **{**common, **arguments},
+                out = generate(target, draft, prompt_ids, **{**common, **arguments},
                                           generator=torch.Generator().manual_seed(seed))
                 stats = out.stats.to_dict()
                 row = {"kind": "run", "config": label, "arguments": dict(arguments), "prompt": p, "seed": seed,

@@ -34,6 +34,10 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import Tensor
 
+from specdecode.rule_checks import check_chain_output
+from specdecode.trees import TokenTree, TreeShape, verify_tree
+from specdecode.verify import verify
+
 TARGET_KINDS = ("random", "sparse", "one_hot", "near_uniform", "peaked")
 DRAFT_RELATIONS = ("equal", "close", "independent", "one_hot", "near_uniform", "sparse")
 
@@ -228,9 +232,6 @@ def exact_test(rule: str | Callable[..., Any], *, num_draft_tokens: int = 3, voc
     verified in one call with ``rule_options``; each output (checked like any user rule's) is
     completed from the target and counted. ``V^(num_draft_tokens + 1)`` cells: keep it small.
     """
-    import specdecode
-    from specdecode.rule_checks import check_chain_output
-
     _check_run(num_samples, alpha, tables, 1)
     tables = tables if tables is not None else random_tables(vocab_size, num_draft_tokens, seed)
     gen = torch.Generator().manual_seed(seed + 1)
@@ -246,7 +247,7 @@ def exact_test(rule: str | Callable[..., Any], *, num_draft_tokens: int = 3, voc
         result = rule(p, q, drafts, num_draft_tokens=n, uniforms=uniforms, **rule_options)
         out = check_chain_output(result, getattr(rule, "__name__", "rule"), drafts, n, tables.vocab_size)
     else:
-        out = specdecode.verify(p, q, drafts, rule=rule, uniforms=uniforms, **rule_options)
+        out = verify(p, q, drafts, rule=rule, uniforms=uniforms, **rule_options)
     return _law(tables, out.tokens, g + 1, gen, alpha)
 
 
@@ -272,9 +273,6 @@ def exact_tree_test(rule: str, *, shape: Sequence[Sequence[int]] = ((0,), (1,), 
     :func:`specdecode.verify_tree` at temperature 1 in one call; each output is completed from
     the target to ``depth + 1`` tokens and counted. Keep ``vocab_size ** (depth + 1)`` small.
     """
-    import specdecode
-    from specdecode.trees import TokenTree, TreeShape
-
     tree_shape = TreeShape.from_paths([list(path) for path in shape])
     D, n_nodes = tree_shape.max_depth, tree_shape.num_nodes
     _check_run(num_samples, alpha, tables, D)
@@ -294,7 +292,7 @@ def exact_tree_test(rule: str, *, shape: Sequence[Sequence[int]] = ((0,), (1,), 
     parents = torch.tensor(tree_shape.parents, dtype=torch.int64).expand(N, -1).contiguous()
     tree = TokenTree(tokens, parents, torch.full((N,), n_nodes, dtype=torch.int64))
     # log 0 = -inf: a masked token, as the ops define it, so the processed rows are the tables' own
-    out = specdecode.verify_tree(tables.target[row].log(), tables.draft[row].log(), tree, rule=rule,
+    out = verify_tree(tables.target[row].log(), tables.draft[row].log(), tree, rule=rule,
                                  uniforms=torch.rand(N, n_nodes, generator=gen, dtype=torch.float64), **rule_options)
     width = D + 1
     return _law(tables, out.tokens[:, :width], width, gen, alpha)

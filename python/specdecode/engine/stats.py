@@ -63,7 +63,8 @@ class SpeculativeStats:
     - How the run was made: ``sampling`` (temperature, top_k, top_p, min_p), ``seed`` (the
       ``generator``'s initial seed; None when torch's global generator drove the run),
       ``rule_options``, ``num_draft_tokens`` (the configured draft length; schedules change it
-      from there) and ``tree_shape`` (what the drafter's tree builder drafts, "" for chains).
+      from there) and ``tree_shape`` (what the drafter's tree builder drafts, "" for chains); a
+      ``stats`` passed to several calls keeps the last call's.
     - ``decode_path``: ``"eager"`` (the dynamic loop), ``"static"`` (static caches, device-side
       steps run eagerly) or ``"graphed"`` (the same steps replayed as CUDA graphs).
     - ``host_syncs``: times the host waited for the device during the call
