@@ -392,6 +392,6 @@ def test_the_prompt_is_scored_with_the_first_chain_draft():
             assert s.fused_prefills == fused and s.target_prefill_calls == 1
             assert s.target_calls == s.steps + 1 - fused
             if fused:  # the first forward held the prompt and the draft: logits for the draft's 3 + 1 only
-                assert calls[0] == {draft: 4}.get(drafter, 1 if kwargs else 3) and "fused into" in str(s)
+                assert calls[0] == {draft: 4}.get(drafter, 1 if kwargs else 3) and "also the prompt's prefill" in str(s)
     finally:
         hook.remove()

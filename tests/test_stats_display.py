@@ -62,7 +62,7 @@ def test_plot_draws_acceptance_by_position_and_alpha_powers() -> None:
     stats = _stats()
     ax = stats.plot()
     heights = [bar.get_height() for bar in ax.patches]
-    assert heights == pytest.approx(stats.acceptance_rate_per_position)
+    assert heights == pytest.approx(stats.acceptance_by_position)
     (line,) = ax.get_lines()
     assert list(line.get_ydata()) == pytest.approx([stats.alpha ** i for i in range(1, 5)])
     import matplotlib.pyplot as plt

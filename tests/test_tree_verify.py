@@ -269,7 +269,9 @@ def test_rule_table():
     assert [n for n, r in rules.items() if r.needs_draft_logits and r.compiled] == [
         "specinfer", "rrs", "traversal", "traversal_iid", "gbv", "spectr", "spechub"]
     assert all(rules[n].needs_draft_logits for n in python_only)
-    assert not rules["typical"].lossless and all(r.lossless for n, r in rules.items() if n != "typical")
+    # greedy: lossless at temperature 0 only, so not marked lossless (issue 36, item 5)
+    assert {n for n, r in rules.items() if not r.lossless} == {"typical", "greedy"}
+    assert "temperature 0" in rules["greedy"].drafting
     assert "replacement" in rules["rrs"].drafting and "i.i.d." in rules["specinfer"].drafting
 
 

@@ -37,7 +37,7 @@ from specdecode.pairs import load_pair
 from specdecode.reference import VerifyOutput
 from specdecode.rules import RuleInfo, list_rules, register_rule, unregister_rule
 from specdecode.sampling import SamplingParams
-from specdecode.trees import TokenTree, tree_attention_mask, verify_tree
+from specdecode.trees import TokenTree, register_tree_rule, tree_attention_mask, unregister_tree_rule, verify_tree
 from specdecode.verify import verify, verify_logits
 
 __version__ = "0.1.0"
@@ -92,8 +92,10 @@ __all__ = [
     "list_rules",
     "optimal_num_draft_tokens",
     "register_rule",
+    "register_tree_rule",
     "tree_attention_mask",
     "unregister_rule",
+    "unregister_tree_rule",
     "verify",
     "verify_logits",
     "verify_tree",

@@ -1,17 +1,40 @@
 """The rule registry: built-in compiled rules, and rules a researcher writes in plain PyTorch.
 
->>> import specdecode
->>> def always_reject(target_probs, draft_probs, draft_tokens, *, num_draft_tokens, uniforms):
+A chain rule is a function of what :func:`specdecode.verify` receives; registered under a
+name, it is accepted everywhere a rule is: ``verify``, ``verify_logits`` (which hands it the
+processed probabilities) and ``generate`` (its keyword options are generate's extra keywords).
+Its output is checked on every call (:mod:`specdecode.rule_checks`): a malformed one raises an
+error naming the rule and the field before anything reads it. :func:`specdecode.testing.exact_test`
+tells whether a rule is lossless; tree rules have their own registry,
+:func:`specdecode.trees.register_tree_rule`. The page ``docs/rules.md`` walks through both.
+
+>>> import torch, specdecode
+>>> from specdecode.reference import sample_inverse_cdf
+>>> def argmax_or_reject(target_probs, draft_probs, draft_tokens, *, num_draft_tokens, uniforms, margin=0.0):
+...     # accept while the draft is the target's argmax by ``margin``; emit a draw from p
 ...     B, gamma = draft_tokens.shape
 ...     tokens = torch.full((B, gamma + 1), -1, dtype=torch.int64)
-...     tokens[:, 0] = target_probs[:, 0].argmax(-1)
-...     return specdecode.VerifyOutput(tokens, torch.zeros(B, dtype=torch.int64))
->>> specdecode.register_rule("always_reject", always_reject, lossless=False, needs_draft_probs=False)
->>> [r.name for r in specdecode.list_rules()][-1]
-'always_reject'
-
-A user rule is then accepted by name everywhere a rule is: ``verify``, ``verify_logits``
-(which hands it the processed probabilities) and the generate loop.
+...     accepted = torch.zeros(B, dtype=torch.int64)
+...     for b in range(B):
+...         i = 0
+...         while i < int(num_draft_tokens[b]):
+...             p = target_probs[b, i]
+...             top2 = p.topk(2).values if p.numel() > 1 else p.topk(1).values.repeat(2)
+...             if int(p.argmax()) != int(draft_tokens[b, i]) or float(top2[0] - top2[1]) < margin:
+...                 break
+...             tokens[b, i] = draft_tokens[b, i]
+...             i += 1
+...         tokens[b, i] = sample_inverse_cdf(target_probs[b, i].double(), float(uniforms[b, gamma]))
+...         accepted[b] = i
+...     return specdecode.VerifyOutput(tokens, accepted)
+>>> info = specdecode.register_rule("argmax_or_reject", argmax_or_reject, lossless=False, needs_draft_probs=False)
+>>> print(info)
+argmax_or_reject user     lossy    options: margin=0.0
+>>> p = torch.softmax(torch.randn(2, 4, 10), -1)
+>>> out = specdecode.verify(p, None, p[:, :3].argmax(-1), rule="argmax_or_reject", margin=0.01)
+>>> out.tokens.shape
+torch.Size([2, 4])
+>>> specdecode.unregister_rule("argmax_or_reject")
 """
 
 from __future__ import annotations
@@ -25,7 +48,14 @@ RuleFn = Callable[..., Any]
 
 @dataclass(frozen=True)
 class RuleInfo:
-    """What the registry knows about one rule."""
+    """What the registry knows about one rule.
+
+    ``lossless`` is True only for a rule whose output has the target's distribution at every
+    temperature; ``lossless_when`` says it in words (``"always"``, ``"temperature 0 only"``
+    for ``greedy``, ``"never"``; a user rule's is its author's claim). ``options`` are the
+    rule's keyword options with their defaults (a user rule's keyword parameters;
+    ``"required"`` for one without a default).
+    """
 
     name: str
     lossless: bool
@@ -35,11 +65,19 @@ class RuleInfo:
     paper: str = ""
     description: str = ""
     fn: RuleFn | None = None  # None for built-in (compiled) rules
+    lossless_when: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.lossless_when:
+            object.__setattr__(self, "lossless_when", "always" if self.lossless else "never")
 
     def __str__(self) -> str:
         kind = "built-in" if self.builtin else "user"
-        loss = "lossless" if self.lossless else "lossy"
-        return f"{self.name:10s} {kind:8s} {loss:8s} {self.paper}"
+        loss = {"always": "lossless", "never": "lossy"}.get(self.lossless_when, "T=0 only")
+        options = ", ".join(f"{k}={v!r}" if v != "required" else k for k, v in self.options.items())
+        if self.builtin:
+            return f"{self.name:10s} {kind:8s} {loss:8s} {self.paper}".rstrip()
+        return f"{self.name:10s} {kind:8s} {loss:8s} options: {options or 'none'} {self.description}".rstrip()
 
 
 _BUILTIN_RULES: dict[str, RuleInfo] = {
@@ -49,8 +87,8 @@ _BUILTIN_RULES: dict[str, RuleInfo] = {
                  "accept x_i with probability min(1, p/q); resample from (p - q)+"),
         RuleInfo("block", True, True, True, {}, "Sun et al. 2024, Block Verification",
                  "the longest sub-block accepted by its own coin; optimal among lossless rules"),
-        RuleInfo("greedy", True, True, False, {}, "exact at temperature 0",
-                 "accept while x_i == argmax p_i"),
+        RuleInfo("greedy", False, True, False, {}, "exact at temperature 0",
+                 "accept while x_i == argmax p_i", lossless_when="temperature 0 only"),
         RuleInfo("typical", False, True, False,
                  {"epsilon": 0.09, "delta": 0.3, "sample_correction": False},
                  "Cai et al. 2024, Medusa", "accept while p(x) > min(epsilon, delta exp(-H(p)))"),
@@ -73,18 +111,27 @@ def register_rule(
     """Register a verification rule written in plain PyTorch under ``name``.
 
     ``fn(target_probs, draft_probs, draft_tokens, *, num_draft_tokens, uniforms, **options)``
-    receives what ``specdecode.verify`` receives (``num_draft_tokens`` and ``uniforms`` always
-    filled in, see :mod:`specdecode.reference` for the uniforms layout) and returns a
-    ``VerifyOutput`` or a ``(tokens, accepted_len)`` pair.
+    receives what :func:`specdecode.verify` receives, with ``num_draft_tokens`` and ``uniforms``
+    always filled in, and returns a ``VerifyOutput`` or a ``(tokens, accepted_len)`` pair. The
+    coins: ``uniforms[b, i]`` (``i < num_draft_tokens[b]``) is draft i's acceptance coin,
+    ``uniforms[b, gamma]`` the emitted token's inverse-CDF coin; sampling with them through
+    :func:`specdecode.reference.sample_inverse_cdf` and
+    :func:`specdecode.reference.sample_residual` draws exactly as the compiled rules do (the
+    same seed then gives the same tokens). Keyword parameters after ``uniforms`` are the
+    rule's options, listed by :func:`list_rules` and passed from ``verify(..., name=value)`` or
+    ``generate(..., name=value)``.
 
     Shape:
         target_probs: ``[B, gamma+1, V]``; draft_probs: ``[B, gamma, V]`` (None when
         ``needs_draft_probs`` is False and none was given); draft_tokens: ``[B, gamma]`` int64;
         num_draft_tokens: ``[B]`` int64; uniforms: ``[B, gamma+1]`` float64;
-        returned tokens ``[B, gamma+1]`` int64 (-1 padded), accepted_len ``[B]`` int64.
+        returned tokens ``[B, gamma+1]`` int64 (accepted drafts, one emitted token in
+        ``[0, V)``, then -1), accepted_len ``[B]`` int64 in ``[0, num_draft_tokens]``.
 
-    ``lossless`` is your claim, shown by :func:`list_rules`; prove it with
-    ``specdecode.testing``-style exact tests before relying on it.
+    Every output is checked (:func:`specdecode.rule_checks.check_chain_output`): an error names
+    the rule and the field. ``lossless`` is your claim, shown by :func:`list_rules`; prove it
+    with :func:`specdecode.testing.exact_test` before relying on it. ``TypeError`` when ``fn``
+    cannot take the arguments above.
     """
     if not isinstance(name, str) or not name:
         raise TypeError(f"name: expected a non-empty str, got {name!r}")
@@ -94,9 +141,32 @@ def register_rule(
         raise ValueError(f"name: {name!r} is a built-in rule and cannot be replaced")
     if name in _USER_RULES and not overwrite:
         raise ValueError(f"name: a rule named {name!r} is already registered (pass overwrite=True)")
-    info = RuleInfo(name, bool(lossless), False, bool(needs_draft_probs), {}, "user rule", description, fn)
+    options = declared_options(fn, ("target_probs", "draft_probs", "draft_tokens"), ("num_draft_tokens", "uniforms"))
+    info = RuleInfo(name, bool(lossless), False, bool(needs_draft_probs), options, "user rule", description, fn)
     _USER_RULES[name] = info
     return info
+
+
+def declared_options(fn: RuleFn, positional: tuple[str, ...], keywords: tuple[str, ...]) -> dict[str, Any]:
+    """The options a user rule declares: its keyword parameters besides the call's own, each
+    with its default (``"required"`` without one). ``TypeError`` naming ``fn`` when it cannot
+    be called with ``len(positional)`` positional arguments and the ``keywords``."""
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return {}
+    try:
+        signature.bind_partial(*positional, **{k: None for k in keywords})
+    except TypeError as error:
+        call = ", ".join(positional) + ", *, " + ", ".join(keywords)
+        raise TypeError(f"fn: a rule is called as fn({call}, **options); {error}") from None
+    call = set(positional) | set(keywords)
+    options = {}
+    for p in signature.parameters.values():
+        if p.name in call or p.kind not in (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD):
+            continue
+        options[p.name] = "required" if p.default is inspect.Parameter.empty else p.default
+    return options
 
 
 def unregister_rule(name: str) -> None:

@@ -11,6 +11,7 @@ from torch import Tensor
 from specdecode import reference
 from specdecode._ops import ops
 from specdecode.reference import VerifyOutput
+from specdecode.rule_checks import check_chain_output
 from specdecode.rules import RuleInfo, builtin_rule_params, get_rule
 from specdecode.sampling import SamplingParams, as_sampling_params
 
@@ -165,16 +166,6 @@ def _check_probabilities(name: str, probs: Tensor) -> None:
         raise ValueError(f"{name}: every row must sum to 1 (largest deviation {worst:.3g} > {tolerance:g})")
 
 
-def _as_verify_output(result: Any, B: int, gamma: int, rule: str) -> VerifyOutput:
-    tokens, accepted_len = result
-    if tuple(tokens.shape) != (B, gamma + 1) or tuple(accepted_len.shape) != (B,):
-        raise ValueError(
-            f"rule {rule!r} returned tokens {tuple(tokens.shape)} and accepted_len {tuple(accepted_len.shape)}; "
-            f"expected [B, gamma+1] = [{B}, {gamma + 1}] and [B] = [{B}]"
-        )
-    return VerifyOutput(tokens, accepted_len)
-
-
 def verify(
     target_probs: Tensor,
     draft_probs: Tensor | None,
@@ -244,7 +235,7 @@ def verify(
     if not info.builtin:
         result = info.fn(target_probs, draft_probs, draft_tokens, num_draft_tokens=num_draft_tokens,
                          uniforms=uniforms, **rule_options)
-        return _as_verify_output(result, B, gamma, rule)
+        return check_chain_output(result, info.name, draft_tokens, num_draft_tokens, target_probs.shape[2])
     params = builtin_rule_params(info, rule_options)
     draft = draft_probs if info.needs_draft_probs else None
     if philox is not None:
@@ -305,7 +296,6 @@ def verify_logits(
         "target_logits", target_logits, "draft_logits", draft_logits, draft_tokens, num_draft_tokens,
         generator, uniforms, info, check_values=False, philox=philox,
     )
-    B, gamma = draft_tokens.shape
     if not info.builtin:
         target_probs = reference.process_logits(target_logits, *sampling.op_args()).to(target_logits.dtype)
         draft_probs = None
@@ -313,7 +303,7 @@ def verify_logits(
             draft_probs = reference.process_logits(draft_logits, *sampling.op_args()).to(draft_logits.dtype)
         result = info.fn(target_probs, draft_probs, draft_tokens, num_draft_tokens=num_draft_tokens,
                          uniforms=uniforms, **rule_options)
-        return _as_verify_output(result, B, gamma, rule)
+        return check_chain_output(result, info.name, draft_tokens, num_draft_tokens, target_logits.shape[2])
     draft = draft_logits if info.needs_draft_probs else None
     if philox is not None:
         tokens, accepted_len = ops.verify_logits_philox(

@@ -223,8 +223,8 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
         if stats_runs:
             name = specs[method][0]
             alpha = statistics.median(s.alpha for s in stats_runs)
-            per_position = [statistics.median(s.acceptance_rate_per_position[i] for s in stats_runs
-                                              if i < len(s.acceptance_rate_per_position))
+            per_position = [statistics.median(s.acceptance_by_position[i] for s in stats_runs
+                                              if i < len(s.acceptance_by_position))
                             for i in range(gamma)]
             efficiency = statistics.median(s.block_efficiency for s in stats_runs)
             # Leviathan's c: the measured decode-step ratio for the draft model; for other

@@ -111,7 +111,7 @@ def run(args: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
                         accepted = counts.accepted if accepted is None else accepted + counts.accepted
                 effs.append(stats.block_efficiency)
                 speeds.append(stats.new_tokens / max(seconds, 1e-9))
-                depth_rates = stats.acceptance_rate_per_position
+                depth_rates = stats.acceptance_by_position
                 rank_rates = stats.acceptance_by_rank
             if tried is not None:
                 for d in range(min(6, tried.shape[0])):

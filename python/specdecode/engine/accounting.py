@@ -27,7 +27,7 @@ FIXED_COUNTERS = 6
 
 def num_counters(num_drafts: int) -> int:
     """Length of a :func:`step_counters` vector for ``num_drafts`` drafts per step."""
-    return FIXED_COUNTERS + 2 * num_drafts
+    return FIXED_COUNTERS + 3 * num_drafts
 
 
 def step_counters(active: Tensor, accepted: Tensor, verified: Tensor, keep: Tensor, positions: Tensor) -> Tensor:
@@ -35,7 +35,8 @@ def step_counters(active: Tensor, accepted: Tensor, verified: Tensor, keep: Tens
 
     ``active`` rows count; a row verified ``verified`` drafts, accepted ``accepted`` of them and
     kept ``keep`` new tokens (0 for inactive rows). ``positions`` is ``arange(k)``: the last
-    ``2 k`` counters say how often each draft position was verified, then accepted.
+    ``3 k`` counters say how often each draft position was verified, then accepted, then
+    reached (verified with every draft before it accepted).
 
     Shape:
         active: ``[b]`` bool; accepted, verified, keep: ``[b]`` int64.
@@ -46,7 +47,13 @@ def step_counters(active: Tensor, accepted: Tensor, verified: Tensor, keep: Tens
         torch.stack([active.any().long(), active.sum(), keep.sum(), verified.sum(), accepted.sum(),
                      (active & (accepted < verified)).sum()]),
         (verified[:, None] > position).sum(0), (accepted[:, None] > position).sum(0),
+        ((verified[:, None] > position) & (accepted[:, None] >= position)).sum(0),
     ])
+
+
+def record_accepted_lengths(stats: SpeculativeStats, accepted: list[int]) -> None:
+    """Keep one step's accepted lengths, one per active row (``stats.accepted_lengths``)."""
+    stats.accepted_lengths.append([int(a) for a in accepted])
 
 
 def add_step_counters(stats: SpeculativeStats, counters: list[int], num_drafts: int) -> None:
@@ -61,11 +68,12 @@ def add_step_counters(stats: SpeculativeStats, counters: list[int], num_drafts: 
     stats.drafted_tokens += counters[3]
     stats.accepted_tokens += counters[4]
     stats.rejections += counters[5]
-    _grow(stats.position_drafted, num_drafts - 1)
-    _grow(stats.position_accepted, num_drafts - 1)
+    for lst in (stats.position_drafted, stats.position_accepted, stats.position_reached):
+        _grow(lst, num_drafts - 1)
     for i in range(num_drafts):
         stats.position_drafted[i] += counters[FIXED_COUNTERS + i]
         stats.position_accepted[i] += counters[FIXED_COUNTERS + num_drafts + i]
+        stats.position_reached[i] += counters[FIXED_COUNTERS + 2 * num_drafts + i]
 
 
 def count_tree_step(stats: SpeculativeStats, tree: TokenTree, accepted: Tensor, nodes: Tensor,
@@ -94,6 +102,10 @@ def count_tree_step(stats: SpeculativeStats, tree: TokenTree, accepted: Tensor, 
                 _bump(stats.position_accepted, d)
             else:
                 _grow(stats.position_accepted, d)
+            if d <= tau:
+                _bump(stats.position_reached, d)
+            else:
+                _grow(stats.position_reached, d)
         for j in range(tau):
             r = int(rank[row, path[j + 1]])
             for q in range(r + 1):
@@ -111,13 +123,26 @@ def count_tree_step(stats: SpeculativeStats, tree: TokenTree, accepted: Tensor, 
 
 
 def label_run(stats: SpeculativeStats, *, rule: str, drafter: Any, batch_size: int, schedule: str,
-              decode_path: str) -> None:
-    """Name what generated: the rule, the drafter, the batch size, the draft schedule, the path."""
+              decode_path: str, settings: Any = None) -> None:
+    """Name what generated: the rule, the drafter, the batch size, the draft schedule, the path;
+    with ``settings`` (the run's ``EngineSettings``) also the sampling settings, the seed of its
+    generator, the rule's options, the configured draft length and the drafter's tree shape."""
     stats.rule = rule
     stats.drafter = name_of(drafter)
     stats.batch_size = batch_size
     stats.draft_schedule = schedule
     stats.decode_path = decode_path
+    if settings is None:
+        return
+    sampling = settings.sampling
+    stats.sampling = {"temperature": sampling.temperature, "top_k": sampling.top_k, "top_p": sampling.top_p,
+                      "min_p": sampling.min_p}
+    stats.seed = settings.generator.initial_seed() if settings.generator is not None else None
+    stats.rule_options = dict(settings.rule_options)
+    stats.num_draft_tokens = settings.schedule.initial
+    builder = getattr(drafter, "tree", None)
+    describe = getattr(builder, "describe", None)
+    stats.tree_shape = describe(sampling) if callable(describe) else ""
 
 
 def name_of(obj: Any) -> str:

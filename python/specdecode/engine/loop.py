@@ -26,7 +26,7 @@ from torch import Tensor
 
 from specdecode.drafters.base import CommitUpdate, Drafter, Proposal, SideTokens, check_proposal
 from specdecode.engine.accounting import (add_step_counters, count_prefill, count_syncs, count_tree_step, label_run,
-                                          name_of, step_counters, timed_run)
+                                          name_of, record_accepted_lengths, step_counters, timed_run)
 from specdecode.engine.batch import BatchState
 from specdecode.engine.draft_view import DraftView
 from specdecode.engine.processors import ProcessorRunner
@@ -98,7 +98,7 @@ class SpeculativeEngine:
         self.eos = torch.tensor(s.eos_ids, dtype=torch.long, device=self.device) if s.eos_ids else None
         self.drafter.reset()
         label_run(stats, rule=self.rule.name if self.rule is not None else (s.rule or "token"), drafter=self.drafter,
-                  batch_size=self.batch.batch, schedule=name_of(s.schedule), decode_path="eager")
+                  batch_size=self.batch.batch, schedule=name_of(s.schedule), decode_path="eager", settings=s)
         if s.streamer is not None:
             s.streamer.put(self.syncs.fetch(self.batch.sequences[:, : self.batch.prompt_len]))
         try:
@@ -271,6 +271,7 @@ class SpeculativeEngine:
         counters = step_counters(active, accepted_h, verified_h, keep_h, torch.arange(gamma))
         add_step_counters(self.stats, counters.tolist(), gamma)
         self.stats.num_draft_tokens_history.append(gamma)
+        record_accepted_lengths(self.stats, accepted_h.tolist())
 
     def _repack(self, force: bool = False) -> Tensor | None:
         order = self.batch.repack_order(force)

@@ -3,6 +3,7 @@ already validated (the integrations normalise user arguments into it, in one pla
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,6 +52,12 @@ class EngineSettings:
             raise TypeError(f"sampling: expected a SamplingParams, got {type(self.sampling).__name__}")
         if self.rule is not None and not (is_tree_rule(self.rule) or is_chain_rule(self.rule)):
             get_rule(self.rule)  # ValueError listing the known rules
+        if self.rule == "greedy" and not self.sampling.is_greedy:
+            warnings.warn(
+                f"rule: 'greedy' is lossless only at temperature 0; sampling at temperature "
+                f"{self.sampling.temperature:g} with it keeps drafts equal to the target's argmax and emits the "
+                "argmax, so the output is not a sample of the target; use rule='token' or 'block' to sample",
+                UserWarning, stacklevel=2)
         for name in ("max_new_tokens", "vocab_size"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int):

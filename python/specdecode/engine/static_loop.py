@@ -369,7 +369,7 @@ class StaticEngine:
         steps = c[0]
         label_run(stats, rule=self.rule.name if self.rule is not None else self.tree.rule,  # type: ignore[union-attr]
                   drafter=self.drafter, batch_size=session.state.batch_size, schedule="constant",
-                  decode_path=self.decode_path)
+                  decode_path=self.decode_path, settings=self.settings)
         if self.tree is not None:
             stats.tree_rule = self.tree.rule
         add_step_counters(stats, c, gamma)

@@ -56,7 +56,15 @@ class SpeculativeStats:
     - ``new_tokens``: tokens in the output after EOS / max_new_tokens / stopping criteria cut
       a block short.
     - ``position_drafted[i]`` / ``position_accepted[i]``: how often draft position ``i`` (0-based)
-      was verified / accepted.
+      was verified / accepted; ``position_reached[i]``: how often it was verified with every
+      position before it accepted (by depth for token trees).
+    - ``accepted_lengths``: per step, each active row's accepted length (the eager path; the
+      static path keeps sums only).
+    - How the run was made: ``sampling`` (temperature, top_k, top_p, min_p), ``seed`` (the
+      ``generator``'s initial seed; None when torch's global generator drove the run),
+      ``rule_options``, ``num_draft_tokens`` (the configured draft length; schedules change it
+      from there) and ``tree_shape`` (what the drafter's tree builder drafts, "" for chains); a
+      ``stats`` passed to several calls keeps the last call's.
     - ``decode_path``: ``"eager"`` (the dynamic loop), ``"static"`` (static caches, device-side
       steps run eagerly) or ``"graphed"`` (the same steps replayed as CUDA graphs).
     - ``host_syncs``: times the host waited for the device during the call
@@ -101,6 +109,13 @@ class SpeculativeStats:
     position_drafted: list[int] = field(default_factory=list)
     position_accepted: list[int] = field(default_factory=list)
     num_draft_tokens_history: list[int] = field(default_factory=list)
+    position_reached: list[int] = field(default_factory=list)
+    accepted_lengths: list[list[int]] = field(default_factory=list)
+    sampling: dict[str, Any] = field(default_factory=dict)
+    seed: int | None = None
+    rule_options: dict[str, Any] = field(default_factory=dict)
+    num_draft_tokens: int = 0
+    tree_shape: str = ""
     draft_time: float = 0.0
     draft_prefill_time: float = 0.0
     target_time: float = 0.0
@@ -118,8 +133,25 @@ class SpeculativeStats:
 
     @property
     def acceptance_rate_per_position(self) -> list[float]:
-        """P(draft position i accepted | it was verified), i = 0..max gamma - 1."""
+        """Accepted / drafted at each draft position i = 0..max gamma - 1 (depth for trees):
+        ``position_accepted[i] / position_drafted[i]``, the chance that position i is accepted
+        when it is drafted, whatever happened before it. Not a conditional rate: it falls with
+        every rejection before i; and it may rise with i where fewer steps draft that far."""
         return [_ratio(a, d) for a, d in zip(self.position_accepted, self.position_drafted)]
+
+    @property
+    def conditional_acceptance_per_position(self) -> list[float]:
+        """P(position i accepted | it was drafted and every position before it was accepted):
+        ``position_accepted[i] / position_reached[i]`` (by depth for trees; alpha per position)."""
+        return [_ratio(a, r) for a, r in zip(self.position_accepted, self.position_reached)]
+
+    @property
+    def acceptance_by_position(self) -> list[float]:
+        """Share of the row-steps that drafted in which position i was accepted (``tau > i``),
+        i = 0, 1, ...: what the screens show. It cannot rise with i (accepting position i needs
+        every position before it), and is about ``alpha^(i+1)`` when positions are alike."""
+        drafting = self.position_drafted[0] if self.position_drafted else 0
+        return [_ratio(a, drafting) for a in self.position_accepted]
 
     @property
     def acceptance_by_rank(self) -> list[float]:
@@ -177,10 +209,18 @@ class SpeculativeStats:
         return _ratio(self.new_tokens, self.total_time)
 
     @property
+    def gamma(self) -> int:
+        """The draft length formulas use: the configured one under the constant schedule, else
+        the rounded mean (steps cut short by ``max_new_tokens`` draft fewer either way)."""
+        if self.draft_schedule == "constant" and self.num_draft_tokens > 0:
+            return self.num_draft_tokens
+        return round(self.mean_num_draft_tokens)
+
+    @property
     def predicted_speedup(self) -> float:
         """Leviathan's expected speed-up ``(1 - a^(g+1)) / ((1 - a)(g c + 1))`` at the measured
-        ``alpha``, cost ratio ``c`` and (rounded) mean gamma."""
-        gamma = round(self.mean_num_draft_tokens)
+        ``alpha``, cost ratio ``c`` and :attr:`gamma`."""
+        gamma = self.gamma
         if gamma < 1 or self.target_time_per_call <= 0.0:
             return 0.0
         return expected_speedup(min(max(self.alpha, 0.0), 1.0), gamma, self.cost_ratio)
@@ -188,7 +228,7 @@ class SpeculativeStats:
     @property
     def predicted_tokens_per_call(self) -> float:
         """Leviathan's expected tokens per target call ``(1 - a^(g+1)) / (1 - a)``."""
-        gamma = round(self.mean_num_draft_tokens)
+        gamma = self.gamma
         if gamma < 1:
             return 0.0
         return expected_tokens_per_call(min(max(self.alpha, 0.0), 1.0), gamma)
@@ -200,10 +240,12 @@ class SpeculativeStats:
 
     # ------------------------------------------------------------------- presentation
     def to_dict(self) -> dict[str, Any]:
-        """Every counter and every derived value, as plain Python types."""
+        """Every counter, every derived value and the settings that made them (sampling, seed,
+        rule options, configured draft length, tree shape), as plain Python types."""
         data = asdict(self)
         for name in (
-            "acceptance_rate", "acceptance_rate_per_position", "acceptance_by_rank", "alpha", "mean_accepted_length",
+            "acceptance_rate", "acceptance_rate_per_position", "conditional_acceptance_per_position",
+            "acceptance_by_position", "acceptance_by_rank", "alpha", "mean_accepted_length", "gamma",
             "block_efficiency", "mean_num_draft_tokens", "draft_time_per_call", "target_time_per_call",
             "cost_ratio", "tokens_per_second", "predicted_speedup", "predicted_tokens_per_call", "other_time",
             "host_syncs_per_step",
@@ -219,21 +261,20 @@ class SpeculativeStats:
         rows = [
             ("new tokens", str(self.new_tokens),
              f"in {self.total_time:.2f} s, {words.per_second(self.tokens_per_second)} tok/s"),
-            ("target / draft calls", f"{self.target_calls} / {self.draft_calls}",
-             f"{self.steps} verification steps + {self.target_prefill_calls} target prefill"
-             + (f" ({self.fused_prefills} fused into the first step)" if self.fused_prefills else "")),
+            ("target / draft calls", f"{self.target_calls} / {self.draft_calls}", self._calls_meaning()),
             ("drafted / accepted", f"{self.drafted_tokens} / {self.accepted_tokens}", "draft tokens"),
             (words.ACCEPTANCE_RATE.name, words.rate(self.acceptance_rate), words.ACCEPTANCE_RATE.short),
             (words.ALPHA.name, words.rate(self.alpha), words.ALPHA.short),
-            ("acceptance by depth" if tree else by_position.name, words.rates(self.acceptance_rate_per_position),
+            ("acceptance by depth" if tree else by_position.name, words.rates(self.acceptance_by_position),
              "share of steps accepting depth i" if tree else by_position.short),
         ]
         if tree:
             rows.append(("acceptance by rank", words.rates(self.acceptance_by_rank),
                          "P(child of rank r accepted | tried)"))
+            if self.tree_shape:
+                rows.append(("tree shape", f"depth {len(self.position_drafted)}", self.tree_shape.split(": ")[0]))
         else:
-            rows.append((words.GAMMA.name, f"{self.mean_num_draft_tokens:.2f}",
-                         f"mean {words.GAMMA.short} ({self.draft_schedule} schedule)"))
+            rows.append(self._gamma_row())
         rows += [
             (words.BLOCK_EFFICIENCY.name, words.tokens(self.block_efficiency), words.BLOCK_EFFICIENCY.short),
             (words.COST_RATIO.name, words.cost(self.cost_ratio), words.COST_RATIO.short),
@@ -245,6 +286,24 @@ class SpeculativeStats:
             rows.append(("host syncs", str(self.host_syncs),
                          f"{self.host_syncs_per_step:.2f} per step: waits for the device"))
         return rows
+
+    def _calls_meaning(self) -> str:
+        """What the target and draft calls were, in counts that add up to the calls shown."""
+        separate = self.target_prefill_calls - self.fused_prefills
+        verify = self.target_calls - separate
+        target = f"target: {separate} prefill + {verify} verify" if separate else f"target: {verify} verify"
+        if self.fused_prefills:
+            target += f" ({self.fused_prefills} also the prompt's prefill)"
+        return f"{target}; draft: {self.draft_calls} forwards"
+
+    def _gamma_row(self) -> tuple[str, str, str]:
+        history = [g for g in self.num_draft_tokens_history if g > 0]
+        if self.draft_schedule == "constant" and self.num_draft_tokens > 0:
+            short = sum(1 for g in history if g < self.num_draft_tokens)
+            cut = f"; {short} step{'s' if short != 1 else ''} near the length limit drafted fewer" if short else ""
+            return (words.GAMMA.name, str(self.num_draft_tokens), f"{words.GAMMA.short} (constant schedule{cut})")
+        return (words.GAMMA.name, f"{self.mean_num_draft_tokens:.2f}",
+                f"mean {words.GAMMA.short} ({self.draft_schedule} schedule)")
 
     def time_summary(self) -> list[tuple[str, str, str]]:
         """``(part, milliseconds, share of the total)`` rows of the wall-time split."""
@@ -279,18 +338,25 @@ class SpeculativeStats:
                     f"average) costs {verify_steps:.1f} target decode steps here and gives {self.block_efficiency:.2f} "
                     f"tokens; drafting adds {self.cost_ratio:.2f} of a target call per draft forward (verification "
                     f"and bookkeeping: {100 * overhead:.0f}% of the time)")
-        gamma = max(round(self.mean_num_draft_tokens), 1)
+        gamma = max(self.gamma, 1)
         cost_aware = cost_aware_speedup(self.block_efficiency, gamma, self.draft_time_per_call,
                                         self.target_time_per_call, step_seconds)
-        return (f"{words.SPEEDUP.name} {words.speedup(measured)}, predicted {words.speedup(self.predicted_speedup)}: "
-                f"a verify call ({gamma + 1} tokens) costs {verify_steps:.1f} target decode steps here, not the 1 "
-                f"the formula assumes; at the measured costs it predicts {words.speedup(cost_aware)} "
-                f"(verification and bookkeeping: {100 * overhead:.0f}% of the time)")
+        draft_steps = self.draft_time_per_call / step_seconds
+        if abs(verify_steps - 1.0) < 0.05:
+            verify = f"a verify call ({gamma + 1} tokens) costs about one target decode step, as the formula assumes"
+        else:
+            verify = (f"a verify call ({gamma + 1} tokens) costs {verify_steps:.1f} target decode steps (the formula "
+                      "assumes 1)")
+        return (f"{words.SPEEDUP.name} {words.speedup(measured)}; Leviathan's formula predicts "
+                f"{words.speedup(self.predicted_speedup)} from alpha and c, and the measured "
+                f"{words.tokens(self.block_efficiency)} tokens per call at the measured costs predict "
+                f"{words.speedup(cost_aware)}: {verify}, a draft call {draft_steps:.2f}; verification, bookkeeping and "
+                f"overhead take {100 * overhead:.0f}% of the time")
 
     def __str__(self) -> str:
         rows = self.summary()
         width = max(len(r[0]) for r in rows + self.time_summary()) + 2
-        value_width = max(len(r[1]) for r in rows if r[0] != "acceptance by position") + 2
+        value_width = max(len(r[1]) for r in rows if r[0] not in ("acceptance by position", "acceptance by depth")) + 2
         lines = [self._title()]
         for name, value, meaning in rows:
             pad = max(value_width - len(value), 2)
@@ -330,7 +396,7 @@ class SpeculativeStats:
         new_figure = ax is None
         if new_figure:
             _, ax = plt.subplots(figsize=(5, 3.2))
-        measured = self.acceptance_rate_per_position
+        measured = self.acceptance_by_position
         positions = list(range(1, len(measured) + 1))
         what = "depth" if self.tree_rule else "draft position"
         ax.bar(positions, measured, color="tab:blue", alpha=0.8, label=f"measured acceptance by {what.split()[-1]}")

@@ -19,7 +19,7 @@ from specdecode.engine.settings import EngineSettings
 from specdecode.rules import RuleInfo
 from specdecode.reference import VerifyOutput
 from specdecode.trees.builder_base import LOSSLESS_RULE
-from specdecode.trees.rules import LOSSLESS_CHILDREN, is_tree_rule, list_tree_rules
+from specdecode.trees.rules import is_tree_rule, list_tree_rules, lossless_children
 from specdecode.verify import verify_logits
 
 
@@ -62,7 +62,7 @@ def tree_rule_for(rule: str | None, children: str) -> str:
     if not is_tree_rule(rule):
         raise ValueError(f"rule: {rule!r} is a chain rule, but the drafter proposed a token tree; tree rules: "
                          f"{', '.join(r.name for r in list_tree_rules())} (or rule=None for the lossless one)")
-    allowed = LOSSLESS_CHILDREN.get(rule)
+    allowed = lossless_children(rule)
     if allowed is not None and children not in allowed:
         raise ValueError(f"rule: {rule!r} is lossless only for children drafted {' or '.join(allowed)}, but this "
                          f"tree's children are {children}; use rule={LOSSLESS_RULE[children]!r} (or rule=None)")

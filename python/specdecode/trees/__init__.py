@@ -4,7 +4,8 @@
 - :func:`tree_attention_mask` — positions, the 4D / tree-only / bit-packed masks and the
   first-child / next-sibling links a target forward over the tree needs (compiled op).
 - :func:`verify_tree` — walk each tree with a per-node rule (compiled op), see
-  :func:`list_tree_rules` for the rules and the drafting scheme each one is lossless for.
+  :func:`list_tree_rules` for the rules and the drafting scheme each one is lossless for;
+  :func:`register_tree_rule` adds one written in plain PyTorch.
 - :mod:`specdecode.trees.reference` — the pure-Python reference of both ops.
 - Shapes and builders: :class:`TreeShape` (static rank paths), :func:`sequoia_shape` (the
   optimal shape for a measured acceptance-by-rank vector), :func:`select_frontier` /
@@ -22,7 +23,8 @@ tensor([[6, 7, 8]])
 
 from specdecode.trees.dynamic import PrunedTree, prune_to_budget, select_frontier
 from specdecode.trees.mask import TreeMasks, tree_attention_mask
-from specdecode.trees.rules import TreeRuleInfo, get_tree_rule, list_tree_rules
+from specdecode.trees.rules import (TreeRuleInfo, get_tree_rule, list_tree_rules, register_tree_rule,
+                                    unregister_tree_rule)
 from specdecode.trees.sequoia import acceptance_from_conditional, expected_accepted_length, sequoia_shape
 from specdecode.trees.shapes import TreeShape
 from specdecode.trees.stochastic import draw_children
@@ -47,6 +49,8 @@ __all__ = [
     "TreeVerifyOutput",
     "get_tree_rule",
     "list_tree_rules",
+    "register_tree_rule",
     "tree_attention_mask",
+    "unregister_tree_rule",
     "verify_tree",
 ]

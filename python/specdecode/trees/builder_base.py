@@ -6,6 +6,7 @@ planned for. :mod:`specdecode.trees.builders` builds on it (and re-exports every
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -77,6 +78,15 @@ class TreeBuilder:
               coins: Coins) -> BuiltTree:  # pragma: no cover - abstract
         raise NotImplementedError
 
+    def describe(self, sampling: SamplingParams) -> str:
+        """What this builder drafts under ``sampling``, in words (recorded in the statistics)."""
+        return f"{type(self).__name__}: up to {self.max_nodes} nodes, children {self._scheme(sampling)}"
+
+    def _scheme(self, sampling: SamplingParams) -> str:
+        """At temperature 0 every ``q`` is one-hot, so sampled children would all be the
+        argmax: draw the top-k instead (verification is the exact greedy walk then)."""
+        return "deterministic" if sampling.is_greedy else self.children
+
     def observe(self, rank_tried: Sequence[int], rank_accepted: Sequence[int]) -> None:
         """Running counts per child rank: how often the rank-r child was tried / accepted."""
         return None
@@ -96,7 +106,12 @@ class StaticTree(TreeBuilder):
     ``[[0], [1], [0, 0]]``); a node's children are drawn by ``children``. ``sampled_shape``, when
     given, replaces ``shape`` in the steps whose children are sampled (``children`` other than
     ``"deterministic"``, at temperature > 0): sampled siblings are accepted far less often than
-    top-k ones, so the best shape there is deeper. Either shape is fixed before generation.
+    top-k ones, so the best shape there is deeper. Either shape is fixed before generation;
+    :meth:`describe` says which one is drafted, and drafting a sampled shape that is a single
+    path (what ``tree="static"`` plans for small budgets) warns once: tree rules then differ only
+    as chain rules do. To compare tree rules on one branching shape, give the rank paths
+    (``generate(..., tree=[[0], [1], [0, 0], ...], tree_children="without_replacement")``): a
+    shape given so is drafted at every temperature.
 
     Example:
         >>> builder = StaticTree([[0], [1], [0, 0], [0, 1], [1, 0]], children="deterministic")
@@ -114,6 +129,17 @@ class StaticTree(TreeBuilder):
             self.sampled_shape = _check_shape(sampled_shape if isinstance(sampled_shape, TreeShape)
                                               else TreeShape.from_paths(sampled_shape), "sampled_shape")
             self.max_nodes = max(self.max_nodes, self.sampled_shape.num_nodes)
+        self._warned_path = False
+
+    def drafted_shape(self, sampling: SamplingParams) -> TreeShape:
+        """The shape drafted under ``sampling``: ``sampled_shape`` when children are sampled."""
+        sampled = self.sampled_shape is not None and self._scheme(sampling) != "deterministic"
+        return self.sampled_shape if sampled else self.shape
+
+    def describe(self, sampling: SamplingParams) -> str:
+        shape = self.drafted_shape(sampling)
+        kind = f"a chain of {shape.num_nodes - 1}" if _is_path(shape) else f"{shape.num_nodes} nodes"
+        return f"static, {kind}, children {self._scheme(sampling)}: rank paths {shape.paths()}"
 
     def set_shape(self, shape: TreeShape) -> None:
         self.shape = _check_shape(shape, "shape")
@@ -121,8 +147,14 @@ class StaticTree(TreeBuilder):
 
     def build(self, root_tokens: Tensor, root_logits: Tensor, expand: Expand, sampling: SamplingParams,
               coins: Coins) -> BuiltTree:
-        sampled = self.sampled_shape is not None and self._scheme(sampling) != "deterministic"
-        shape = self.sampled_shape if sampled else self.shape
+        shape = self.drafted_shape(sampling)
+        if shape is self.sampled_shape and _is_path(shape) and shape.num_nodes > 2 and not self._warned_path:
+            self._warned_path = True
+            warnings.warn(
+                f"tree: the shape drafted for sampled children is a chain of {shape.num_nodes - 1} (planned for "
+                f"{self.max_nodes} nodes), not a branching tree: tree rules compare on it as chain rules do; to fix a "
+                "branching shape pass rank paths, e.g. tree=[[0], [1], [0, 0], [0, 1]] with tree_children=...",
+                UserWarning, stacklevel=2)
         b, device = root_tokens.shape[0], root_tokens.device
         N = shape.num_nodes
         parents_row = torch.tensor(shape.parents, dtype=torch.long, device=device)
@@ -162,11 +194,6 @@ class StaticTree(TreeBuilder):
                 draft_logits = draft_logits.gather(1, keep[:, :, None].expand(-1, -1, draft_logits.shape[2]))
         return BuiltTree(tree, draft_logits, self._scheme(sampling), calls)
 
-    def _scheme(self, sampling: SamplingParams) -> str:
-        """At temperature 0 every ``q`` is one-hot, so sampled children would all be the
-        argmax: draw the top-k instead (verification is the exact greedy walk then)."""
-        return "deterministic" if sampling.is_greedy else self.children
-
     def _draw(self, logits: list[Tensor], counts: list[int], sampling: SamplingParams, coins: Coins) -> list[Tensor]:
         """Children of several nodes at once: ``logits[j]`` ``[b, V]`` -> ``[b, counts[j]]``."""
         stacked = torch.stack(logits, 1)  # [b, m, V]
@@ -187,6 +214,11 @@ class StaticTree(TreeBuilder):
             probs = processed_probs(stacked.reshape(b * m, V), sampling)
             drawn = draw_children(probs, k, False, coins(b * m, k)).view(b, m, k)
         return [drawn[:, j, : counts[j]] for j in range(m)]
+
+
+def _is_path(shape: TreeShape) -> bool:
+    """Whether every node of ``shape`` has at most one child."""
+    return all(n <= 1 for n in shape.num_children)
 
 
 def compact_tree(tokens: Tensor, parents: Tensor, valid: Tensor) -> tuple[TokenTree, Tensor]:

@@ -144,6 +144,10 @@ class SequoiaTree(StaticTree):
         self.acceptance_by_rank, self.expected_accepted = vector, value
         self.set_shape(shape)
 
+    def describe(self, sampling: SamplingParams) -> str:
+        return (f"sequoia, up to {self.max_nodes} nodes, children {self._scheme(sampling)}: shape re-planned from "
+                "the measured acceptance")
+
     def build(self, root_tokens: Tensor, root_logits: Tensor, expand: Expand, sampling: SamplingParams,
               coins: Coins) -> BuiltTree:
         sampled = self._scheme(sampling) != "deterministic"
@@ -239,6 +243,11 @@ class DynamicTree(TreeBuilder):
         self.sampled = None if sampled_children is None else SequoiaTree(num_nodes, max_depth, children=sampled_children)
         self._last: NodeRecord | None = None
         self._last_sampled = False
+
+    def describe(self, sampling: SamplingParams) -> str:
+        if self.sampled is not None and not sampling.is_greedy:
+            return f"dynamic, sampling steps drafted as {self.sampled.describe(sampling)}"
+        return f"dynamic (EAGLE-2), up to {self.max_nodes} nodes, children deterministic"
 
     def _log_factor(self, log_probs: Tensor, depth: int) -> Tensor:
         """log of each candidate's acceptance factor; ``log_probs`` ``[b, f, k]`` in rank order."""

@@ -340,3 +340,49 @@ def tree_attention_mask_reference(parents: Tensor, num_nodes: Tensor, prefix_mas
     packed = torch.where(packed >= 2**31, packed - 2**32, packed).to(torch.int32)  # the int32 bit pattern
     device = parents.device
     return TreeMasks(*(t.to(device) for t in (positions, attention, tree_mask, packed, first_child, next_sibling, depth)))
+
+
+def node_rule_as_tree_rule(node_rule: NodeRule) -> Callable[..., TreeVerifyOutput]:
+    """A per-node rule (the protocol of this module's ``*_node`` functions) as a whole tree rule
+    for :func:`specdecode.trees.register_tree_rule`: the top-down walk of
+    :func:`verify_tree_row`, answering the node rule's questions with the op's coins
+    (:class:`CoinChooser`), so a tree rule takes a few lines. Options reach the node rule as
+    keywords.
+
+    Shape:
+        the returned rule takes target_probs, draft_probs ``[B, N, V]`` (draft None when not
+        registered with ``needs_draft_logits``), a :class:`TokenTree` and ``uniforms`` ``[B, N]``
+        and returns a :class:`TreeVerifyOutput` of width ``tree.max_depth + 1``.
+
+    Example:
+        >>> from specdecode.trees.reference import deterministic_node, node_rule_as_tree_rule
+        >>> rule = node_rule_as_tree_rule(deterministic_node)
+        >>> tree = TokenTree(torch.tensor([[0, 2, 1]]), torch.tensor([[-1, 0, 0]]), torch.tensor([3]))
+        >>> p = torch.tensor([[[0.0, 0.0, 1.0]] * 3], dtype=torch.float64)
+        >>> rule(p, None, tree, uniforms=torch.full((1, 3), 0.5, dtype=torch.float64)).tokens
+        tensor([[2, 2]])
+    """
+
+    def tree_rule(target_probs: Tensor, draft_probs: Tensor | None, tree: TokenTree, *, uniforms: Tensor,
+                  **options: Any) -> TreeVerifyOutput:
+        B, width = tree.batch_size, tree.max_depth + 1
+        tokens_out = torch.full((B, width), -1, dtype=torch.int64)
+        nodes_out = torch.full((B, width), -1, dtype=torch.int64)
+        accepted_len = torch.zeros(B, dtype=torch.int64)
+        all_tokens, all_parents = tree.tokens.tolist(), tree.parents.tolist()
+        p_all = target_probs.double().cpu()
+        q_all = draft_probs.double().cpu() if draft_probs is not None else None
+        coins = uniforms.double().cpu().tolist()
+        for b in range(B):
+            n = int(tree.num_nodes[b])
+            q_rows = q_all[b, :n].tolist() if q_all is not None else None
+            nodes, out = verify_tree_row(node_rule, p_all[b, :n].tolist(), q_rows, all_tokens[b], all_parents[b], n,
+                                         CoinChooser(coins[b]), **options)
+            tokens_out[b, : len(out)] = torch.tensor(out)
+            nodes_out[b, : len(nodes)] = torch.tensor(nodes)
+            accepted_len[b] = len(nodes) - 1
+        device = tree.device
+        return TreeVerifyOutput(tokens_out.to(device), accepted_len.to(device), nodes_out.to(device))
+
+    tree_rule.__name__ = f"tree_rule_of_{getattr(node_rule, '__name__', 'node_rule')}"
+    return tree_rule

@@ -1,7 +1,9 @@
 """The tree verification rules: what each one guarantees and how its children must be drafted.
 
 A tree rule is lossless only for the drafting scheme it was derived for, so the scheme is part
-of its contract (``drafting`` below). :func:`list_tree_rules` prints as a table:
+of its contract (``drafting`` below). :func:`register_tree_rule` adds a rule written in plain
+PyTorch, checked on every call like a chain rule (``docs/rules.md``). :func:`list_tree_rules`
+prints as a table:
 
 >>> from specdecode.trees import list_tree_rules
 >>> [r.name for r in list_tree_rules()]
@@ -11,7 +13,13 @@ of its contract (``drafting`` below). :func:`list_tree_rules` prints as a table:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
+
+from specdecode.rules import declared_options
+
+TreeRuleFn = Callable[..., Any]
+#: The children schemes a tree can be drafted by (:mod:`specdecode.trees.builder_base`).
+SCHEMES = ("deterministic", "iid", "without_replacement", "hub")
 
 
 @dataclass(frozen=True)
@@ -23,6 +31,8 @@ class TreeRuleInfo:
     (the distribution each node's children were drafted from); ``options`` are the rule's
     keyword options with their defaults; ``compiled`` is False for a rule that runs in
     Python only (:mod:`specdecode.trees.python_rules`; no C++ / CUDA kernel; none now).
+    A user rule (:func:`register_tree_rule`) has ``builtin`` False, its function ``fn``, and
+    ``children``: the schemes its ``lossless`` claim holds for (empty: any, or lossy).
     """
 
     name: str
@@ -33,10 +43,13 @@ class TreeRuleInfo:
     paper: str = ""
     description: str = ""
     compiled: bool = True
+    builtin: bool = True
+    fn: TreeRuleFn | None = None
+    children: tuple[str, ...] = ()
 
     def __str__(self) -> str:
         loss = "lossless" if self.lossless else "lossy"
-        where = "" if self.compiled else " [Python only]"
+        where = "" if self.compiled else " [Python only]" if self.builtin else " [user]"
         return f"{self.name:13s} {loss:8s} children: {self.drafting}{where}"
 
 
@@ -44,7 +57,7 @@ _TREE_RULES: dict[str, TreeRuleInfo] = {
     r.name: r
     for r in [
         TreeRuleInfo(
-            "greedy", True, "any (temperature 0)", False, {}, "exact at temperature 0",
+            "greedy", False, "any (lossless at temperature 0 only)", False, {}, "exact at temperature 0",
             "accept the child equal to argmax p (lowest id on ties); emit argmax p",
         ),
         TreeRuleInfo(
@@ -102,9 +115,80 @@ _TREE_RULES: dict[str, TreeRuleInfo] = {
 }
 
 
+_USER_TREE_RULES: dict[str, TreeRuleInfo] = {}
+
+
 def is_tree_rule(name: str) -> bool:
-    """Whether ``name`` is a tree rule (``greedy`` and ``typical`` are chain rules too)."""
-    return name in _TREE_RULES
+    """Whether ``name`` is a tree rule, built-in or registered (``greedy`` and ``typical`` are
+    chain rules too)."""
+    return name in _TREE_RULES or name in _USER_TREE_RULES
+
+
+def register_tree_rule(
+    name: str,
+    fn: TreeRuleFn,
+    *,
+    lossless: bool = False,
+    children: str | tuple[str, ...] = (),
+    needs_draft_logits: bool = True,
+    description: str = "",
+    overwrite: bool = False,
+) -> TreeRuleInfo:
+    """Register a tree verification rule written in plain PyTorch under ``name``.
+
+    ``fn(target_probs, draft_probs, tree, *, uniforms, **options)`` receives the processed
+    distributions at every node (the sampling settings applied, as the compiled rules read
+    them), the :class:`~specdecode.trees.TokenTree` and the coins, and returns a
+    :class:`~specdecode.trees.TreeVerifyOutput` or a ``(tokens, accepted_len,
+    accepted_nodes)`` triple. Keyword parameters after ``uniforms`` are the rule's options
+    (``verify_tree(..., name=value)``, ``generate(..., name=value)``).
+
+    Shape:
+        target_probs: ``[B, N, V]`` float64 — at node v, p of the token after v.
+        draft_probs: ``[B, N, V]`` float64 or None — at node v, q its children were drawn from
+            (None when ``needs_draft_logits`` is False).
+        uniforms: ``[B, N]`` float64 in [0, 1) — column ``c > 0`` node c's acceptance coin,
+            column 0 the emitted token's inverse-CDF coin.
+        returns: tokens ``[B, D+1]`` int64 (the accepted path's tokens, one emitted token in
+            ``[0, V)``, then -1), accepted_len ``[B]`` int64, accepted_nodes ``[B, D+1]`` int64
+            (0, the accepted nodes, each a child of the one before, then -1); ``D =
+            tree.max_depth``.
+
+    Every output is checked (:func:`specdecode.rule_checks.check_tree_output`): an error names
+    the rule and the field. ``lossless`` is your claim for trees whose children are drafted by
+    ``children`` (one of ``deterministic``, ``iid``, ``without_replacement``, ``hub``, or a
+    tuple of them); ``generate`` refuses the rule on trees drafted otherwise, as it does for
+    built-in rules. Prove the claim with :func:`specdecode.testing.exact_tree_test`.
+    """
+    if not isinstance(name, str) or not name:
+        raise TypeError(f"name: expected a non-empty str, got {name!r}")
+    if not callable(fn):
+        raise TypeError(f"fn: expected a callable tree rule, got {type(fn).__name__}")
+    if name in _TREE_RULES:
+        raise ValueError(f"name: {name!r} is a built-in tree rule and cannot be replaced")
+    if name in _USER_TREE_RULES and not overwrite:
+        raise ValueError(f"name: a tree rule named {name!r} is already registered (pass overwrite=True)")
+    schemes = (children,) if isinstance(children, str) else tuple(children)
+    unknown = [c for c in schemes if c not in SCHEMES]
+    if unknown or not isinstance(children, (str, tuple, list)):
+        raise ValueError(f"children: expected a children scheme ({', '.join(SCHEMES)}) or a tuple of them, "
+                         f"got {children!r}")
+    if lossless and not schemes:
+        raise ValueError("children: a lossless tree rule is lossless for some drafting scheme; name it "
+                         f"(one of {', '.join(SCHEMES)})")
+    options = declared_options(fn, ("target_probs", "draft_probs", "tree"), ("uniforms",))
+    drafting = " or ".join(schemes) if schemes else "any"
+    info = TreeRuleInfo(name, bool(lossless), drafting, bool(needs_draft_logits), options, "user rule", description,
+                        compiled=False, builtin=False, fn=fn, children=schemes)
+    _USER_TREE_RULES[name] = info
+    return info
+
+
+def unregister_tree_rule(name: str) -> None:
+    """Remove a tree rule registered with :func:`register_tree_rule`."""
+    if name not in _USER_TREE_RULES:
+        raise ValueError(f"name: no user tree rule named {name!r}")
+    del _USER_TREE_RULES[name]
 
 
 #: Children schemes (see :mod:`specdecode.trees.builders`) each lossless tree rule is exact for.
@@ -115,23 +199,37 @@ LOSSLESS_CHILDREN = {
 }
 
 
+def lossless_children(name: str) -> tuple[str, ...] | None:
+    """The children schemes tree rule ``name`` is lossless for (None: it does not care, being
+    lossy or greedy)."""
+    info = _USER_TREE_RULES.get(name)
+    if info is not None:
+        return info.children if info.lossless else None
+    return LOSSLESS_CHILDREN.get(name)
+
+
 def list_tree_rules() -> list[TreeRuleInfo]:
-    """Every built-in tree rule, in a fixed order."""
-    return list(_TREE_RULES.values())
+    """Every tree rule: the built-in ones in a fixed order, then user rules in registration order."""
+    return list(_TREE_RULES.values()) + list(_USER_TREE_RULES.values())
 
 
 def get_tree_rule(name: str) -> TreeRuleInfo:
     """The entry for ``name``; ``ValueError`` listing the tree rules otherwise."""
     if not isinstance(name, str):
         raise TypeError(f"rule: expected a tree rule name (str), got {type(name).__name__}")
-    info = _TREE_RULES.get(name)
+    info = _TREE_RULES.get(name) or _USER_TREE_RULES.get(name)
     if info is None:
-        raise ValueError(f"rule: unknown tree rule {name!r}; tree rules: {', '.join(_TREE_RULES)}")
+        known = ", ".join(r.name for r in list_tree_rules())
+        raise ValueError(f"rule: unknown tree rule {name!r}; tree rules: {known} (a chain rule's name is refused "
+                         "here: register a tree rule with specdecode.trees.register_tree_rule)")
     return info
 
 
 def tree_rule_params(info: TreeRuleInfo, options: dict[str, Any]) -> list[float]:
-    """Check a rule's keyword options and pack them as the op's ``rule_params``."""
+    """Check a rule's keyword options and pack them as the op's ``rule_params`` (a user rule
+    takes its options as keywords: nothing to pack)."""
+    if not info.builtin:
+        return []
     unknown = sorted(set(options) - set(info.options))
     if unknown:
         allowed = ", ".join(info.options) or "none"

@@ -17,10 +17,11 @@ import torch
 from torch import Tensor
 
 from specdecode._ops import ops
-from specdecode.sampling import SamplingParams, as_sampling_params
+from specdecode.rule_checks import check_tree_output
+from specdecode.sampling import SamplingParams, as_sampling_params, processed_probs
 from specdecode.trees.output import TreeVerifyOutput
 from specdecode.trees.python_rules import is_python_rule, verify_tree_python
-from specdecode.trees.rules import get_tree_rule, tree_rule_params
+from specdecode.trees.rules import TreeRuleInfo, get_tree_rule, tree_rule_params
 from specdecode.trees.tree import TokenTree
 
 _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
@@ -72,6 +73,32 @@ def _check_backend(device: torch.device) -> None:
         )
 
 
+def _probs(logits: Tensor, sampling: SamplingParams) -> Tensor:
+    B, N, V = logits.shape
+    return processed_probs(logits.reshape(B * N, V), sampling).view(B, N, V)
+
+
+def _verify_user_rule(info: TreeRuleInfo, target_logits: Tensor, draft_logits: Tensor | None, tree: TokenTree,
+                      sampling: SamplingParams, uniforms: Tensor, options: dict[str, Any]) -> TreeVerifyOutput:
+    """Run a rule registered with :func:`~specdecode.trees.register_tree_rule` on the processed
+    distributions and check what it returns.
+
+    Shape:
+        target_logits, draft_logits: ``[B, N, V]``; uniforms: ``[B, N]`` float64.
+    """
+    tree.validate()
+    V = target_logits.shape[2]
+    bad = (tree.tokens[:, 1:] < 0) | (tree.tokens[:, 1:] >= V)
+    bad &= torch.arange(1, tree.max_nodes, device=tree.device)[None, :] < tree.num_nodes[:, None]
+    if bool(bad.any()):
+        raise ValueError(f"tree_tokens: every node token must lie in [0, V) = [0, {V})")
+    p = _probs(target_logits, sampling)
+    q = None if draft_logits is None else _probs(draft_logits, sampling)
+    result = info.fn(p, q, tree, uniforms=uniforms, **options)
+    checked = check_tree_output(result, info.name, tree.tokens, tree.parents, tree.num_nodes, tree.max_depth, V)
+    return TreeVerifyOutput(*checked)
+
+
 def verify_tree(
     target_logits: Tensor,
     draft_logits: Tensor | None,
@@ -116,7 +143,10 @@ def verify_tree(
         returns: :class:`TreeVerifyOutput` trimmed to ``D + 1`` columns, ``D = tree.max_depth``
             (one host synchronisation).
 
-    ``rule_options``: ``typical`` takes ``epsilon``, ``delta``, ``sample_correction``. Bad trees
+    ``rule_options``: ``typical`` takes ``epsilon``, ``delta``, ``sample_correction``; a rule
+    registered with :func:`~specdecode.trees.register_tree_rule` gets them as keywords, with the
+    processed distributions and the coins, and its output is checked (an error names the rule
+    and the field). Bad trees
     (see :meth:`TokenTree.validate`), node tokens outside ``[0, V)``, repeated sibling tokens
     under ``rrs`` / ``deterministic`` / ``traversal``, and NaN / ``+inf`` logits in a row that is
     read raise ``ValueError`` naming the argument. The op runs on the CPU; other devices raise
@@ -131,7 +161,7 @@ def verify_tree(
     params = as_sampling_params(sampling, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
     info = get_tree_rule(rule)
     rule_params = tree_rule_params(info, rule_options)
-    if params.is_greedy:
+    if params.is_greedy and info.builtin:
         info, rule_params = get_tree_rule("greedy"), []
     B, N = tree.batch_size, tree.max_nodes
     device = tree.device
@@ -150,6 +180,11 @@ def verify_tree(
         raise ValueError(f"draft_logits: tree rule {info.name!r} needs the draft's logits at every node, shape [B, N, V]")
     draft = draft_logits if info.needs_draft_logits else None
 
+    if not info.builtin:
+        if philox_seed is not None or philox_offset is not None:
+            raise ValueError(f"philox_seed: tree rule {info.name!r} is a Python rule; pass uniforms or a generator")
+        coins = _tree_uniforms(B, N, device, generator, uniforms)
+        return _verify_user_rule(info, target_logits, draft, tree, params, coins, rule_options)
     if is_python_rule(info.name):
         if philox_seed is not None or philox_offset is not None:
             raise NotImplementedError(f"philox_seed / philox_offset: tree rule {info.name!r} runs in Python only; "
