@@ -5,12 +5,12 @@
   batch of 3) for EAGLE (full head: a fixed shape and an EAGLE-2 dynamic tree; EAGLE-3-style
   features with a reduced head), Medusa and Hydra trees (rank paths that skip ranks), and every
   row's tree equals the one the eager path drafts for it, step by step (the drafter read the
-  right features: the ones the eager loop hands over);
+  right features: the ones the eager loop hands over); also with prompts shorter than the tree;
 - after every step the feature buffer holds a plain forward's features at every committed
   column of every row, the accepted path's features moved onto the chain columns; a step that
   leaves them where the tree put them fails that check;
 - the joint law of the first tokens is the target's (EAGLE with ``rrs`` and ``specinfer``
-  children, full and reduced head; EAGLE-2 and Medusa with the ``deterministic`` rule), and two
+  children, full and reduced head; EAGLE-2, Medusa and Hydra with the ``deterministic`` rule), and two
   broken steps fail the same test (each node's ``q`` reported as the root's; the accepted path's
   target keys/values left where the tree put them);
 - no tensor value is read on the host while the steps run; layouts are keyed by the rank
@@ -108,23 +108,37 @@ def test_greedy_trees_equal_the_target_and_the_eager_trees(arch):
     target = target_model(arch)
     ids, mask = left_padded([5, 9, 2], vocab=111, seed=3)
     want = hf_greedy(target, ids, mask)
-    accepted = 0
-    for kind in KINDS:
-        drafter = tree_drafter(kind, target)
-        eager, steps = recorded_trees(drafter)
-        out = run(target, drafter, ids, mask)
-        assert torch.equal(out.sequences, want), (arch, kind)
-        assert out.stats.decode_path == "static" and out.stats.tree_rule == "deterministic"
-        reference = run(target, drafter, ids, mask, decode_path="eager")
-        assert torch.equal(reference.sequences, want)
-        for r in range(3):
-            mine = [(tokens[rows.index(r)], parents[rows.index(r)]) for rows, tokens, parents in eager if r in rows]
-            assert mine and len(steps) >= len(mine)
-            for step, ((tokens, parents), (got_tokens, got_parents)) in enumerate(zip(mine, steps)):
-                assert torch.equal(got_tokens[r], tokens) and torch.equal(got_parents[r], parents), (kind, r, step)
-        accepted += out.stats.accepted_tokens
-        del drafter.propose, drafter.static_propose_tree
+    accepted = sum(assert_trees_of_the_eager_path(target, tree_drafter(kind, target), ids, mask, want)
+                   for kind in KINDS)
     assert accepted > 0
+
+
+def assert_trees_of_the_eager_path(target, drafter, ids, mask, want) -> int:
+    """The static path's greedy output is ``want`` (the eager path's too), and every row's tree
+    (tokens and parents) is the one the eager path drafts for it, step by step; returns the
+    static path's accepted drafts."""
+    eager, steps = recorded_trees(drafter)
+    out = run(target, drafter, ids, mask)
+    assert torch.equal(out.sequences, want)
+    assert out.stats.decode_path == "static" and out.stats.tree_rule == "deterministic"
+    assert torch.equal(run(target, drafter, ids, mask, decode_path="eager").sequences, want)
+    for r in range(ids.shape[0]):
+        mine = [(tokens[rows.index(r)], parents[rows.index(r)]) for rows, tokens, parents in eager if r in rows]
+        assert mine and len(steps) >= len(mine)
+        for step, ((tokens, parents), (got_tokens, got_parents)) in enumerate(zip(mine, steps)):
+            assert torch.equal(got_tokens[r], tokens) and torch.equal(got_parents[r], parents), (r, step)
+    del drafter.propose, drafter.static_propose_tree
+    return out.stats.accepted_tokens
+
+
+def test_prompts_shorter_than_the_tree():
+    """Prompts of one and two tokens under trees of depth 3 and 4: EAGLE's first window starts at
+    column 0 and its pending column's output is picked from it."""
+    target = target_model("llama")
+    ids, mask = left_padded([1, 2], vocab=111, seed=7)
+    want = hf_greedy(target, ids, mask)
+    for kind in ("eagle", "eagle_dynamic", "medusa"):
+        assert_trees_of_the_eager_path(target, tree_drafter(kind, target), ids, mask, want)
 
 
 def test_exact_heads_accept_whole_paths():
@@ -225,14 +239,17 @@ def sample_tree(target, drafter, n=N_SAMPLES, **kwargs):
 
 
 SAMPLED = [("eagle", "rrs", "without_replacement"), ("eagle_reduced", "specinfer", "iid"),
-           ("eagle_dynamic", "deterministic", None), ("medusa", "deterministic", None)]
+           ("eagle_dynamic", "deterministic", None), ("medusa", "deterministic", None),
+           ("hydra", "deterministic", None)]
 
 
 @pytest.mark.parametrize("kind, rule, children", SAMPLED, ids=[case[0] for case in SAMPLED])
 def test_static_feature_tree_sampling_is_lossless(target_v8, kind, rule, children):
     target, joint = target_v8
-    if kind == "medusa":
-        drafter = MedusaDrafter(target, medusa_heads(target), tree=[(0,), (1,), (0, 0), (1, 0)])
+    if kind in ("medusa", "hydra"):
+        tree = [(0,), (1,), (0, 0), (1, 0)]
+        drafter = (MedusaDrafter(target, medusa_heads(target), tree=tree) if kind == "medusa"
+                   else HydraDrafter(target, hydra_heads(target), tree=tree))
     elif kind == "eagle_dynamic":
         drafter = random_eagle(target).with_tree("dynamic", num_nodes=5, tree_depth=2, tree_children="deterministic")
     else:
