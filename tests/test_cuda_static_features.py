@@ -58,19 +58,26 @@ def _raising_on_syncs(replay, program) -> None:
 @pytest.mark.parametrize("kind", KINDS)
 def test_recorded_once_replayed_and_no_host_sync(cuda, kind, monkeypatch):
     target = target_model("llama").to(cuda)
-    drafter = make_drafter(kind, target)
-    ids, mask = _on(cuda, *left_padded([5, 8, 3], vocab=111, seed=2))
+    assert_recorded_once_and_replayed(target, make_drafter(kind, target), _graphed, monkeypatch)
+
+
+def assert_recorded_once_and_replayed(target, drafter, graphed, monkeypatch) -> None:
+    """``graphed(target, drafter, ids, mask, **kwargs)`` records its graphs once; a second call
+    replays them with no host synchronisation inside a step, and other prompts of the same
+    layout replay them too, giving the target's greedy output."""
+    device = next(target.parameters()).device
+    ids, mask = _on(device, *left_padded([5, 8, 3], vocab=111, seed=2))
     kwargs = dict(eos_token_id=[], stop_check_every=MAX_NEW)
-    first = _graphed(target, drafter, ids, mask, **kwargs)
+    first = graphed(target, drafter, ids, mask, **kwargs)
     assert first.stats.graph_captures == 1
     replay = graphs.StepProgram._replay
     monkeypatch.setattr(graphs.StepProgram, "_replay", lambda program: _raising_on_syncs(replay, program))
-    again = _graphed(target, drafter, ids, mask, **kwargs)
+    again = graphed(target, drafter, ids, mask, **kwargs)
     assert again.stats.graph_captures == 0 and again.stats.step_host_syncs == 0
     assert torch.equal(again.sequences, first.sequences)
     monkeypatch.undo()
-    ids2, mask2 = _on(cuda, *left_padded([7, 2, 6], vocab=111, seed=3))  # other prompts, same layout
-    other = _graphed(target, drafter, ids2, mask2, eos_token_id=[])
+    ids2, mask2 = _on(device, *left_padded([7, 2, 6], vocab=111, seed=3))  # other prompts, same layout
+    other = graphed(target, drafter, ids2, mask2, eos_token_id=[])
     assert other.stats.graph_captures == 0
     assert torch.equal(other.sequences, target.generate(ids2, attention_mask=mask2, do_sample=False,
                                                         max_new_tokens=MAX_NEW, eos_token_id=[], pad_token_id=PAD))

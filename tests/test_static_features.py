@@ -155,14 +155,15 @@ def test_one_token_prompts_and_short_prompts():
 # ------------------------------------------------------------------------ the feature buffer
 
 
-def checked(drafter, counter: list[int]):
-    """Wrap ``static_propose``: first assert that ``state.features`` holds, at every committed
-    column ``[start, lengths)`` of every row, the hidden states of a plain forward over the
-    row's tokens (its context up to the pending one)."""
-    propose = drafter.static_propose
+def checked(drafter, counter: list[int], method: str = "static_propose"):
+    """Wrap ``method`` (``static_propose``, or ``static_propose_tree`` for trees): first assert
+    that ``state.features`` holds, at every committed column ``[start, lengths)`` of every row,
+    the hidden states of a plain forward over the row's tokens (its context up to the pending
+    one)."""
+    propose = getattr(drafter, method)
     target, layers = drafter.target, drafter.feature_layers
 
-    def check(state, num_tokens):
+    def check(state, *args):
         with torch.no_grad():
             for r in range(state.batch_size):
                 start, length = int(state.start[r]), int(state.lengths[r])
@@ -170,9 +171,9 @@ def checked(drafter, counter: list[int]):
                 want = torch.cat([hidden[i] for i in layers], -1)[0, :-1]
                 torch.testing.assert_close(state.features[r, start:length], want, rtol=1e-4, atol=1e-4)
                 counter[0] += 1
-        return propose(state, num_tokens)
+        return propose(state, *args)
 
-    drafter.static_propose = check
+    setattr(drafter, method, check)
     return drafter
 
 
@@ -385,11 +386,8 @@ def test_refusals_name_the_argument():
         static(target, MedusaDrafter(target, medusa_heads(target)), ids, mask, num_draft_tokens=4)
     with pytest.raises(ValueError, match="num_draft_tokens"):
         static(target, HydraDrafter(target, hydra_heads(target, num_heads=2)), ids, mask)
-    for drafter in (MedusaDrafter(target, medusa_heads(target), tree=product_tree([2, 1])),
-                    HydraDrafter(target, hydra_heads(target), tree=product_tree([2, 1])),
-                    EagleDrafter(target, EagleModel(target).eval()).with_tree("dynamic", num_nodes=4)):
-        with pytest.raises(ValueError, match="tree"):
-            static(target, drafter, ids, mask)
+    with pytest.raises(ValueError, match="^tree: a path asks for the rank-200"):  # trees: test_static_feature_trees
+        static(target, MedusaDrafter(target, medusa_heads(target), tree=product_tree([201])), ids, mask)
     drafter = MedusaDrafter(target, medusa_heads(target))
     drafter.feature_layers = (9,)
     with pytest.raises(ValueError, match="feature_layers"):

@@ -19,10 +19,13 @@ then continues on its *own* predicted features: draft ``i + 1`` reads ``[h_i, e(
 Trees (``tree=``, a :class:`~specdecode.trees.builders.TreeBuilder`) expand one depth per
 forward; a node's input is its parent's predicted feature and its own token.
 
-On the static decode path (chains) the features come from the engine's device buffer
+On the static decode path the features come from the engine's device buffer
 (:mod:`specdecode.engine.static_features`) and the network keeps a static cache on the engine's
 columns: each step feeds the ``k + 1`` columns up to the pending one with their true features,
 then ``k - 1`` one-token forwards on its own predictions (:meth:`EagleDrafter.static_propose`).
+Trees feed the ``D + 1`` columns up to the pending one (``D`` the plan's depth: the longest
+path the last step can have accepted), then one forward per depth over that depth's nodes, each
+at its column after the root (:meth:`EagleDrafter.static_propose_tree`).
 
 Its training recipe is the kit's ``eagle`` kind (:mod:`specdecode.training.eagle`).
 """
@@ -38,10 +41,12 @@ from torch import Tensor, nn
 from specdecode.drafters.base import (CommitUpdate, DrafterBase, DraftState, Proposal, StaticDraftState,
                                       TreeBuilderDrafter)
 from specdecode.drafters.last_feature import static_features_at
+from specdecode.drafters.static_trees import StaticTreeDraftState
 from specdecode.drafters.model import _TreeSlots
 from specdecode.models import cache_kwargs, check_feature_layers, input_device, kv_cache, vocab_rows
-from specdecode.sampling import sample_logits
+from specdecode.sampling import SamplingParams, sample_logits
 from specdecode.trees.builders import TreeBuilder
+from specdecode.trees.static_growth import StaticTreeDraft, StaticTreePlan, grow_static_tree, plan_static_tree
 
 __all__ = ["EagleDrafter", "EagleModel", "decoder_config"]
 
@@ -171,8 +176,8 @@ class EagleDrafter(TreeBuilderDrafter, DrafterBase):
     Draft tokens are drawn by :func:`specdecode.sampling.sample_logits` from the draft logits
     after the generation's logits processors (argmax at temperature 0), and those logits are
     returned as ``q``, as :class:`~specdecode.drafters.ModelDrafter` does; ``tree=`` drafts a
-    token tree with a builder instead. Chains and trees, any batch size, left padding; chains
-    also on the static decode path (:meth:`static_propose`).
+    token tree with a builder instead. Chains and trees, any batch size, left padding; also on
+    the static decode path (:meth:`static_propose`, :meth:`static_propose_tree`).
 
     Example:
         >>> drafter = specdecode.load_drafter("runs/eagle", target)        # doctest: +SKIP
@@ -383,10 +388,8 @@ class EagleDrafter(TreeBuilderDrafter, DrafterBase):
     @torch.no_grad()
     def static_prefill(self, state: StaticDraftState, num_tokens: int) -> None:
         """Feed the prompt's columns the first step does not re-feed (it feeds the
-        ``num_tokens + 1`` columns up to the pending one)."""
-        if self.tree is not None:
-            raise ValueError("tree: EagleDrafter drafts chains only on the static decode path; pass tree=None or use "
-                             "decode_path='eager'")
+        ``num_tokens + 1`` columns up to the pending one; for trees ``num_tokens`` is the
+        plan's depth)."""
         from specdecode.models.static_cache import ColumnCache, prefill_inputs
 
         self._static_cache = state.buffer("eagle_cache", lambda: ColumnCache(state.capacity))
@@ -395,15 +398,13 @@ class EagleDrafter(TreeBuilderDrafter, DrafterBase):
             with prefill_inputs(self._static_cache, state.start, width, self.model.fc.weight.dtype) as inputs:
                 self._static_window(state, inputs)
 
-    @torch.no_grad()
-    def static_propose(self, state: StaticDraftState, num_tokens: int) -> tuple[Tensor, Tensor]:
+    def _static_root(self, state: StaticDraftState, num_tokens: int) -> Tensor:
         """One forward over the ``num_tokens + 1`` columns up to the pending one, fed with true
-        target features (it re-feeds the accepted drafts, which the last step fed with predicted
-        ones, and any rejected column beyond is overwritten before it is read), then
-        ``num_tokens - 1`` one-token forwards on the network's own predicted features. Each
-        draft is drawn with ``state.sample`` from the logits returned for it; no host read.
+        target features (it re-feeds the columns the last step fed with predicted ones, now
+        committed; any column beyond the pending one is overwritten before it is read); returns
+        the predicted feature at the pending column.
 
-        Shape: returns ``[B, num_tokens]`` int64 and ``[B, num_tokens, V]`` float32.
+        Shape: returns ``[B, hidden]``.
         """
         from specdecode.models.static_cache import column_inputs
 
@@ -411,7 +412,21 @@ class EagleDrafter(TreeBuilderDrafter, DrafterBase):
         first = (state.lengths - num_tokens).clamp_min(0)  # a short prompt: the window starts at column 0
         window = self._static_window(state, column_inputs(first, state.start, num_tokens + 1, state.capacity, dtype))
         at_pending = (state.lengths - first)[:, None, None].expand(-1, 1, window.shape[-1])
-        hidden = window.gather(1, at_pending)[:, 0]
+        return window.gather(1, at_pending)[:, 0]
+
+    @torch.no_grad()
+    def static_propose(self, state: StaticDraftState, num_tokens: int) -> tuple[Tensor, Tensor]:
+        """The window (:meth:`_static_root`: the accepted drafts re-fed with their true
+        features), then ``num_tokens - 1`` one-token forwards on the network's own predicted
+        features. Each draft is drawn with ``state.sample`` from the logits returned for it; no
+        host read.
+
+        Shape: returns ``[B, num_tokens]`` int64 and ``[B, num_tokens, V]`` float32.
+        """
+        from specdecode.models.static_cache import column_inputs
+
+        dtype = self.model.fc.weight.dtype
+        hidden = self._static_root(state, num_tokens)
         logits = self._logits(state, hidden)
         tokens, used = [state.sample(logits)], [logits]
         if num_tokens > 1:
@@ -427,3 +442,49 @@ class EagleDrafter(TreeBuilderDrafter, DrafterBase):
                 tokens.append(state.sample(logits))
                 used.append(logits)
         return torch.stack(tokens, 1), torch.stack(used, 1)
+
+    def static_tree_plan(self, sampling: SamplingParams, vocab_size: int) -> StaticTreePlan:
+        return plan_static_tree(self.tree, sampling, vocab_size)
+
+    @torch.no_grad()
+    def static_propose_tree(self, state: StaticTreeDraftState, plan: StaticTreePlan) -> StaticTreeDraft:
+        """The window over the ``D + 1`` columns up to the pending one (``D = plan.max_depth``:
+        it re-feeds the longest path the last step can have accepted with true features), then
+        one forward per depth over the nodes with children
+        (:func:`~specdecode.trees.static_growth.grow_static_tree`): a node at offset ``s`` is fed
+        at column ``lengths + s`` with its parent's predicted feature and its own token, at the
+        root's position plus its depth, seeing the committed columns and its ancestors'.
+
+        Shape: returns a :class:`~specdecode.trees.static_growth.StaticTreeDraft` of
+        ``plan.num_nodes`` nodes.
+        """
+        from specdecode.models.static_cache import tree_inputs
+
+        root_hidden = self._static_root(state, plan.max_depth)
+        B, H = root_hidden.shape
+        slots = plan.span + 1
+        predicted = root_hidden.new_zeros((B, slots, H))  # this step's predicted features, by offset
+        predicted[:, 0] = root_hidden
+        dtype = self.model.fc.weight.dtype
+        root_position = state.lengths - state.start
+
+        def expand(offsets: Tensor, tokens: Tensor, ancestors: Tensor, depth: int) -> Tensor:
+            n = tokens.shape[1]
+            visible = torch.zeros((B, n, slots), dtype=torch.bool, device=state.device)
+            visible.scatter_(2, ancestors.clamp_min(0), True)  # -1 padding marks the root, visible anyway
+            mask, _ = tree_inputs(state.lengths, state.start, visible, state.capacity, dtype)
+            parents = ancestors[:, :, depth - 1, None].expand(B, n, H)  # the parent's offset (the root's: 0)
+            self._static_cache.columns = state.lengths[:, None] + offsets
+            positions = (root_position + depth)[:, None].expand(B, n)
+            hidden = self.model(predicted.gather(1, parents), self._embed(tokens), mask, positions, self._static_cache)
+            predicted.scatter_(1, offsets[:, :, None].expand(B, n, H), hidden)
+            return self._logits(state, hidden)
+
+        root = state.tokens.gather(1, state.lengths[:, None])[:, 0]
+        return grow_static_tree(plan, state, root, self._logits(state, root_hidden), expand)
+
+    def static_accept_path(self, state: StaticTreeDraftState, draft: StaticTreeDraft, accepted_nodes: Tensor,
+                           accepted_len: Tensor) -> None:
+        """Nothing to move: the next window re-feeds every column of the accepted path with its
+        true feature (which the engine moved there), replacing what the tree fed."""
+        return None

@@ -50,6 +50,7 @@ from specdecode.drafters.last_feature import (
 )
 from specdecode.drafters.medusa import check_choices
 from specdecode.models import input_device
+from specdecode.trees.static_growth import StaticTreeDraft, StaticTreePlan
 
 __all__ = ["HydraDrafter", "HydraHeads"]
 
@@ -111,10 +112,12 @@ class HydraHeads(nn.Module):
         return out if vocab_size is None else out[..., :vocab_size]
 
 
-def _tree_levels(paths: list[tuple[int, ...]]) -> list[tuple[Tensor, Tensor, Tensor, Tensor, Tensor]]:
+def _tree_levels(paths: list[tuple[int, ...]]) -> list[tuple[Tensor, Tensor, Tensor, Tensor, Tensor, int]]:
     """Per depth ``d`` (the head that drafts depth ``d + 1``): the nodes at depth ``d`` with
-    children (``[P]``), each one's path of node indices from the root (``[P, d + 1]``), and per
-    child at depth ``d + 1``: its node index, its parent's slot in the first list, its rank."""
+    children (``[P]``), each one's path of node indices from the root (``[P, d + 1]``), per
+    child at depth ``d + 1``: its node index, its parent's slot in the first list, its rank;
+    and the top-k width the level reads (its largest rank + 1), fixed here so that no step
+    reads it on the host."""
     index = {(): 0}
     for path in paths:
         index[path] = len(index)
@@ -126,7 +129,7 @@ def _tree_levels(paths: list[tuple[int, ...]]) -> list[tuple[Tensor, Tensor, Ten
         walks = [[index[p[:k]] for k in range(d + 1)] for p in parents]
         levels.append((torch.tensor([index[p] for p in parents]), torch.tensor(walks, dtype=torch.long),
                        torch.tensor([index[c] for c in children]), torch.tensor([slot[c[:-1]] for c in children]),
-                       torch.tensor([c[-1] for c in children])))
+                       torch.tensor([c[-1] for c in children]), max(c[-1] for c in children) + 1))
     return levels
 
 
@@ -140,7 +143,8 @@ class HydraDrafter(LastFeatureDrafter):
     for a tree whose nodes are conditioned on their paths. Any batch size, left padding. On the
     static decode path (chains, ``num_draft_tokens`` at most ``num_heads``) the heads read the
     feature of each row's last committed column from the engine's device buffer
-    (:meth:`static_propose`).
+    (:meth:`static_propose`); trees too, one batched head call per depth
+    (:meth:`static_propose_tree`).
 
     Example:
         >>> drafter = specdecode.load_drafter("runs/demo-hydra", target)      # doctest: +SKIP
@@ -202,12 +206,12 @@ class HydraDrafter(LastFeatureDrafter):
         b, n = state.batch_size, len(self.choices) + 1
         tokens = root.new_zeros((b, n))
         tokens[:, 0] = root
-        for d, (_, walks, children, slots, ranks) in enumerate(self._levels):
+        for d, (_, walks, children, slots, ranks, width) in enumerate(self._levels):
             walks, children = walks.to(state.device), children.to(state.device)
             embeds = self._embed(tokens[:, walks])  # [b, P, d + 1, H]
             here = feature[:, None].expand(-1, walks.shape[0], -1)
             logits = self._logits(state, here, embeds, d)  # [b, P, V]
-            top = logits.topk(int(ranks.max()) + 1, dim=-1).indices  # distinct ids per parent
+            top = logits.topk(width, dim=-1).indices  # distinct ids per parent
             tokens[:, children] = top[:, slots.to(state.device), ranks.to(state.device)]
         return tree_proposal(tokens, self._parents, forward_calls=len(self._levels))
 
@@ -228,3 +232,27 @@ class HydraDrafter(LastFeatureDrafter):
             used.append(logits)
             embeds.append(self._embed(tokens[-1]))
         return torch.stack(tokens, 1), torch.stack(used, 1)
+
+    @torch.no_grad()
+    def static_propose_tree(self, state: StaticDraftState, plan: StaticTreePlan) -> StaticTreeDraft:
+        """The tree of the rank paths, one batched head call per depth as :meth:`propose` makes
+        them: head ``d`` reads the last committed feature and the embeddings of each parent's
+        path (the pending token first) and gives the parent's children their ranks' tokens; the
+        tables are fixed device tensors, so no host read.
+
+        Shape: returns a :class:`~specdecode.trees.static_growth.StaticTreeDraft` of
+        ``N = len(choices) + 1`` nodes.
+        """
+        levels = state.buffer(f"hydra_tree:{tuple(self.choices)}", lambda: [
+            (walks.flatten().to(state.device), children.to(state.device), (slots * width + ranks).to(state.device),
+             walks.shape[0], width) for _, walks, children, slots, ranks, width in self._levels])
+        feature = self.static_last_feature(state)
+        root = state.tokens.gather(1, state.lengths[:, None])
+        B = root.shape[0]
+        tokens = root.repeat(1, plan.num_nodes)
+        for d, (walks, children, picks, P, width) in enumerate(levels):
+            embeds = self._embed(tokens.index_select(1, walks).view(B, P, d + 1))  # [B, P, d + 1, H]
+            logits = self._logits(state, feature[:, None].expand(-1, P, -1), embeds, d)  # [B, P, V]
+            top = logits.topk(width, dim=-1).indices  # [B, P, width]: distinct ids per parent
+            tokens.index_copy_(1, children, top.flatten(1).index_select(1, picks))
+        return self._static_tree_draft(state, plan, tokens)

@@ -7,8 +7,10 @@ rejections, finished rows and re-packs; :func:`tree_layout` turns rank paths (Me
 
 On the static decode path the engine keeps every column's target feature in
 ``state.features`` (:mod:`specdecode.engine.static_features`); :func:`static_features_at` reads
-it inside a step, and :class:`LastFeatureDrafter` drafts chains from the column before the
-pending token (:meth:`~LastFeatureDrafter.static_last_feature`).
+it inside a step, and :class:`LastFeatureDrafter` drafts chains and trees from the column before
+the pending token (:meth:`~LastFeatureDrafter.static_last_feature`). A tree (``choices``) has
+one fixed shape, its plan (:meth:`~LastFeatureDrafter.static_tree_plan`); the engine moves the
+accepted path's features with its keys/values, so the heads have nothing to move.
 """
 
 from __future__ import annotations
@@ -20,7 +22,9 @@ from torch import Tensor, nn
 
 from specdecode.drafters.base import CommitUpdate, DrafterBase, DraftState, Proposal, StaticDraftState
 from specdecode.models import vocab_rows
-from specdecode.sampling import sample_logits
+from specdecode.sampling import SamplingParams, sample_logits
+from specdecode.trees.shapes import TreeShape
+from specdecode.trees.static_growth import StaticTreeDraft, StaticTreePlan
 from specdecode.trees.tree import TokenTree
 
 __all__ = ["LastFeatureDrafter", "check_count", "check_heads_target", "check_width", "draw", "heads_setup",
@@ -169,15 +173,14 @@ class LastFeatureDrafter(DrafterBase):
     # ------------------------------------------------------------------ static decode path
     # Subclasses have ``heads`` (the draft network), ``target`` and ``choices`` (None: chains).
     def static_key(self) -> tuple:
-        return (self.name, weakref.ref(self.heads), weakref.ref(self.target))
+        return (self.name, weakref.ref(self.heads), weakref.ref(self.target),
+                None if self.choices is None else tuple(self.choices))
 
     def static_prefill(self, state: StaticDraftState, num_tokens: int) -> None:
-        """Nothing to absorb (the engine's prefill wrote the prompt's features); refuses trees
-        and more drafts per step than there are heads, with a ``ValueError`` naming them."""
-        if self.choices is not None:
-            raise ValueError(f"tree: {type(self).__name__} drafts chains only on the static decode path; pass "
-                             "tree=None or use decode_path='eager'")
-        if num_tokens > self.heads.num_heads:
+        """Nothing to absorb (the engine's prefill wrote the prompt's features); refuses more
+        chain drafts per step than there are heads, with a ``ValueError`` naming them (a tree's
+        depth is at most the number of heads: :func:`~specdecode.drafters.medusa.check_choices`)."""
+        if self.choices is None and num_tokens > self.heads.num_heads:
             raise ValueError(f"num_draft_tokens: {type(self).__name__} has {self.heads.num_heads} heads, one draft "
                              f"each; the static decode path drafts exactly num_draft_tokens = {num_tokens} per step")
 
@@ -189,3 +192,38 @@ class LastFeatureDrafter(DrafterBase):
         """
         feature = static_features_at(state, (state.lengths - 1)[:, None])[:, 0]
         return feature.to(self.heads.dtype)
+
+    def static_tree_plan(self, sampling: SamplingParams, vocab_size: int) -> StaticTreePlan:
+        """The tree of the rank paths (``choices``), the same at every step, its children the
+        heads' top-k (``deterministic``); ``ValueError`` naming ``tree`` for a chain drafter or
+        a rank past the vocabulary."""
+        if self.choices is None:
+            raise ValueError(f"tree: this {type(self).__name__} drafts chains (tree=None); pass rank paths as tree=")
+        _, ranks, parents, width = tree_layout(self.choices)
+        if width > vocab_size:
+            raise ValueError(f"tree: a path asks for the rank-{width - 1} token of a head, but the vocabulary has "
+                             f"{vocab_size} ids")
+        shape = TreeShape(tuple(parents.tolist()), child_rank=(-1, *ranks.tolist()))
+        return StaticTreePlan("shape", shape.num_nodes, shape.max_depth, "deterministic", shape=shape)
+
+    def static_accept_path(self, state: StaticDraftState, draft: StaticTreeDraft, accepted_nodes: Tensor,
+                           accepted_len: Tensor) -> None:
+        """Nothing to move: the heads keep nothing per column, and the engine moves the accepted
+        path's target features with its keys/values."""
+        return None
+
+    def _static_tree_draft(self, state: StaticDraftState, plan: StaticTreePlan, tokens: Tensor) -> StaticTreeDraft:
+        """The step's trees from their node tokens (the pending token first), in the plan's
+        shape; every node is present (siblings are distinct ranks of one distribution).
+
+        Shape: tokens ``[B, N]`` int64.
+        """
+        shape = plan.shape
+        assert shape is not None
+        parents, offsets = state.buffer(f"choices_tree:{plan.key}", lambda: (
+            torch.tensor(shape.parents, dtype=torch.long, device=state.device),
+            torch.arange(shape.num_nodes, device=state.device)))
+        B, N = tokens.shape
+        return StaticTreeDraft(tokens, parents.expand(B, -1).contiguous(),
+                               torch.full((B,), N, dtype=torch.long, device=state.device), None,
+                               offsets.expand(B, -1).contiguous())

@@ -47,6 +47,7 @@ from specdecode.drafters.last_feature import (
     tree_proposal,
 )
 from specdecode.models import input_device
+from specdecode.trees.static_growth import StaticTreeDraft, StaticTreePlan
 
 __all__ = ["MedusaDrafter", "MedusaHeads", "check_choices", "product_tree", "sparse_tree"]
 
@@ -163,9 +164,9 @@ class MedusaDrafter(LastFeatureDrafter):
 
     ``tree``: None for a chain of up to ``num_heads`` drafts, or Medusa rank paths (see
     :func:`check_choices`, :func:`product_tree`, :func:`sparse_tree`) for a tree. Any batch
-    size, left padding. On the static decode path (chains, ``num_draft_tokens`` at most
-    ``num_heads``) one head call per step reads the feature of each row's last committed column
-    from the engine's device buffer (:meth:`static_propose`).
+    size, left padding. On the static decode path (chains of at most ``num_heads`` drafts, and
+    trees) one head call per step reads the feature of each row's last committed column from
+    the engine's device buffer (:meth:`static_propose`, :meth:`static_propose_tree`).
 
     Example:
         >>> drafter = specdecode.load_drafter("runs/medusa", target)         # doctest: +SKIP
@@ -233,3 +234,21 @@ class MedusaDrafter(LastFeatureDrafter):
         logits = logits[:, :num_tokens].float()
         tokens = [state.sample(logits[:, i]) for i in range(num_tokens)]
         return torch.stack(tokens, 1), logits
+
+    @torch.no_grad()
+    def static_propose_tree(self, state: StaticDraftState, plan: StaticTreePlan) -> StaticTreeDraft:
+        """The tree of the rank paths from one head call on the last committed feature: the
+        node of path ``(r_0, .., r_{d-1})`` is the rank-``r_{d-1}`` token of head ``d - 1``
+        (the heads' top-``width`` picked by a fixed table, as :meth:`propose` does); no host read.
+
+        Shape: returns a :class:`~specdecode.trees.static_growth.StaticTreeDraft` of
+        ``N = len(choices) + 1`` nodes.
+        """
+        heads, ranks, _, width = self._layout
+        picks = state.buffer(f"medusa_tree:{tuple(self.choices)}",
+                             lambda: (heads * width + ranks).to(state.device))  # [N - 1] into [depth * width]
+        feature = self.static_last_feature(state)
+        logits = self.heads.logits(feature, self.target.get_output_embeddings(), state.vocab_size)
+        top = logits[:, : plan.max_depth].float().topk(width, dim=-1).indices  # [B, depth, width]: distinct per head
+        root = state.tokens.gather(1, state.lengths[:, None])
+        return self._static_tree_draft(state, plan, torch.cat([root, top.flatten(1).index_select(1, picks)], 1))

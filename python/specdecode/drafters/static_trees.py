@@ -8,9 +8,10 @@ root (each row's pending token, at column ``lengths[b]``) first. The drafter dra
 (:func:`~specdecode.trees.static_growth.grow_static_tree` grows any plan given an ``expand``
 that scores new nodes); the engine scores every node with one target forward over columns
 ``lengths[b] .. lengths[b] + num_nodes - 1``, verifies with the tree rule, and moves the
-accepted path's target keys/values to the columns right after the root. It then calls
-``static_accept_path`` so that the drafter moves whatever it keeps per column (its own cache,
-features) the same way. Nothing here may read a tensor on the host: every call may be recorded
+accepted path's target keys/values (and, for a drafter with ``feature_layers``, the target's
+features: :mod:`specdecode.engine.static_features`) to the columns right after the root. It then
+calls ``static_accept_path`` so that the drafter moves whatever it keeps per column (its own
+cache) the same way. Nothing here may read a tensor on the host: every call may be recorded
 into a CUDA graph.
 """
 

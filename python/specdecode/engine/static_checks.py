@@ -19,7 +19,7 @@ from specdecode.drafters.base import StaticDrafter
 from specdecode.engine.schedules import ConstantSchedule, DraftSchedule
 from specdecode.engine.settings import EngineSettings
 from specdecode.engine.static_features import drafter_modules
-from specdecode.engine.static_tree import check_static_tree
+from specdecode.engine.static_tree import check_static_tree, drafts_tree
 from specdecode.models import facts
 from specdecode.rules import get_rule, is_chain_rule
 
@@ -70,7 +70,7 @@ def check_static_path(target: torch.nn.Module, drafter: Any | None, settings: En
                 "static_prefill and static_propose: ModelDrafter, LayerSkipDrafter, EagleDrafter, MedusaDrafter and "
                 "HydraDrafter have them); use decode_path='eager'"
             )
-        if getattr(drafter, "tree", None) is not None:
+        if drafts_tree(drafter):
             tree = check_static_tree(drafter, settings, decode_path)
         elif type(settings.schedule) not in (ConstantSchedule, DraftSchedule):
             raise ValueError(f"draft_schedule: only the constant schedule runs with {where} (every step has one "

@@ -33,7 +33,8 @@ generation with the same shapes (:mod:`specdecode.engine.static_layouts`: the
 (one target forward per token): the baseline the speculative gain is measured against.
 
 Token trees run here too, with a node budget fixed before the generation: their draft, score
-and verify phases are :mod:`specdecode.engine.static_tree`'s, the commit phase is the chain's.
+and verify phases are :mod:`specdecode.engine.static_tree`'s, the commit phase is the chain's
+(draft models, and the feature drafters EAGLE, Medusa and Hydra).
 
 Not supported here (``ValueError``, use the eager path): Hugging Face logits processors,
 stopping criteria, streamers, adaptive draft schedules, Python rules, drafters without
@@ -66,7 +67,7 @@ from specdecode.engine.static_features import drafter_modules, feature_layers_of
 from specdecode.engine.static_layouts import SESSION_CACHE_SIZE, clear_static_sessions  # noqa: F401 (re-exported)
 from specdecode.engine.static_layouts import keep_layout, kept_layout
 from specdecode.engine.static_state import StaticState
-from specdecode.engine.static_tree import check_static_tree, tree_phases, tree_span
+from specdecode.engine.static_tree import check_static_tree, drafts_tree, tree_phases, tree_span
 from specdecode.engine.stats import SpeculativeStats
 from specdecode.engine.step_phases import scored_logits, verify_chain
 from specdecode.engine.stopping import emitted_lengths, finished_rows, output_columns, verify_budget
@@ -139,8 +140,8 @@ class StaticEngine:
         self.stop_check_every = stop_check_every
         self.phase_timing = phase_timing
         self.device = facts.input_device(target)
-        drafts_trees = not isinstance(drafter, TargetOnly) and getattr(drafter, "tree", None) is not None
-        self.tree = check_static_tree(drafter, settings, decode_path) if drafts_trees else None
+        trees = not isinstance(drafter, TargetOnly) and drafts_tree(drafter)
+        self.tree = check_static_tree(drafter, settings, decode_path) if trees else None
         self.rule = get_rule(settings.rule or "token") if self.tree is None else None
         self._logits_to_keep_ok = facts.accepts_logits_to_keep(target)
         self.window = facts.sliding_window(target)
@@ -355,7 +356,8 @@ class StaticEngine:
             session.counters.add_(step_counters(active, accepted, verified, keep, idx[:gamma]))  # on the device
 
         if self.tree is not None:  # token trees: their own draft, score and verify; the same commit
-            draft, score, verify = tree_phases(session, scratch, self.tree, target_ref, dtype, logits_to_keep_ok, s)
+            draft, score, verify = tree_phases(session, scratch, self.tree, target_ref, dtype, logits_to_keep_ok, s,
+                                               layers)
         phases: list[tuple[str, Callable[[], None]]] = [("draft", draft)] if gamma > 0 else []
         phases += [("target", score), ("verify", verify), ("bookkeeping", commit)]
         return StepProgram(phases, self.device, graphed=self.decode_path == "graphed",

@@ -12,16 +12,21 @@ cache's (:mod:`specdecode.models.static_cache`): row ``b``'s committed tokens ar
 - **score**: one target forward over the ``N`` nodes, node ``i`` at column ``lengths[b] + i``,
   position ``lengths[b] - start[b] + depth(i)``, attending to the committed columns and its
   ancestors-or-self (positions and the tree mask from the compiled ``tree_attention_mask``).
+  For a feature drafter (one with ``feature_layers``) the same forward writes each node's
+  target features at its column (:func:`~specdecode.engine.static_features.target_forward`).
 - **verify**: the compiled ``verify_tree_philox`` with the tree rule, coins from the
   generation's Philox counter (the offset advanced on the device), trimmed to ``D + 1``
   columns. Then the accepted path moves into place: for ``j = 1 .. accepted_len[b]`` the
   target's keys/values at column ``lengths[b] + accepted_nodes[b, j]`` are copied to column
-  ``lengths[b] + j`` (:func:`~specdecode.models.static_cache.move_columns`), the drafter moves
-  its own columns (``static_accept_path``), and the path's tokens are written at those columns.
+  ``lengths[b] + j`` (:func:`~specdecode.models.static_cache.move_columns`), so are the
+  target's features (``state.features``, for a feature drafter), the drafter moves its own
+  columns (``static_accept_path``), and the path's tokens are written at those columns.
   The chain step's *commit* phase then does the rest unchanged (output, EOS, lengths moved
   past the path, the bonus token as the next pending token, counters).
 
-The tree rule is checked up front (:func:`check_static_tree`): the one asked for must be
+A drafter drafts trees on this path when it has a tree builder (``tree``: ModelDrafter,
+EagleDrafter) or Medusa-style rank paths (``choices``: MedusaDrafter, HydraDrafter); see
+:func:`drafts_tree`. The tree rule is checked up front (:func:`check_static_tree`): the one asked for must be
 lossless for the plan's children (or indifferent to them), as on the eager path; ``gbv`` needs
 a shape of K paths of one length. At temperature 0 every rule is the greedy walk.
 """
@@ -37,8 +42,9 @@ from torch import Tensor
 from specdecode._ops import ops
 from specdecode.drafters.static_trees import StaticTreeDrafter
 from specdecode.engine.settings import EngineSettings
+from specdecode.engine.static_features import move_columns as move_feature_columns
+from specdecode.engine.static_features import target_forward
 from specdecode.engine.step_phases import scored_logits, tree_rule_for
-from specdecode.models import facts
 from specdecode.trees.rules import get_tree_rule, tree_rule_params
 from specdecode.trees.static_growth import StaticTreePlan, needs_processed_probs
 
@@ -60,14 +66,21 @@ class TreeSetup:
         return (self.plan.key, self.op_rule, self.rule_params)
 
 
+def drafts_tree(drafter: Any) -> bool:
+    """Whether ``drafter`` drafts token trees: it holds a tree builder (``tree``) or Medusa-style
+    rank paths (``choices``, MedusaDrafter and HydraDrafter); None in both drafts chains."""
+    return getattr(drafter, "tree", None) is not None or getattr(drafter, "choices", None) is not None
+
+
 def check_static_tree(drafter: Any, settings: EngineSettings, decode_path: str) -> TreeSetup:
     """Refuse what ``decode_path`` (``"static"`` or ``"graphed"``) cannot do with ``drafter``'s
     token trees (``ValueError`` naming the argument); returns the generation's :class:`TreeSetup`."""
     where = f"decode_path={decode_path!r}"
     if not isinstance(drafter, StaticTreeDrafter):
         raise ValueError(f"tree: {type(drafter).__name__} cannot draft token trees with {where} (it needs "
-                         "static_tree_plan, static_propose_tree and static_accept_path: ModelDrafter has them); draft "
-                         "a chain (tree=None) or use decode_path='eager'")
+                         "static_tree_plan, static_propose_tree and static_accept_path: ModelDrafter, "
+                         "LayerSkipDrafter, EagleDrafter, MedusaDrafter and HydraDrafter have them); draft a chain "
+                         "(tree=None) or use decode_path='eager'")
     plan = drafter.static_tree_plan(settings.sampling, settings.vocab_size)
     if decode_path == "graphed" and needs_processed_probs(plan.children, settings.sampling):
         when = "" if plan.children == "hub" else " under top_k / top_p / min_p"
@@ -103,11 +116,14 @@ def _describe(plan: StaticTreePlan) -> str:
 
 
 def tree_phases(session: Any, scratch: dict[str, Any], setup: TreeSetup, target: Callable[[], Any],
-                dtype: torch.dtype, logits_to_keep_ok: bool, settings: EngineSettings
+                dtype: torch.dtype, logits_to_keep_ok: bool, settings: EngineSettings,
+                layers: tuple[int, ...] | None = None
                 ) -> tuple[Callable[[], None], Callable[[], None], Callable[[], None]]:
     """The draft, score and verify phases of a tree step over ``session``'s buffers (they leave
     ``tokens [B, D + 1]``, ``accepted [B]`` and ``verified [B]`` in ``scratch`` for the chain
-    step's commit phase). ``target`` returns the target model (held weakly by the caller)."""
+    step's commit phase). ``target`` returns the target model (held weakly by the caller);
+    ``layers``: the target features the drafter reads (None: none), written by the score
+    forward at the nodes' columns and moved along the accepted path with the keys/values."""
     state, plan = session.state, setup.plan
     N, D = plan.num_nodes, plan.max_depth
     device = state.device
@@ -126,8 +142,8 @@ def tree_phases(session: Any, scratch: dict[str, Any], setup: TreeSetup, target:
         state.count_op_sync()  # on CUDA, outside a graph, the op reads its row statuses on the host
         mask, columns = tree_inputs(state.lengths, state.start, tree_mask, state.capacity, dtype)
         session.cache.columns = columns
-        logits = facts.forward(target(), tree.tokens, mask, positions, session.cache, last_only=False,
-                               logits_to_keep_ok=logits_to_keep_ok)
+        logits = target_forward(target(), tree.tokens, mask, positions, session.cache, state, layers,
+                                last_only=False, logits_to_keep_ok=logits_to_keep_ok)
         scratch["target_logits"] = scored_logits(logits, settings.vocab_size, device)
 
     def verify() -> None:
@@ -144,7 +160,10 @@ def tree_phases(session: Any, scratch: dict[str, Any], setup: TreeSetup, target:
         lengths = state.lengths[:, None]
         on_path = depth_index <= accepted[:, None]
         target_columns = lengths + depth_index
-        move_columns(session.cache, torch.where(on_path, lengths + nodes[:, 1:], target_columns), target_columns)
+        source = torch.where(on_path, lengths + nodes[:, 1:], target_columns)  # identity copies past the path
+        move_columns(session.cache, source, target_columns)
+        if layers is not None:
+            move_feature_columns(state.features, source, target_columns)
         session.drafter.static_accept_path(state, tree, nodes, accepted)
         state.tokens.scatter_(1, target_columns, tokens[:, :D].clamp_min(0))
         active = ~session.finished

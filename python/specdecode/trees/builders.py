@@ -204,7 +204,9 @@ class DynamicTree(TreeBuilder):
     drafter reports each step's accepted path through :meth:`record`); with ``False`` it is the
     draft's own probability (EAGLE-2 as published). Growing stops early once no deeper node can
     enter the best ``num_nodes`` (path values only fall along a path), which saves draft forwards
-    and changes nothing else. ``max_depth`` defaults to ``min(num_nodes - 1, 16)`` calibrated, 6 raw.
+    and changes nothing else. ``max_depth`` defaults to ``min(num_nodes - 1, 16)`` calibrated, 6 raw
+    (``depth_given`` says whether it was given; the static decode path, which cannot stop early,
+    bounds a default depth by 6: :func:`~specdecode.trees.static_growth.plan_static_tree`).
 
     At temperature > 0 top-k children verified by the ``deterministic`` rule are accepted with
     probability ``p(child)`` only, and a shape that depends on the draws' own probabilities is
@@ -223,6 +225,7 @@ class DynamicTree(TreeBuilder):
     def __init__(self, num_nodes: int = 16, max_depth: int | None = None, top_k: int = 4, calibrated: bool = True,
                  calibration: AcceptanceCalibration | None = None,
                  sampled_children: str | None = "without_replacement") -> None:
+        self.depth_given = max_depth is not None
         if max_depth is None:
             max_depth = max(min(num_nodes - 1, 16), 1) if calibrated and isinstance(num_nodes, int) else 6
         for name, value, low in (("num_nodes", num_nodes, 2), ("max_depth", max_depth, 1), ("top_k", top_k, 1)):

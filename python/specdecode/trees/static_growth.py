@@ -21,7 +21,8 @@ are produced. It comes from the drafter's :class:`~specdecode.trees.builders.Tre
   or at any temperature with ``sampled_children=None``: ``max_depth`` levels, each expanding the
   ``top_k`` frontier nodes of highest path value (the product of the draft's probabilities
   along the path) by their ``top_k`` most likely children; then the ``num_nodes`` best nodes
-  overall form the tree (:func:`~specdecode.trees.dynamic.prune_on_device`). Every level is
+  overall form the tree (:func:`~specdecode.trees.dynamic.prune_on_device`). A builder given
+  no ``max_depth`` grows at most :data:`STATIC_DYNAMIC_DEPTH` levels. Every level is
   expanded (the eager builder may stop early when no deeper node can enter: the same tree) and
   nodes are ranked by the draft's own probabilities (the eager builder's measured calibration
   needs the host). When sampling with sampled children, a dynamic tree drafts the Sequoia shape
@@ -46,6 +47,12 @@ from specdecode.trees.builder_base import SAMPLED_PROFILE, StaticTree, TreeBuild
 from specdecode.trees.dynamic import best_first, prune_on_device
 from specdecode.trees.sequoia import acceptance_from_conditional, sequoia_shape
 from specdecode.trees.shapes import TreeShape
+
+#: The depth of a :class:`~specdecode.trees.builders.DynamicTree` given no ``max_depth``, on the
+#: static path (at most): EAGLE-2's depth, the eager builder's default without calibration. The
+#: eager calibrated default (``num_nodes - 1``, up to 16) relies on stopping once no deeper node
+#: can enter the tree, a host decision; on the static path every level costs a draft forward.
+STATIC_DYNAMIC_DEPTH = 6
 
 #: ``expand(offsets [B, n], tokens [B, n], ancestors [B, n, D + 1], depth) -> logits [B, n, V]``:
 #: score ``n`` new nodes of depth ``depth`` per row, writing them at columns
@@ -114,9 +121,11 @@ def plan_static_tree(builder: Any, sampling: SamplingParams, vocab_size: int) ->
     if type(builder) is DynamicTree:  # subclasses may build otherwise: refused below
         if greedy or builder.sampled is None:
             k = min(builder.top_k, vocab_size)
-            total = 1 + k + (builder.max_depth - 1) * k * k
-            return StaticTreePlan("dynamic", min(builder.num_nodes, total), builder.max_depth, "deterministic",
-                                  top_k=k)
+            depth = builder.max_depth
+            if not getattr(builder, "depth_given", True):  # the eager default relies on stopping early
+                depth = min(depth, STATIC_DYNAMIC_DEPTH)
+            total = 1 + k + (depth - 1) * k * k
+            return StaticTreePlan("dynamic", min(builder.num_nodes, total), depth, "deterministic", top_k=k)
         sampled = builder.sampled
         shape = _sampled_profile_shape(sampled.num_nodes, sampled.max_depth)
         return _shape_plan(shape, sampled.children)
