@@ -26,7 +26,14 @@ from specdecode.training.prompt_sources import (
     static_source,
 )
 from specdecode.training.prompts import chat_prompts, num_chat_prompts
-from specdecode.training.widen import PromptMix, mixed_prompts, multi_turn, parse_request, self_instruct
+from specdecode.training.widen import (
+    PromptMix,
+    mixed_prompts,
+    multi_turn,
+    parse_request,
+    parse_requests,
+    self_instruct,
+)
 
 SMALL = DataSettings(max_length=48, max_new_tokens=16, batch_size=4)
 HELD_OUT = [p for half in CHAT_PROMPT_SETS.values() for p in half] + [
@@ -93,6 +100,10 @@ def test_replies_are_parsed_into_one_request():
     assert parse_request("- Give me three tips for baking bread.") == "Give me three tips for baking bread."
     for junk in ("", "ok", "x = [1, 2, 3] + [4, 5, 6] * 7 // 8", " ".join(["word"] * 70)):
         assert parse_request(junk) is None
+    reply = " How do I water a cactus?\n5. Write a haiku about rain.\nSome chatter here\n6. Name three fam"
+    assert parse_requests(reply) == ["How do I water a cactus?", "Write a haiku about rain."]  # 6. was cut
+    assert parse_requests(" Plan a trip to Oslo.\n5. Explain tides simply.") == ["Plan a trip to Oslo.",
+                                                                                 "Explain tides simply."]
 
 
 def test_self_instruct_keeps_new_requests_and_drops_held_out_ones(demo, monkeypatch):
@@ -109,7 +120,8 @@ def test_self_instruct_keeps_new_requests_and_drops_held_out_ones(demo, monkeypa
     monkeypatch.setattr(widen, "_generate", fake)
     kept = self_instruct(target, tokenizer, 3, ["Explain tides.", "Write a poem."], SMALL, seed=1, progress=False)
     assert kept == ["Plan a picnic for six people.", "Suggest a name for a pet snail."]  # the 3rd never comes
-    assert "Write one new request about" in seen[0] and "1. " in seen[0]
+    assert "List requests that people send to an AI assistant about" in seen[0]
+    assert seen[0].endswith("\n3. Explain tides.\n4.") or seen[0].endswith("\n3. Write a poem.\n4.")
 
 
 def test_the_real_self_instruct_and_multi_turn_run_on_the_target(demo):

@@ -174,10 +174,11 @@ def test_a_time_budget_is_split_across_the_kinds(demo, tmp_path):
     target, tokenizer = demo
     results = train_drafters(["medusa", "draft"], target, tmp_path, tokenizer=tokenizer, target_name="demo",
                              minutes=0.25, data_minutes=0.05, num_prompts=8, progress=False,
-                             data_settings=DataSettings(max_length=48, max_new_tokens=16, batch_size=4),
+                             data_settings=DataSettings(max_length=48, max_new_tokens=16),
                              loop_settings=LoopSettings(batch_size=4), kind_options={"draft": {"num_layers": 1}})
     t = {kind: r.record["training"] for kind, r in results.items()}
     assert all(v["steps"] >= 1 and v["horizon"] is not None for v in t.values())
+    assert t["draft"]["data_batch_size"] == 8  # no batch size given: the CPU's
     assert t["draft"]["total_seconds"] < 60  # 15 s asked; evaluation and saving come after it
     assert results["draft"].path == tmp_path / "draft" and results["draft"].export is None
     with pytest.raises(ValueError, match="kind_options: options for kinds not in this run: exit"):

@@ -230,10 +230,7 @@ def _run_settings(args: argparse.Namespace) -> dict[str, Any]:
                                                          ("max_new_tokens", "max_new_tokens"),
                                                          ("max_length", "max_length"))
             if getattr(args, flag, None) is not None}
-    if data:
-        base = DataSettings()
-        if "batch_size" not in data:  # sized for the device, as when no data flag is given
-            data["batch_size"] = _device_data_batch(args, base)
+    if data:  # a batch size left out (None) is sized for the device when the run starts
         settings["data_settings"] = DataSettings(**data)
         if settings["data_settings"].max_new_tokens >= settings["data_settings"].max_length:
             raise ValueError(f"max_new_tokens: must be less than max_length ({settings['data_settings'].max_length})")
@@ -241,12 +238,6 @@ def _run_settings(args: argparse.Namespace) -> dict[str, Any]:
         cuda = str(getattr(args, "device", None) or "cpu").startswith("cuda")
         settings["loop_settings"] = LoopSettings(batch_size=args.batch_size, warmup_steps=50 if cuda else 10)
     return settings
-
-
-def _device_data_batch(args: argparse.Namespace, base: Any) -> int:
-    from specdecode.training.device import CPU_DATA_BATCH, MAX_DATA_BATCH
-
-    return MAX_DATA_BATCH if str(getattr(args, "device", None) or "cpu").startswith("cuda") else CPU_DATA_BATCH
 
 
 def _describe(kind_result: Any, out: Path) -> None:

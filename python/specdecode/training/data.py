@@ -99,14 +99,15 @@ _CACHE_FORMAT = 2  # part of the data key: a cache written by another format is 
 class DataSettings:
     """How examples are made. ``max_length``: tokens per example (prompt plus continuation, or a
     text window); ``max_new_tokens``: the target's continuation of each prompt; ``top_k``:
-    target log-probabilities kept per position; ``batch_size``: prompts per generate call;
+    target log-probabilities kept per position; ``batch_size``: prompts per generate call (None:
+    sized for the target's device when a run starts, :func:`specdecode.training.device.data_batch_size`);
     ``temperature``: of the target's continuations (0: greedy); ``feature_layers``: indices
     into the target's ``hidden_states`` also kept per position (feature drafters), or None."""
 
     max_length: int = 192
     max_new_tokens: int = 96
     top_k: int = 64
-    batch_size: int = 8
+    batch_size: int | None = None
     temperature: float = 0.7
     seed: int = 0
     feature_layers: tuple[int, ...] | None = None
@@ -288,6 +289,8 @@ def distill_examples(target: Any, sequences: list[list[int]], continue_them: boo
     and cached. Stops at ``num_batches`` batches when given (a resumed run asks for exactly what
     it trained on), else when every sequence is done or at ``deadline`` (``time.monotonic()``;
     at least one batch is always made)."""
+    if settings.batch_size is None:
+        raise ValueError("data_settings: batch_size is None; size it for the device first")
     folder = Path(cache_root) / f"{target_hash.split(':')[-1][:16]}-{data_key(sequences, continue_them, settings)}"
     folder.mkdir(parents=True, exist_ok=True)
     total = -(-len(sequences) // settings.batch_size)

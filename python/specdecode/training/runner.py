@@ -143,10 +143,9 @@ def _load(target: Any, spec: RunSpec) -> tuple[torch.nn.Module, Any, str]:
 def _settings(target: torch.nn.Module, spec: RunSpec, layers: tuple[int, ...] | None
               ) -> tuple[DataSettings, LoopSettings]:
     device = next(target.parameters()).device
-    data_cfg = spec.data_settings
-    if data_cfg is None:
-        base = DataSettings()
-        data_cfg = replace(base, batch_size=data_batch_size(target, base.max_length))
+    data_cfg = spec.data_settings or DataSettings()
+    if data_cfg.batch_size is None:
+        data_cfg = replace(data_cfg, batch_size=data_batch_size(target, data_cfg.max_length))
     loop_cfg = spec.loop_settings
     if loop_cfg is None:
         loop_cfg = LoopSettings(batch_size=loop_batch_size(device),

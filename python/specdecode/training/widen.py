@@ -6,11 +6,13 @@ A :class:`PromptMix` names the share of each source in the run's ``num_prompts``
 
 * ``templates``: the kit's default prompts (:func:`~specdecode.training.data.default_prompts`);
 * ``self-instruct``: requests the target writes itself (as in Self-Instruct, Wang et al. 2022):
-  it is shown three requests drawn from the templates and asked for one new request about a
-  seed topic (:data:`~specdecode.training.prompt_sources.SEED_TOPICS`); a reply is kept when it
-  reads as one request (3 to 60 words, mostly letters) and is no near-copy (ROUGE-L below 0.7)
-  of a request already kept on the same topic, nor a copy of any kept request, nor a near-copy
-  of the benchmark's prompts;
+  asked for a list of requests about a seed topic
+  (:data:`~specdecode.training.prompt_sources.SEED_TOPICS`), its answer is begun with three
+  numbered requests drawn from the templates, and it continues the list (a small chat model
+  follows a list far better than an instruction to write one request); each complete numbered
+  line is a candidate, kept when it reads as one request (3 to 60 words, mostly letters) and is
+  no near-copy (ROUGE-L below 0.7) of a request kept on the same topic, nor a copy of any kept
+  request, nor a near-copy of the benchmark's prompts;
 * ``multi-turn``: two-turn exchanges: a templated request, the target's own answer, then a
   follow-up (:data:`~specdecode.training.prompt_sources.FOLLOW_UPS`); the target's second
   answer is what is learned;
@@ -38,6 +40,7 @@ import torch
 from tqdm.auto import tqdm
 
 from specdecode.training.data import DataSettings, continue_prompts, default_prompts, encode_prompt
+from specdecode.training.device import data_batch_size
 from specdecode.training.prompt_sources import (
     FOLLOW_UPS,
     SEED_TOPICS,
@@ -47,11 +50,11 @@ from specdecode.training.prompt_sources import (
     static_source,
 )
 
-__all__ = ["SOURCES", "PromptMix", "mixed_prompts", "multi_turn", "parse_request", "self_instruct"]
+__all__ = ["SOURCES", "PromptMix", "mixed_prompts", "multi_turn", "parse_request", "parse_requests", "self_instruct"]
 
 #: Source names, as written in a mix's text (``self-instruct``) and as fields (``self_instruct``).
 SOURCES: tuple[str, ...] = ("templates", "self-instruct", "multi-turn", "code", "prose", "long")
-_REQUEST_TOKENS = 48  # the most new tokens of a self-instruct reply
+_REQUEST_TOKENS = 64  # the most new tokens of a self-instruct reply (a few numbered lines)
 _ANSWER_TOKENS = 64  # the most new tokens of a multi-turn exchange's first answer
 _TRIES = 4  # self-instruct replies asked for per request wanted, at most
 
@@ -125,6 +128,26 @@ def parse_request(reply: str) -> str | None:
     return line
 
 
+def _sized(settings: DataSettings, target: Any) -> DataSettings:
+    """``settings`` with a batch size (sized for the target's device when it has none)."""
+    if settings.batch_size is not None:
+        return settings
+    return replace(settings, batch_size=data_batch_size(target, settings.max_length))
+
+
+def parse_requests(reply: str) -> list[str]:
+    """The requests of a self-instruct reply, the continuation of a numbered list after "4.":
+    its first line, then every line that starts with a number, each read by
+    :func:`parse_request`; a last line not ended by a newline is kept only when it ends a
+    sentence (else the reply was cut inside it)."""
+    lines = reply.split("\n")
+    last_cut = not lines[-1].rstrip().endswith((".", "?", "!"))
+    candidates = [lines[0]] + [line for line in lines[1:] if re.match(r"^\s*\d+[.)]\s", line)]
+    if last_cut and candidates and candidates[-1] is lines[-1]:
+        candidates.pop()
+    return [r for r in (parse_request(line) for line in candidates) if r is not None]
+
+
 def _generate(target: Any, tokenizer: Any, prompts: list[list[int]], settings: DataSettings, seed: int,
               desc: str, progress: bool, deadline: float | None) -> list[str | None]:
     """The target's replies to ``prompts`` (text, special tokens dropped), in batches of
@@ -144,18 +167,23 @@ def _generate(target: Any, tokenizer: Any, prompts: list[list[int]], settings: D
     return replies
 
 
-def _examples_block(examples: list[str], topic: str) -> str:
-    shown = "\n".join(f"{i + 1}. {text}" for i, text in enumerate(examples))
-    return (f"Here are some requests that people send to an AI assistant:\n{shown}\n"
-            f"Write one new request about {topic}, different from these. Reply with the request only.")
+def _list_prompt(tokenizer: Any, examples: list[str], topic: str) -> list[int]:
+    """A request for a list of requests about ``topic``, its answer begun with ``examples``
+    numbered 1 to 3 and "4." (through the chat template when the tokenizer has one)."""
+    ask = f"List requests that people send to an AI assistant about {topic}, one per line."
+    begun = "".join(f"{i + 1}. {' '.join(text.split())}\n" for i, text in enumerate(examples)) + f"{len(examples) + 1}."
+    if getattr(tokenizer, "chat_template", None):
+        return encode_prompt(tokenizer, ask) + list(tokenizer(begun, add_special_tokens=False).input_ids)
+    return list(tokenizer(f"{ask}\n{begun}").input_ids)
 
 
 def self_instruct(target: Any, tokenizer: Any, count: int, pool: list[str], settings: DataSettings, *, seed: int = 0,
                   progress: bool = True, deadline: float | None = None) -> list[str]:
-    """Up to ``count`` requests written by the target (see the module docstring), each shown
-    three requests of ``pool`` and a seed topic. Deterministic for a seed on one device."""
+    """Up to ``count`` requests written by the target (see the module docstring), each list
+    begun with three requests of ``pool``, about a seed topic. Deterministic for a seed on one
+    device."""
     gen = torch.Generator().manual_seed(seed)
-    cfg = replace(settings, max_new_tokens=_REQUEST_TOKENS, temperature=1.0)
+    cfg = replace(_sized(settings, target), max_new_tokens=_REQUEST_TOKENS, temperature=1.0)
     kept: list[str] = []
     by_topic: dict[str, list[str]] = {}  # near-copies are looked for among the same topic's requests
     words_seen: set[tuple[str, ...]] = set()  # and copies (the same content words) among all
@@ -166,21 +194,21 @@ def self_instruct(target: Any, tokenizer: Any, count: int, pool: list[str], sett
         for _ in range(n):
             topics.append(SEED_TOPICS[int(torch.randint(len(SEED_TOPICS), (1,), generator=gen))])
             shown = [pool[int(i)] for i in torch.randint(len(pool), (3,), generator=gen)]
-            prompts.append(encode_prompt(tokenizer, _examples_block(shown, topics[-1])))
+            prompts.append(_list_prompt(tokenizer, shown, topics[-1]))
         replies = _generate(target, tokenizer, prompts, cfg, seed + asked, "data: self-instruct", progress, deadline)
         asked += n
         for reply, topic in zip(replies, topics):
-            request = None if reply is None else parse_request(reply)
             same = by_topic.setdefault(topic, [])
-            if request is None or tuple(content_words(request)) in words_seen or is_held_out(request) or any(
-                    near_copy(request, k, 0.7) for k in same):
-                continue
-            words_seen.add(tuple(content_words(request)))
-            same.append(request)
-            kept.append(request)
-            if len(kept) == count:
+            for request in [] if reply is None else parse_requests(reply):
+                if tuple(content_words(request)) in words_seen or is_held_out(request) or any(
+                        near_copy(request, k, 0.7) for k in same):
+                    continue
+                words_seen.add(tuple(content_words(request)))
+                same.append(request)
+                kept.append(request)
+            if len(kept) >= count:
                 break
-    return kept
+    return kept[:count]
 
 
 def _conversation_ids(tokenizer: Any, turns: list[tuple[str, str]]) -> list[int]:
@@ -197,7 +225,7 @@ def multi_turn(target: Any, tokenizer: Any, firsts: list[str], settings: DataSet
     a follow-up, and the generation prompt of the target's second answer. Exchanges whose
     first answer was not made by ``deadline`` are left out."""
     gen = torch.Generator().manual_seed(seed)
-    cfg = replace(settings, max_new_tokens=min(_ANSWER_TOKENS, settings.max_new_tokens))
+    cfg = replace(_sized(settings, target), max_new_tokens=min(_ANSWER_TOKENS, settings.max_new_tokens))
     answers = _generate(target, tokenizer, [encode_prompt(tokenizer, f) for f in firsts], cfg, seed,
                         "data: multi-turn answers", progress, deadline)
     out = []
@@ -229,6 +257,7 @@ def mixed_prompts(target: Any, tokenizer: Any, target_name: str, count: int, mix
     from specdecode.training.artifacts import target_fingerprint
 
     wanted = mix.counts(count)
+    settings = _sized(settings, target)
     key = _cache_key(target_fingerprint(target), target_name, mix.text(), count, seed, settings.max_new_tokens,
                      settings.temperature, settings.batch_size)
     file = Path(cache_root) / f"prompts-{key}.json"
