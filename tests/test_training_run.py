@@ -189,3 +189,35 @@ def test_a_time_budget_is_split_across_the_kinds(demo, tmp_path):
         train_drafters(["draft"], target, tmp_path, minutes=1, data_minutes=2)
     with pytest.raises(TypeError, match="kinds"):
         train_drafters("draft", target, tmp_path)
+
+
+def test_a_target_named_with_a_dtype_is_cast(tmp_path):
+    result = train_drafter("draft", "demo", tmp_path, dtype="bfloat16", max_steps=1, num_prompts=4, progress=False,
+                           data_settings=DataSettings(max_length=32, max_new_tokens=8, batch_size=4),
+                           loop_settings=LoopSettings(batch_size=4), num_layers=1)
+    assert result.record["training"]["dtype"] == "torch.bfloat16"
+    assert next(result.drafter.parameters()).dtype == torch.bfloat16
+
+
+@pytest.fixture
+def cuda() -> torch.device:
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    return torch.device("cuda")
+
+
+@pytest.mark.cuda
+def test_every_kind_in_one_run_on_the_gpu(cuda, tmp_path, capsys):
+    """The command a GPU session runs, on the demo target: every kind, --device cuda, --export."""
+    main(["train", "eagle", "medusa", "hydra", "exit", "draft", "--target", "demo", "--device", "cuda",
+          "--out", str(tmp_path / "run"), "--export", str(tmp_path / "fp16"), "--max-steps", "2", "--num-layers", "1",
+          "--num-prompts", "8", "--max-length", "48", "--max-new-tokens", "16"])
+    target, _, tokenizer = specdecode.load_demo_pair()
+    target = target.to(cuda)
+    ids = tokenizer("def mean(values):\n", return_tensors="pt").input_ids.to(cuda)
+    want = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=8, do_sample=False)
+    for kind in list_kinds():
+        record = json.loads((tmp_path / "run" / kind / "specdecode_drafter.json").read_text())
+        assert record["training"]["device"].startswith("cuda") and record["training"]["data_batch_size"] >= 8
+        drafter = specdecode.load_drafter(tmp_path / "fp16" / kind, target)
+        assert torch.equal(specdecode.generate(target, drafter, ids, max_new_tokens=8).sequences, want), kind
