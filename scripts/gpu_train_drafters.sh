@@ -124,7 +124,8 @@ log "train ($KINDS) for $MINUTES minutes on $DEVICE (the command is stopped at $
 # shellcheck disable=SC2086  # KINDS, KIND_ARGS and EXTRA_ARGS are word lists
 timeout "$left" $PY -m specdecode train $KINDS --target "$TARGET" --device "$DEVICE" --minutes "$MINUTES" \
   --data-minutes "$DATA_MINUTES" --num-prompts "$NUM_PROMPTS" --prompt-mix "$PROMPT_MIX" \
-  --out "$WORK" --export "$WORK-export" $KIND_ARGS $EXTRA_ARGS 2>&1 | grep -v "Loading weights" | tee -a "$OUT/train.log"
+  --out "$WORK" --export "$WORK-export" $KIND_ARGS $EXTRA_ARGS 2>&1 | grep --line-buffered -v "Loading weights" \
+  | tee -a "$OUT/train.log"
 rc=${PIPESTATUS[0]}
 log "train rc=$rc (124: stopped at the time limit; the kinds exported before it are packed)"
 
