@@ -12,38 +12,17 @@ gets a ``"generation"`` entry: the settings measured best for the drafter, which
 not told). ``--sampling-tree none`` (a chain) / ``--sampling-num-draft-tokens`` add its
 ``"sampling"`` entry: what ``generate`` drafts instead when it samples. Loading casts the weights back to the target's dtype (``load_state_dict`` copies into the
 drafter's own float32 parameters), so a shipped drafter drafts like the trained one up to the
-half-precision rounding of its weights.
+half-precision rounding of its weights. The work is done by
+:func:`specdecode.training.export.export_drafter` (``python -m specdecode train ... --export DIR``
+writes such copies of the drafters it trains).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import shutil
 from pathlib import Path
 
-import torch
-from safetensors.torch import load_file, save_file
-
-
-def export(src: Path, dst: Path, dtype: torch.dtype, generation: dict | None = None) -> int:
-    """Write the half-precision copy (its record with ``generation`` settings when given);
-    returns the size of its weights file in bytes."""
-    if not (src / "model.safetensors").is_file() or not (src / "specdecode_drafter.json").is_file():
-        raise SystemExit(f"src: {src} is not a drafter folder (model.safetensors and specdecode_drafter.json)")
-    dst.mkdir(parents=True, exist_ok=True)
-    state = load_file(str(src / "model.safetensors"))
-    state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
-    save_file(state, str(dst / "model.safetensors"))
-    for item in src.iterdir():
-        if item.suffix == ".json" and item.name != "progress.json":
-            shutil.copy2(item, dst / item.name)
-    if generation:
-        record_file = dst / "specdecode_drafter.json"
-        record = json.loads(record_file.read_text(encoding="utf-8"))
-        record["generation"] = generation
-        record_file.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
-    return (dst / "model.safetensors").stat().st_size
+from specdecode.training.export import export_drafter
 
 
 def main() -> None:
@@ -69,7 +48,7 @@ def main() -> None:
         sampling["num_draft_tokens"] = args.sampling_num_draft_tokens
     if sampling:
         settings["sampling"] = sampling
-    size = export(args.src, args.dst, getattr(torch, args.dtype), settings)
+    size = export_drafter(args.src, args.dst, dtype=args.dtype, generation=settings or None)
     print(f"{args.dst}: weights {size / 1e6:.2f} MB ({args.dtype})")
 
 

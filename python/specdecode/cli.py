@@ -183,6 +183,7 @@ def demo_parser(sub: Any) -> argparse.ArgumentParser:
 def train(parser: argparse.ArgumentParser, args: argparse.Namespace, rest: list[str]) -> None:
     """``python -m specdecode train``: :func:`specdecode.training.command.run_train`."""
     from specdecode.training.command import run_train
+    from specdecode.training.device import OutOfDeviceMemory
 
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
@@ -190,6 +191,8 @@ def train(parser: argparse.ArgumentParser, args: argparse.Namespace, rest: list[
         run_train(args)
     except (ValueError, TypeError) as exc:  # what only the models can tell
         parser.exit(2, f"{parser.prog}: error: {exc}\n")
+    except OutOfDeviceMemory as exc:  # the device (or the host) is full: one line, what to lower
+        parser.exit(1, f"{parser.prog}: error: {exc}\n")
 
 
 def bench(parser: argparse.ArgumentParser, rest: list[str]) -> None:

@@ -1,6 +1,6 @@
-"""``python -m specdecode train KIND --target NAME_OR_PATH --out DIR [--minutes M] [--data FILE]
-[--seed S]``: the training kit from the command line. Every argument is checked when it is parsed,
-before any model is loaded."""
+"""``python -m specdecode train KIND [KIND ...] --target NAME_OR_PATH --out DIR [--device cuda]
+[--minutes M] [--export DIR] ...``: the training kit from the command line. Every argument is
+checked when it is parsed, before any model is loaded."""
 
 from __future__ import annotations
 
@@ -14,6 +14,10 @@ TRAIN_DESCRIPTION = """\
 Train a drafter for a target model, on the target's own generations (self-distillation), and
 save it in a folder that specdecode.load_drafter(DIR, target) reads. --minutes bounds the whole
 run (data and training); a second run with the same arguments resumes an interrupted one.
+Several kinds train in one run from one labelled-data cache: each is saved in OUT/KIND, and
+with --minutes the data stage gets --data-minutes (default 40%) and each kind an equal part of
+the rest. --device cuda puts the target on a GPU (batch sizes follow: up to 512 prompts per
+data batch, 64 examples per step); --export DIR writes half-precision copies for shipping.
 
 kinds:
   draft   a small draft model: the target's architecture with fewer layers, started from the
@@ -38,7 +42,10 @@ examples:
   python -m specdecode train eagle --target smollm2 --out runs/smol-eagle --minutes 20 --draft-vocab 8192
   python -m specdecode train exit --target smollm2 --out runs/smol-exit8 --layer 8 --minutes 8
   python -m specdecode train medusa --target demo --out runs/demo-medusa --minutes 4 --num-heads 4
-  python -m specdecode train hydra --target demo --out runs/demo-hydra --minutes 4 --num-heads 4"""
+  python -m specdecode train hydra --target demo --out runs/demo-hydra --minutes 4 --num-heads 4
+  python -m specdecode train eagle medusa hydra exit draft --target smollm2 --device cuda --minutes 8 \\
+      --out runs/gpu --export runs/gpu-fp16 --draft-vocab 8192 --freeze-head --unroll 2 --num-layers 2 \\
+      --prompt-mix templates=0.5,self-instruct=0.2,multi-turn=0.2,code=0.05,prose=0.05"""
 
 
 def _kind(text: str) -> str:
@@ -68,34 +75,73 @@ def _data(text: str) -> Path:
     return path
 
 
-def _minutes(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise ValueError(f"minutes: expected a number > 0, got {text!r}") from None
-    if not value > 0:
-        raise ValueError(f"minutes: expected a number > 0, got {text!r}")
-    return value
+def _positive(name: str) -> Any:
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise ValueError(f"{name}: expected a number > 0, got {text!r}") from None
+        if not value > 0:
+            raise ValueError(f"{name}: expected a number > 0, got {text!r}")
+        return value
+
+    return cli_args.checked(parse, name)
+
+
+def _kinds(text: str) -> list[str]:
+    from specdecode.training.kinds import check_kinds
+
+    return check_kinds([part.strip() for part in text.split(",") if part.strip()])
+
+
+def _device(text: str) -> str:
+    from specdecode.training.device import check_device
+
+    check_device(text, present=False)  # whether it is there is told when the run starts, in one line
+    return text
+
+
+def _mix(text: str) -> Any:
+    from specdecode.training.widen import PromptMix
+
+    return PromptMix.parse(text)
+
 
 
 def train_parser(sub: Any) -> argparse.ArgumentParser:
     """The ``train`` subcommand's parser, added to ``sub``."""
-    t = sub.add_parser("train", help="train a drafter for a target (python -m specdecode train --help)",
+    t = sub.add_parser("train", help="train drafters for a target (python -m specdecode train --help)",
                        description=TRAIN_DESCRIPTION, formatter_class=cli_args.HelpFormatter)
-    t.add_argument("kind", type=cli_args.checked(_kind, "kind"),
-                   help="drafter kind: draft, eagle, exit, hydra or medusa")
+    t.add_argument("kind", nargs="*", type=cli_args.checked(_kind, "kind"),
+                   help="drafter kinds: draft, eagle, exit, hydra, medusa (one or more, or --kinds)")
+    t.add_argument("--kinds", type=cli_args.checked(_kinds, "kinds"), default=None,
+                   help="the kinds as one comma-separated list (instead of the positional kinds)")
     t.add_argument("--target", required=True, type=cli_args.checked(_target, "target"),
                    help="'demo', 'smollm2' or a Hugging Face model folder")
     t.add_argument("--out", required=True, type=cli_args.checked(_out, "out"),
-                   help="folder for the drafter (and its cache)")
-    t.add_argument("--minutes", type=cli_args.checked(_minutes, "minutes"), default=None,
+                   help="folder for the drafter and its cache (several kinds: one sub-folder each)")
+    t.add_argument("--device", type=cli_args.checked(_device, "device"), default=None,
+                   help="where the target runs: cpu or cuda (default: the CPU)")
+    t.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None,
+                   help="the target's precision on the device (default float32; bfloat16 for large targets)")
+    t.add_argument("--minutes", type=_positive("minutes"), default=None,
                    help="wall-time budget of the whole run (default: --max-steps, or 300 steps)")
+    t.add_argument("--data-minutes", type=_positive("data_minutes"), default=None,
+                   help="the data stage's part of --minutes (default 40%% of it)")
+    t.add_argument("--export", type=cli_args.checked(_out, "export"), default=None,
+                   help="also write half-precision copies (float16) of the drafters here, as they ship")
     t.add_argument("--data", type=cli_args.checked(_data, "data"), default=None,
                    help="a .jsonl file of prompts ({\"prompt\": ...} per line) or a plain text file "
                         "(default: built-in prompts, see docs/training.md)")
+    t.add_argument("--prompt-mix", type=cli_args.checked(_mix, "prompt_mix"), default=None,
+                   help="default prompts widened beyond the templates, shares by source: templates, "
+                        "self-instruct (requests the target writes from seed topics), multi-turn, code, prose, "
+                        "long; e.g. templates=0.5,self-instruct=0.3,multi-turn=0.2")
     t.add_argument("--seed", type=cli_args.int_at_least("seed", 0), default=0, help="random seed")
     t.add_argument("--max-steps", type=cli_args.int_at_least("max_steps", 1), default=None,
-                   help="most optimizer steps")
+                   help="most optimizer steps (per kind)")
+    t.add_argument("--batch-size", type=cli_args.int_at_least("batch_size", 1), default=None,
+                   help="examples per optimizer step (default: 64 on a GPU, 8 on the CPU)")
     t.add_argument("--draft-vocab", type=cli_args.int_at_least("draft_vocab", 1), default=None,
                    help="eagle: a reduced head over the N most frequent tokens (default: the target's head)")
     t.add_argument("--unroll", type=int, choices=[1, 2], default=None,
@@ -110,13 +156,20 @@ def train_parser(sub: Any) -> argparse.ArgumentParser:
                    help="medusa, hydra: number of heads (default 4)")
     t.add_argument("--head-layers", type=cli_args.int_at_least("head_layers", 1), default=None,
                    help="hydra: layers of each head's MLP (default 2)")
+    t.add_argument("--num-layers", type=cli_args.int_at_least("num_layers", 1), default=None,
+                   help="draft: the target's first N layers (default: an eighth of them)")
     t.add_argument("--num-prompts", type=cli_args.int_at_least("num_prompts", 1), default=None,
                    help="default prompts to continue with the target (default 256; ignored with --data FILE)")
     t.add_argument("--data-batch-size", type=cli_args.int_at_least("data_batch_size", 1), default=None,
-                   help="prompts per batch of target generations (default 8; larger batches make data faster "
-                        "on a many-core CPU or a GPU)")
+                   help="prompts per batch of target generations (default: 8 on the CPU; on a GPU up to 512, "
+                        "as its free memory allows)")
+    t.add_argument("--max-new-tokens", type=cli_args.int_at_least("max_new_tokens", 1), default=None,
+                   help="tokens of the target's answer to each prompt (default 96; longer answers: 256)")
+    t.add_argument("--max-length", type=cli_args.int_at_least("max_length", 2), default=None,
+                   help="tokens per example, prompt and answer (default 192)")
     t.add_argument("--data-cache", type=Path, default=None,
-                   help="folder of the labelled-data cache (default OUT/data), to share data between kinds")
+                   help="one kind: folder of the labelled-data cache (default OUT/data), to share data between "
+                        "runs; several kinds share OUT/data")
     t.add_argument("--freeze-head", action="store_true",
                    help="eagle with --draft-vocab: keep the reduced head as the target head's rows (not trained, "
                         "not saved)")
@@ -125,52 +178,75 @@ def train_parser(sub: Any) -> argparse.ArgumentParser:
     return t
 
 
-def run_train(args: argparse.Namespace) -> dict[str, Any]:
-    """Train as the arguments say and print what was made. Returns the drafter's record."""
+# flag (its args attribute) -> (the build option it sets, the kinds that take it, what the error says)
+_KIND_FLAGS: tuple[tuple[str, str, tuple[str, ...], str], ...] = (
+    ("draft_vocab", "draft_vocab_size", ("eagle",), "only the eagle kind has a reduced head"),
+    ("unroll", "unroll", ("eagle",), "only the eagle kind unrolls its draft steps"),
+    ("num_heads", "num_heads", ("medusa", "hydra"), "only the medusa and hydra kinds have heads"),
+    ("head_layers", "head_layers", ("hydra",), "only the hydra kind has MLP heads"),
+    ("num_layers", "num_layers", ("draft",), "only the draft kind is made of the target's first layers"),
+)
+_EXIT_FLAGS = (("layer", "exit_layer"), ("adapter", "adapter"), ("head_tokens", "head_tokens"))
+
+
+def _kind_options(args: argparse.Namespace, kinds: list[str]) -> dict[str, dict[str, Any]]:
+    """Each kind's build options from the kind flags; ``ValueError`` naming a flag that none of
+    ``kinds`` takes."""
+    options: dict[str, dict[str, Any]] = {kind: {} for kind in kinds}
+    named = ", ".join(kinds)
+    exit_set = [(flag, option) for flag, option in _EXIT_FLAGS if getattr(args, flag, None) is not None]
+    if exit_set and "exit" not in kinds:
+        flags = ", ".join("--" + flag.replace("_", "-") for flag, _ in exit_set)
+        raise ValueError(f"kind: {flags} only apply to the 'exit' kind, got kind {named!r}")
+    for flag, option in exit_set:
+        options["exit"][option] = getattr(args, flag)
+    for flag, option, takers, why in _KIND_FLAGS:
+        value = getattr(args, flag, None)
+        if value is None:
+            continue
+        if not set(takers) & set(kinds):
+            raise ValueError(f"{flag}: {why}, not {named!r}")
+        for kind in takers:
+            if kind in options:
+                options[kind][option] = value
+    if getattr(args, "freeze_head", False):
+        if "eagle" not in kinds or getattr(args, "draft_vocab", None) is None:
+            raise ValueError("freeze_head: only an eagle drafter with --draft-vocab has a reduced head to freeze")
+        options["eagle"]["train_head"] = False
+    return options
+
+
+def _run_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The keywords of ``train_drafter`` / ``train_drafters`` that the run flags set."""
+    from specdecode.training.data import DataSettings
+    from specdecode.training.loop import LoopSettings
+
+    settings: dict[str, Any] = {"minutes": args.minutes, "data": args.data, "seed": args.seed,
+                                "max_steps": args.max_steps, "num_prompts": getattr(args, "num_prompts", None)}
+    for name in ("device", "dtype", "data_minutes", "prompt_mix", "export"):
+        if getattr(args, name, None) is not None:
+            settings[name] = getattr(args, name)
+    data = {name: getattr(args, flag) for flag, name in (("data_batch_size", "batch_size"),
+                                                         ("max_new_tokens", "max_new_tokens"),
+                                                         ("max_length", "max_length"))
+            if getattr(args, flag, None) is not None}
+    if data:  # a batch size left out (None) is sized for the device when the run starts
+        settings["data_settings"] = DataSettings(**data)
+        if settings["data_settings"].max_new_tokens >= settings["data_settings"].max_length:
+            raise ValueError(f"max_new_tokens: must be less than max_length ({settings['data_settings'].max_length})")
+    if getattr(args, "batch_size", None) is not None:
+        cuda = str(getattr(args, "device", None) or "cpu").startswith("cuda")
+        settings["loop_settings"] = LoopSettings(batch_size=args.batch_size, warmup_steps=50 if cuda else 10)
+    return settings
+
+
+def _describe(kind_result: Any, out: Path) -> None:
+    """Print what one trained drafter is and how it learned."""
     import torch
 
-    from specdecode.training import train_drafter
-
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    options = {name: value for name, value in (("exit_layer", getattr(args, "layer", None)),
-                                               ("adapter", getattr(args, "adapter", None)),
-                                               ("head_tokens", getattr(args, "head_tokens", None)))
-               if value is not None}
-    if options and args.kind != "exit":
-        flags = ", ".join("--" + {"exit_layer": "layer", "head_tokens": "head-tokens"}.get(n, n) for n in options)
-        raise ValueError(f"kind: {flags} only apply to the 'exit' kind, got kind {args.kind!r}")
-    if getattr(args, "draft_vocab", None) is not None:
-        if args.kind != "eagle":
-            raise ValueError(f"draft_vocab: only the eagle kind has a reduced head, not {args.kind!r}")
-        options["draft_vocab_size"] = args.draft_vocab
-    if getattr(args, "unroll", None) is not None:
-        if args.kind != "eagle":
-            raise ValueError(f"unroll: only the eagle kind unrolls its draft steps, not {args.kind!r}")
-        options["unroll"] = args.unroll
-    if getattr(args, "num_heads", None) is not None:
-        if args.kind not in ("medusa", "hydra"):
-            raise ValueError(f"num_heads: only the medusa and hydra kinds have heads, not {args.kind!r}")
-        options["num_heads"] = args.num_heads
-    if getattr(args, "head_layers", None) is not None:
-        if args.kind != "hydra":
-            raise ValueError(f"head_layers: only the hydra kind has MLP heads, not {args.kind!r}")
-        options["head_layers"] = args.head_layers
-    if getattr(args, "freeze_head", False):
-        if args.kind != "eagle" or getattr(args, "draft_vocab", None) is None:
-            raise ValueError("freeze_head: only an eagle drafter with --draft-vocab has a reduced head to freeze")
-        options["train_head"] = False
-    data_settings = None
-    if getattr(args, "data_batch_size", None) is not None:
-        from specdecode.training.data import DataSettings
-
-        data_settings = DataSettings(batch_size=args.data_batch_size)
-    result = train_drafter(args.kind, args.target, args.out, minutes=args.minutes, data=args.data, seed=args.seed,
-                           max_steps=args.max_steps, num_prompts=getattr(args, "num_prompts", None),
-                           data_settings=data_settings, data_cache=getattr(args, "data_cache", None), **options)
-    record = result.record
+    record = kind_result.record
     t = record["training"]
-    drafter = result.drafter
+    drafter = kind_result.drafter
     module = next((getattr(drafter, name) for name in ("adapter", "heads")  # exit / medusa / hydra: what was trained
                    if getattr(drafter, name, None) is not None), None)
     if module is None:
@@ -178,7 +254,7 @@ def run_train(args: argparse.Namespace) -> dict[str, Any]:
     n = sum(p.numel() for p in module.parameters())
     layers = record["layers"]
     shown = f"{layers}" if len(layers) <= 4 else f"[{layers[0]}..{layers[-1]}]"
-    print(f"drafter: {record['kind']} for {record['target']['name']} -> {args.out} "
+    print(f"drafter: {record['kind']} for {record['target']['name']} -> {out} "
           f"(target layers {shown}, {n / 1e6:.2f}M parameters)")
     print(f"data: {t['sequences']} sequences -> {t['examples']} training + {t['val_examples']} validation examples, "
           f"{t['tokens']} tokens ({t['data']}), {t['data_seconds']:.0f} s")
@@ -188,5 +264,44 @@ def run_train(args: argparse.Namespace) -> dict[str, Any]:
           f"{after['greedy_acceptance']:.2f}; sampled acceptance {before['sampled_acceptance']:.2f} -> "
           f"{after['sampled_acceptance']:.2f} (validation examples)")
     print(f"total time: {t['total_seconds']:.0f} s; peak memory: {t['peak_memory_mib']:.0f} MiB")
-    print(f"use it: draft = specdecode.load_drafter({str(args.out)!r}, target)")
-    return record
+    print(f"use it: draft = specdecode.load_drafter({str(out)!r}, target)")
+
+
+def run_train(args: argparse.Namespace) -> dict[str, Any]:
+    """Train as the arguments say and print what was made. Returns the drafter's record (one
+    kind) or a dict of kind -> record (several)."""
+    import torch
+
+    import specdecode.training as kit
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    listed = getattr(args, "kinds", None)
+    kinds = getattr(args, "kind", None)
+    kinds = [kinds] if isinstance(kinds, str) else list(kinds or [])
+    if listed and kinds:
+        raise ValueError("kinds: give the kinds as arguments or as --kinds, not both")
+    kinds = kit.check_kinds(listed or kinds) if (listed or kinds) else []
+    if not kinds:
+        raise ValueError("kind: name at least one drafter kind (draft, eagle, exit, hydra, medusa)")
+    options = _kind_options(args, kinds)
+    settings = _run_settings(args)
+    out = Path(args.out)
+    if len(kinds) == 1:
+        results = {kinds[0]: kit.train_drafter(kinds[0], args.target, out,
+                                                data_cache=getattr(args, "data_cache", None),
+                                                **settings, **options[kinds[0]])}
+        folders = {kinds[0]: out}
+    else:
+        if getattr(args, "data_cache", None) is not None:
+            raise ValueError("data_cache: several kinds share OUT/data; --data-cache is for one kind")
+        results = kit.train_drafters(kinds, args.target, out, kind_options=options, **settings)
+        folders = {kind: out / kind for kind in kinds}
+    for kind in kinds:
+        _describe(results[kind], folders[kind])
+        exported = results[kind].export
+        if exported is not None:
+            size = (exported / "model.safetensors").stat().st_size
+            print(f"exported: {exported} (float16 weights, {size / 2**20:.1f} MiB)")
+    records = {kind: results[kind].record for kind in kinds}
+    return records[kinds[0]] if len(kinds) == 1 else records

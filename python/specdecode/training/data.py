@@ -35,8 +35,8 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-__all__ = ["GENERAL_PROMPTS", "Example", "DataSettings", "data_key", "default_prompts", "distill_examples",
-           "token_sequences"]
+__all__ = ["GENERAL_PROMPTS", "Example", "DataSettings", "continue_prompts", "data_key", "default_prompts",
+           "distill_examples", "encode_prompt", "token_sequences"]
 
 #: Default prompts for targets other than ``demo``: everyday chat and instruction requests,
 #: written for this kit (no data set is downloaded).
@@ -99,14 +99,15 @@ _CACHE_FORMAT = 2  # part of the data key: a cache written by another format is 
 class DataSettings:
     """How examples are made. ``max_length``: tokens per example (prompt plus continuation, or a
     text window); ``max_new_tokens``: the target's continuation of each prompt; ``top_k``:
-    target log-probabilities kept per position; ``batch_size``: prompts per generate call;
+    target log-probabilities kept per position; ``batch_size``: prompts per generate call (None:
+    sized for the target's device when a run starts, :func:`specdecode.training.device.data_batch_size`);
     ``temperature``: of the target's continuations (0: greedy); ``feature_layers``: indices
     into the target's ``hidden_states`` also kept per position (feature drafters), or None."""
 
     max_length: int = 192
     max_new_tokens: int = 96
     top_k: int = 64
-    batch_size: int = 8
+    batch_size: int | None = None
     temperature: float = 0.7
     seed: int = 0
     feature_layers: tuple[int, ...] | None = None
@@ -158,7 +159,9 @@ def default_prompts(target_name: str, count: int, seed: int = 0) -> list[str]:
     return [texts[order[i % len(order)]] for i in range(count)]
 
 
-def _encode_prompt(tokenizer: Any, text: str) -> list[int]:
+def encode_prompt(tokenizer: Any, text: str) -> list[int]:
+    """The token ids of a user request: through the tokenizer's chat template when it has one
+    (a generation prompt added), else the text's own tokens."""
     if getattr(tokenizer, "chat_template", None):
         ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
                                             tokenize=True)
@@ -194,7 +197,7 @@ def token_sequences(data: Any, tokenizer: Any, max_length: int) -> tuple[list[li
         if isinstance(item, str):
             if tokenizer is None:
                 raise ValueError("tokenizer: text prompts need the target's tokenizer")
-            ids = _encode_prompt(tokenizer, item)
+            ids = encode_prompt(tokenizer, item)
         elif isinstance(item, Tensor) and item.dim() == 1:
             ids = item.tolist()
         elif isinstance(item, (list, tuple)) and all(isinstance(t, int) for t in item):
@@ -226,7 +229,7 @@ def _pad_id(target: Any) -> int:
 
 
 @torch.no_grad()
-def _continue(target: Any, prompts: list[list[int]], settings: DataSettings, batch_seed: int) -> list[list[int]]:
+def continue_prompts(target: Any, prompts: list[list[int]], settings: DataSettings, batch_seed: int) -> list[list[int]]:
     """The prompts followed by the target's continuations, sampled at ``settings.temperature``
     (greedy at 0), each cut after its first EOS."""
     pad = _pad_id(target)
@@ -286,6 +289,8 @@ def distill_examples(target: Any, sequences: list[list[int]], continue_them: boo
     and cached. Stops at ``num_batches`` batches when given (a resumed run asks for exactly what
     it trained on), else when every sequence is done or at ``deadline`` (``time.monotonic()``;
     at least one batch is always made)."""
+    if settings.batch_size is None:
+        raise ValueError("data_settings: batch_size is None; size it for the device first")
     folder = Path(cache_root) / f"{target_hash.split(':')[-1][:16]}-{data_key(sequences, continue_them, settings)}"
     folder.mkdir(parents=True, exist_ok=True)
     total = -(-len(sequences) // settings.batch_size)
@@ -307,7 +312,7 @@ def distill_examples(target: Any, sequences: list[list[int]], continue_them: boo
             if continue_them:
                 keep = max(1, settings.max_length - settings.max_new_tokens)
                 prompts = [s[-keep:] for s in chunk]
-                chunk = _continue(target, prompts, settings, settings.seed * 100_003 + index)
+                chunk = continue_prompts(target, prompts, settings, settings.seed * 100_003 + index)
                 starts = [len(p) - 1 for p in prompts]  # the prompt's last position predicts the first new token
             batch = _label(target, chunk, starts, settings.top_k, settings.feature_layers)
             torch.save([row.__dict__ for row in batch], file.with_suffix(".tmp"))

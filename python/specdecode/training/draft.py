@@ -128,13 +128,46 @@ def save(model: torch.nn.Module, out_dir: Path) -> None:
 
 
 def load(folder: Path, target: torch.nn.Module, record: dict[str, Any]) -> torch.nn.Module:
-    """The saved draft model, in eval mode, on the target's device and in its dtype."""
+    """The saved draft model, in eval mode, on the target's device and in its dtype. A
+    shipped copy whose record lists weights under ``"from_target"`` (left out as the target's
+    own, :mod:`specdecode.training.export`) gets them from ``target``."""
     from transformers import AutoModelForCausalLM
 
     from specdecode.models.loading import quiet_loading
 
     reference = next(target.parameters())
-    with quiet_loading():
-        model = AutoModelForCausalLM.from_pretrained(folder, dtype=reference.dtype)
-    return model.to(reference.device).eval()
+    shared = record.get("from_target") or []
+    if not shared:
+        with quiet_loading():
+            model = AutoModelForCausalLM.from_pretrained(folder, dtype=reference.dtype)
+        return model.to(reference.device).eval()
+    return _load_slim(Path(folder), target, shared)
 
+
+def _load_slim(folder: Path, target: torch.nn.Module, shared: list[str]) -> torch.nn.Module:
+    """A copy without the target's own weights: the model built from its config, its saved
+    weights, and the ``shared`` ones read from ``target``."""
+    from safetensors.torch import load_file
+    from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
+
+    from specdecode.models.loading import quiet_loading
+
+    reference = next(target.parameters())
+    own = target.state_dict()
+    absent = [name for name in shared if name not in own]
+    if absent:
+        raise ValueError(f"path: {str(folder)!r} takes {absent[0]!r} from the target, which has no such weight")
+    with quiet_loading():
+        config = AutoConfig.from_pretrained(folder)
+        model = AutoModelForCausalLM.from_config(config, dtype=reference.dtype,
+                                                 attn_implementation=target.config._attn_implementation)
+        if (folder / "generation_config.json").is_file():
+            model.generation_config = GenerationConfig.from_pretrained(folder)
+    state = {**load_file(str(folder / "model.safetensors")), **{name: own[name].detach().cpu() for name in shared}}
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    tied = {name for name, param in model.named_parameters(remove_duplicate=False)
+            if any(param is p for n, p in model.named_parameters() if n in state)}
+    if unexpected or set(missing) - tied:
+        raise ValueError(f"path: {str(folder)!r} does not hold the weights its config names "
+                         f"(missing {sorted(set(missing) - tied)}, unexpected {unexpected})")
+    return model.to(reference.device).eval()

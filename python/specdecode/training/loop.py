@@ -190,8 +190,8 @@ def run_loop(model: torch.nn.Module, params: dict[str, torch.nn.Parameter], forw
     in ``train``. ``forward(model, input_ids, attention_mask)`` gives the drafter's logits ``[b, t, V]``
     (with ``features=`` when the examples carry target features; it may return ``(logits,
     extra_loss)``: the extra term is added to the training loss, not to the reported one). Stops
-    after ``max_steps`` steps or at ``deadline`` (``time.monotonic()``); at least one of them
-    must be given. Resumes from ``out_dir/checkpoint.pt`` when its ``run_key`` matches.
+    after ``max_steps`` steps or at ``deadline`` (``time.monotonic()``; at least one step is
+    made); at least one of them must be given. Resumes from ``out_dir/checkpoint.pt`` when its ``run_key`` matches.
     ``callback`` is called after every step (it may raise ``KeyboardInterrupt`` to stop the run
     with a checkpoint, as Ctrl-C does)."""
     if max_steps is None and deadline is None:
@@ -224,8 +224,8 @@ def run_loop(model: torch.nn.Module, params: dict[str, torch.nn.Parameter], forw
     try:
         while not ((result.horizon is not None and result.steps >= result.horizon)
                    or (max_steps is not None and result.steps >= max_steps)):
-            if deadline is not None and time.monotonic() > deadline:
-                break
+            if deadline is not None and probe_steps > 0 and time.monotonic() > deadline:
+                break  # (a run makes at least one step, as the data stage makes at least one batch)
             step = result.steps
             lr = _lr(step, result.horizon, settings)
             for group in opt.param_groups:

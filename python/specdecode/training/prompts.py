@@ -14,7 +14,7 @@ import itertools
 
 import torch
 
-__all__ = ["chat_prompts", "num_chat_prompts"]
+__all__ = ["chat_prompts", "num_chat_prompts", "topic_lists"]
 
 _CONCEPTS = (
     "a hash table", "photosynthesis", "inflation", "gravity", "the water cycle", "an API", "recursion",
@@ -135,3 +135,9 @@ def chat_prompts(count: int, seed: int = 0) -> list[str]:
     texts = _all_prompts()
     order = torch.randperm(len(texts), generator=torch.Generator().manual_seed(seed)).tolist()
     return [texts[order[i % len(order)]] for i in range(count)]
+
+
+def topic_lists() -> dict[str, tuple[str, ...]]:
+    """The subject lists the templates are filled with (``concepts``, ``tasks``, ``subjects``,
+    ``lists``), for other prompt sources (:mod:`specdecode.training.prompt_sources`)."""
+    return {"concepts": _CONCEPTS, "tasks": _TASKS, "subjects": _SUBJECTS, "lists": _LISTS}

