@@ -74,16 +74,21 @@ def train_drafter(kind: str, target: Any, out_dir: str | Path, *, tokenizer: Any
             model's ``name_or_path``).
         num_prompts: default prompts to use (default 256).
         loss: ``"kl"`` (forward KL) or ``"tvd"`` (total variation), :mod:`.losses`.
-        data_settings, loop_settings: lengths, batch sizes and optimiser settings (``seed`` and
-            ``loss`` above replace their fields of the same names; default: batch sizes sized
-            for the target's device, :mod:`specdecode.training.device`).
+        data_settings: lengths and batch sizes of the data stage (``seed`` above replaces its
+            field of that name; default: batch sizes sized for the target's device,
+            :mod:`specdecode.training.device`).
+        loop_settings: batch size and optimiser settings of the training loop (``seed`` and
+            ``loss`` above replace their fields of the same names; default batch size: as
+            ``data_settings``).
         callback: called with a :class:`StepInfo` after every step.
         progress: draw progress bars (on stderr).
         data_cache: the folder of the labelled-data cache (default ``out_dir/data``); runs of
             different kinds that label the same data the same way (e.g. ``eagle`` and
             ``medusa``, both on the last feature) can share one.
-        device, dtype: where the target runs and in what precision (``"cuda"``, ``"bfloat16"``);
-            only for a target given by name (a model passed in must already be there).
+        device: where the target runs (``"cpu"``, ``"cuda"``); only for a target given by
+            name (a model passed in must already be there).
+        dtype: the target's precision there (``"bfloat16"``, ...); only for a target given by
+            name.
         data_minutes: the data stage's part of ``minutes`` (default 40% of it).
         prompt_mix: a :class:`~specdecode.training.widen.PromptMix` (or its text,
             ``"templates=0.5,self-instruct=0.3,multi-turn=0.2"``): default prompts widened
@@ -124,7 +129,8 @@ def train_drafters(kinds: Sequence[str], target: Any, out_dir: str | Path, *,
 
     Args:
         kinds: kind names from :func:`list_kinds`, each once; trained in this order.
-        target, out_dir: as :func:`train_drafter`'s.
+        target: as :func:`train_drafter`'s.
+        out_dir: the run's folder: kind ``k`` in ``out_dir/k``, the data in ``out_dir/data``.
         kind_options: per kind, the options of its ``build`` (as ``train_drafter``'s
             ``**kind_options``); a kind not named gets its defaults.
         **settings: :func:`train_drafter`'s keywords (``minutes``, ``data_minutes``, ``device``,
