@@ -119,3 +119,11 @@ def test_the_site_navigation_names_existing_pages() -> None:
     nav = (ROOT / "mkdocs.yml").read_text(encoding="utf-8").split("\nnav:", 1)[1]
     pages = re.findall(r":\s*([\w./-]+\.md)\s*$", nav, flags=re.MULTILINE)
     assert pages and all((ROOT / "docs" / page).is_file() for page in pages), pages
+
+
+def test_every_page_is_in_the_site_navigation() -> None:
+    """A page of docs/ that the nav does not name builds but cannot be browsed to: name it."""
+    nav = (ROOT / "mkdocs.yml").read_text(encoding="utf-8").split("\nnav:", 1)[1]
+    named = set(re.findall(r":\s*([\w./-]+\.md)\s*$", nav, flags=re.MULTILINE))
+    pages = {p.name for p in (ROOT / "docs").glob("*.md")} - {"README.md"}  # README.md: how to build the site
+    assert pages <= named, sorted(pages - named)
