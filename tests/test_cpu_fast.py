@@ -45,6 +45,15 @@ def test_matches_torch_at_odd_sizes(M, K, N):
     torch.testing.assert_close(OP(x, w, None), _expected(x, w, None), **tol)
 
 
+@pytest.mark.parametrize("K,N", [(576, 1536), (1536, 576), (111, 7), (7, 576)])
+def test_every_row_count_at_model_sizes(K, N):
+    """Every row count from 1 to 32 (each register-block tail; one row without the software
+    prefetch, two with it) at SmolLM2's layer sizes and odd ones: within float rounding of float64."""
+    for M in range(1, 33):
+        x, w, b = _case(M, K, N, seed=M)
+        torch.testing.assert_close(OP(x, w, b), _expected(x, w, b), rtol=1e-5, atol=1e-5 * K ** 0.5)
+
+
 def test_bfloat16_weights_widen_exactly():
     """bfloat16 weights: the same result as their exact float32 widening."""
     x, w, b = _case(5, 77, 41, weight_dtype=torch.bfloat16)
@@ -73,7 +82,8 @@ def test_every_instruction_set(isa):
         "import torch, specdecode\n"
         "import torch.nn.functional as F\n"
         "print(specdecode.build_info()['cpu_isa'])\n"
-        "for M, K, N in [(1, 7, 111), (3, 111, 577), (17, 577, 7), (32, 33, 65)]:\n"
+        "for M, K, N in [(1, 7, 111), (3, 111, 577), (17, 577, 7), (32, 33, 65), (1, 576, 1536), (2, 1536, 111),\n"
+        "                (8, 576, 7), (16, 1536, 576)]:\n"
         "    g = torch.Generator().manual_seed(M)\n"
         "    x, w, b = torch.randn(M, K, generator=g), torch.randn(N, K, generator=g), torch.randn(N, generator=g)\n"
         "    ref = F.linear(x.double(), w.double(), b.double()).float()\n"
@@ -216,6 +226,22 @@ def test_falls_back_to_torch_where_not_safe():
         cpu.accelerate("not a model")
 
 
+def test_one_row_through_a_small_layer_stays_on_torch():
+    """fast_path_pays is a function of the shape alone: one row takes the fast path only through
+    layers of ONE_ROW_MIN_WEIGHTS weights or more, two rows and up always; a one-row call through a
+    small layer is torch's own, bit for bit."""
+    small, large = cpu.ONE_ROW_MIN_WEIGHTS // 256 - 1, cpu.ONE_ROW_MIN_WEIGHTS // 256
+    assert not cpu.fast_path_pays(small, 256, 1) and cpu.fast_path_pays(large, 256, 1)
+    assert all(cpu.fast_path_pays(7, 3, rows) for rows in (2, 6, 16, 32))
+    layer = torch.nn.Linear(96, 96)
+    x = torch.randn(3, 96)
+    with torch.no_grad():
+        plain = F.linear(x, layer.weight, layer.bias)
+        with cpu.accelerate(layer):
+            assert torch.equal(layer(x[:1]), F.linear(x[:1], layer.weight, layer.bias))  # one row: torch's
+            torch.testing.assert_close(layer(x), plain)  # three rows: the fast path
+
+
 def test_accelerated_context_decides_per_model():
     """cpu.accelerated(target, draft): installs where can_accelerate says yes (not on a float64
     model, skips None), removes on exit, even after an error, and leaves layers that were
@@ -272,6 +298,17 @@ def test_demo_pair_greedy_unchanged():
     plain = specdecode.generate(target, draft, ids, max_new_tokens=24, num_draft_tokens=5).sequences
     with cpu.accelerate(target), cpu.accelerate(draft):
         fast = specdecode.generate(target, draft, ids, max_new_tokens=24, num_draft_tokens=5).sequences
+    assert torch.equal(fast, plain)
+
+
+def test_demo_pair_tree_greedy_unchanged():
+    """A 16-node tree (a 16-token verification forward through the fast path's widest blocks):
+    the same greedy text with the fast path on as off."""
+    target, draft, tokenizer = specdecode.load_demo_pair()
+    ids = tokenizer("def add(a, b):\n", return_tensors="pt").input_ids
+    kwargs = dict(max_new_tokens=24, tree="dynamic", num_nodes=16)
+    plain = specdecode.generate(target, draft, ids, cpu_fast_path=False, **kwargs).sequences
+    fast = specdecode.generate(target, draft, ids, cpu_fast_path=True, **kwargs).sequences
     assert torch.equal(fast, plain)
 
 

@@ -58,6 +58,7 @@ struct Isa {
   static constexpr int kNB = 2;
   static constexpr int kMB = 4;
   static constexpr int kFewRowsNB = 4;
+  static constexpr bool kPrefetchOneRow = true;
   static SPECDECODE_ALWAYS_INLINE V zero() { return V{0.0f, 0.0f, 0.0f, 0.0f}; }
   template <typename T>
   static SPECDECODE_ALWAYS_INLINE V load(const T* p) {
@@ -94,6 +95,7 @@ struct Isa {
   static constexpr int kNB = 3;
   static constexpr int kMB = 4;
   static constexpr int kFewRowsNB = 6;
+  static constexpr bool kPrefetchOneRow = true;
   static SPECDECODE_ALWAYS_INLINE V zero() { return _mm256_setzero_ps(); }
   static SPECDECODE_ALWAYS_INLINE V load(const float* p) { return _mm256_loadu_ps(p); }
   static SPECDECODE_ALWAYS_INLINE V load(const uint16_t* p) {
@@ -132,6 +134,9 @@ struct Isa {
   static constexpr int kNB = 4;
   static constexpr int kMB = 6;
   static constexpr int kFewRowsNB = 12;
+  // One row of x: twelve weight rows stream faster on the hardware prefetchers alone (SmolLM2's
+  // layers on one core: 0.79x the time with the software prefetch; with AVX2, 1.1x: it keeps it).
+  static constexpr bool kPrefetchOneRow = false;
   static SPECDECODE_ALWAYS_INLINE V zero() { return _mm512_setzero_ps(); }
   static SPECDECODE_ALWAYS_INLINE V load(const float* p) { return _mm512_loadu_ps(p); }
   // bfloat16 bits widened to float32 (the maskz forms: GCC 12 warns on the plain ones' undefined

@@ -28,12 +28,15 @@ void check_cpu(const char* name, const at::Tensor& t) {
 
 // Work of one block of kSkinnyColumnAlign output features, in multiply-adds plus a memory term
 // (reading the block's weights costs about as much as 8 rows of multiply-adds): tasks get at
-// least ~512k of it (some 20 µs on one core), so small layers (a 256 x 256 layer at a few rows)
-// stay on one thread: a parallel region costs a few µs on an idle machine, and a whole
-// scheduler time slice when another process holds a core.
+// least 2M of it (some 16 µs on one AVX-512 core: a 256 x 256 layer at 16 rows, 1.6M, takes
+// 13 µs), so small layers (the demo target's 256 x 256 up to 16 rows, its 688 x 256 and
+// 256 x 688 at one or two, every layer of its draft model but the head) stay on one thread,
+// while SmolLM2's (576 x 576 and up: 3M at one row) and LM heads split: a parallel region costs
+// a few µs on an idle machine, and a whole scheduler time slice when another process holds a
+// core.
 int64_t grain_blocks(int64_t M, int64_t K) {
   const int64_t work = kernels::kSkinnyColumnAlign * std::max<int64_t>(K, 1) * (M + 8);
-  return std::max<int64_t>(1, (int64_t{1} << 19) / work);
+  return std::max<int64_t>(1, (int64_t{1} << 21) / work);
 }
 
 template <typename WT>

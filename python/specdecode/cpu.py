@@ -14,8 +14,10 @@ True
 ``accelerate`` changes nothing but the ``forward`` of each eligible ``nn.Linear`` (an instance
 attribute, deleted again on removal): parameters, buffers, state_dict and hooks stay as they
 are. The fast forward runs the op only when it is safe: CPU tensors, float32 input, weight and
-bias, min_rows <= rows <= max_rows, no autograd graph being recorded, not under tracing or
-torch.compile; otherwise it calls ``nn.Linear.forward`` itself. Outputs differ from torch's
+bias, min_rows <= rows <= max_rows, a shape where it pays (:func:`fast_path_pays`: not one row
+through a small layer), no autograd graph being recorded, not under tracing or torch.compile;
+otherwise it calls ``nn.Linear.forward`` itself. How many threads a call uses is the op's own
+choice, by the layer's size and rows (small layers stay on one thread). Outputs differ from torch's
 only by float rounding (the same products, summed in another order). Restore before pickling a
 whole model (``torch.save(model)``): the installed forwards would be pickled with it; a
 state_dict is unaffected.
@@ -37,11 +39,13 @@ __all__ = [
     "DEFAULT_MAX_ROWS",
     "DEFAULT_MIN_ROWS",
     "FastPath",
+    "ONE_ROW_MIN_WEIGHTS",
     "accelerate",
     "accelerated",
     "accelerated_layers",
     "can_accelerate",
     "eligible_layers",
+    "fast_path_pays",
     "fast_path_report",
     "is_accelerated",
     "restore",
@@ -50,8 +54,23 @@ __all__ = [
 #: Most rows (tokens x batch) a call may have to take the fast path; above it torch's GEMM wins.
 DEFAULT_MAX_ROWS = 32
 #: Fewest rows: one-token decode steps take the fast path too (benchmarks/bench_cpu_forward.py:
-#: it beats torch's matrix-vector product there as well).
+#: it beats torch's matrix-vector product there as well), on layers of ONE_ROW_MIN_WEIGHTS or more.
 DEFAULT_MIN_ROWS = 1
+#: Fewest weight elements (out x in features) for which one row takes the fast path: below it the
+#: call is a few microseconds either way and torch's own is as fast (the demo draft's 96 x 96 ..
+#: 256 x 96 layers: 0.94-0.96x of torch's time with the fast path at one row, 1 and 2 threads).
+ONE_ROW_MIN_WEIGHTS = 1 << 16
+
+
+def fast_path_pays(out_features: int, in_features: int, rows: int) -> bool:
+    """Whether ``skinny_linear`` beats torch's ``F.linear`` for a call of ``rows`` rows through a
+    layer of this shape: from two rows on always (1.1-4.1x measured on the demo pair's and SmolLM2's
+    layers, 1 and 2 threads), one row only through layers of ONE_ROW_MIN_WEIGHTS weights or more.
+    A pure function of the shape: the same answer for every call, whatever the data. (The thread
+    count is the op's choice: it splits a layer over threads only when each gets enough work.)"""
+    if rows >= 2:
+        return True
+    return rows == 1 and out_features * in_features >= ONE_ROW_MIN_WEIGHTS
 
 
 class _SkinnyForward:
@@ -84,7 +103,8 @@ class _SkinnyForward:
         in_features = weight.shape[1]
         if in_features == 0 or input.shape[-1] != in_features:
             return False
-        return self.min_rows <= input.numel() // in_features <= self.max_rows
+        rows = input.numel() // in_features
+        return self.min_rows <= rows <= self.max_rows and fast_path_pays(weight.shape[0], in_features, rows)
 
     def __call__(self, input: Tensor) -> Tensor:
         """``nn.Linear.forward`` with the skinny-matrix op for few rows.
@@ -240,4 +260,5 @@ def fast_path_report() -> str:
     threads = (f"parallel over output features on {torch.get_num_threads()} torch threads"
                if info["skinny_linear_parallel"] else "one thread (built without OpenMP)")
     return (f"skinny_linear, {info.get('cpu_isa', '?')} kernels, {threads}; nn.Linear calls with "
-            f"{DEFAULT_MIN_ROWS}..{DEFAULT_MAX_ROWS} float32 rows once specdecode.cpu.accelerate(model) is on")
+            f"{DEFAULT_MIN_ROWS}..{DEFAULT_MAX_ROWS} float32 rows (one row: layers of {ONE_ROW_MIN_WEIGHTS} weights "
+            f"or more) once specdecode.cpu.accelerate(model) is on")
