@@ -26,6 +26,7 @@ import torch
 
 import specdecode
 from specdecode.bench.harness import Column, base_parser, environment, format_table, median, write_results
+from specdecode.bench.real_pair import speculative_row
 from specdecode.drafters import HorizontalCascadeDrafter, NgramDrafter, VerticalCascadeDrafter
 
 
@@ -85,7 +86,7 @@ def main() -> None:
     def speculative(make: Callable[[], Any]) -> Callable[[], tuple[int, dict]]:
         def run() -> tuple[int, dict]:
             total, calls, accepted, drafted, forwards = 0, 0, 0, 0, 0
-            by_position: list[list[float]] = []
+            runs: list[Any] = []
             for ids, reference in zip(prompts, want):
                 out = specdecode.generate(target, make(), ids, num_draft_tokens=args.gamma,
                                           max_new_tokens=args.max_new_tokens, pad_token_id=pad)
@@ -97,13 +98,11 @@ def main() -> None:
                 accepted += s.accepted_tokens
                 drafted += s.drafted_tokens
                 forwards += s.draft_calls
-                by_position.append(s.acceptance_rate_per_position)
-            width = max(len(p) for p in by_position)
-            per_position = [sum(p[i] for p in by_position if len(p) > i) / max(1, sum(len(p) > i for p in by_position))
-                            for i in range(min(width, 4))]
+                runs.append(s)
+            per_position = speculative_row(runs)["acceptance_by_position"][:4]  # pooled over the prompts
             return total, {"tokens_per_call": total / max(calls, 1), "acceptance": accepted / max(drafted, 1),
                            "draft_forwards_per_call": forwards / max(calls, 1),
-                           "accept_by_position": " ".join(f"{a:.2f}" for a in per_position)}
+                           "acceptance_by_position": " ".join(f"{a:.2f}" for a in per_position)}
         return run
 
     cases: dict[str, Callable[[], tuple[int, dict]]] = {"target alone": alone}
@@ -126,7 +125,8 @@ def main() -> None:
     two = "{:.2f}".format
     columns = ["drafter", Column("tok_per_s", "tok/s", "{:.1f}".format), Column("vs_target", "x target", two),
                Column("vs_best_single", "x best single", two), Column("tokens_per_call", "tok/call", two),
-               Column("draft_forwards_per_call", "draft fwd/call", two), Column("accept_by_position", "accept by pos.")]
+               Column("draft_forwards_per_call", "draft fwd/call", two),
+               Column("acceptance_by_position", "acceptance by position")]
     title = (f"{args.pair} pair, {args.prompts} prompts ({num_prompts}), batch 1, T=0, gamma {args.gamma}, "
              f"{args.max_new_tokens} new tokens, {args.threads} thread(s), {args.clock} clock, "
              f"median of {repeats}")

@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> None:
     new = plain()
     base_times = time_call(plain, repeats=repeats, warmup=0, clock=clock)
     base = new / statistics.median(base_times)
-    rows = [{"method": "target alone", "tokens/call": 1.0, "acceptance": None, "per position": "",
+    rows = [{"method": "target alone", "tokens/call": 1.0, "acceptance": None, "acceptance by position": "",
              "c": None, "tok/s": base, "speedup": 1.0}]
     for name, drafter in drafters.items():
         stats: list[Any] = []
@@ -144,12 +144,13 @@ def main(argv: list[str] | None = None) -> None:
         pooled = speculative_row(stats)
         calls = sum(s.target_calls for s in stats)  # prefill included
         rows.append({"method": name, "tokens/call": n / max(1, calls), "acceptance": pooled["acceptance_rate"],
-                     "per position": rates(pooled["alpha_by_position"][: args.gamma]), "c": pooled["cost_ratio"],
+                     "acceptance by position": rates(pooled["acceptance_by_position"][: args.gamma]),
+                     "c": pooled["cost_ratio"],
                      "tok/s": tps, "speedup": tps / base})
     title = (f"{args.target}, {args.prompt_set} prompts ({len(prompts)}), batch 1, T=0, gamma {args.gamma}, "
              f"{args.max_new_tokens} new tokens, clock {args.clock}, threads {torch.get_num_threads()}, "
              f"cpu fast path {args.cpu_fast_path}")
-    print(format_table(rows, ["method", "tokens/call", "acceptance", "per position", "c", "tok/s", "speedup"],
+    print(format_table(rows, ["method", "tokens/call", "acceptance", "acceptance by position", "c", "tok/s", "speedup"],
                        title=title))
     write_results(args.out, f"eagle_{args.target}_{args.prompt_set}", rows, vars(args))
 

@@ -29,6 +29,7 @@ import torch
 
 import specdecode
 from specdecode.bench.harness import Column, base_parser, environment, format_table, median, write_results
+from specdecode.bench.real_pair import speculative_row
 
 PROMPTS = {
     "tune": (
@@ -113,7 +114,7 @@ def main() -> None:
         with specdecode.cpu.accelerated(target, drafter.model):
             c = step_cost(drafter.model, clock) / target_step
         calls = accepted = drafted = total = 0
-        per_position: list[list[float]] = []
+        runs: list[Any] = []
         start = clock()
         for ids, want in zip(inputs, reference):
             out = specdecode.generate(target, drafter, ids, num_draft_tokens=args.gamma, max_new_tokens=max_new,
@@ -123,11 +124,12 @@ def main() -> None:
             s = out.stats
             calls, accepted, drafted = calls + s.target_calls, accepted + s.accepted_tokens, drafted + s.drafted_tokens
             total += out.sequences.shape[1] - ids.shape[1]
-            per_position.append(s.acceptance_rate_per_position)
+            runs.append(s)
         seconds = clock() - start
-        by_pos = [median([p[i] for p in per_position if len(p) > i] or [0.0]) for i in range(args.gamma)]
+        by_pos = speculative_row(runs)["acceptance_by_position"][: args.gamma]  # pooled over the prompts
         rows.append({"drafter": name, "tok_per_s": total / seconds, "c": c, "tokens_per_call": total / max(calls, 1),
-                     "acceptance": accepted / max(drafted, 1), "accept_by_position": " ".join(f"{a:.2f}" for a in by_pos),
+                     "acceptance": accepted / max(drafted, 1),
+                     "acceptance_by_position": " ".join(f"{a:.2f}" for a in by_pos),
                      "params": drafter.describe().get("adapter_params")})
         print(f"{name}: {rows[-1]['tokens_per_call']:.2f} tokens per call", flush=True)
     base = rows[0]["tok_per_s"]
@@ -135,7 +137,7 @@ def main() -> None:
         r["vs_target"] = r["tok_per_s"] / base
     two = "{:.2f}".format
     columns = ["drafter", Column("tokens_per_call", "tok/call", two), Column("acceptance", "accept", two),
-               Column("accept_by_position", "accept by position (median)"), Column("c", "c", two),
+               Column("acceptance_by_position", "acceptance by position"), Column("c", "c", two),
                Column("tok_per_s", "tok/s", "{:.1f}".format), Column("vs_target", "x target", two)]
     title = (f"SmolLM2-135M, {args.prompts} prompts ({len(prompts)}), batch 1, T=0, gamma {args.gamma}, "
              f"{max_new} new tokens, {args.threads} thread(s), {args.clock} clock")

@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"  sparse tree ({len(choices)} nodes, from the tune prompts): {choices}")
         drafters[f"{kind} chain, {K} heads"] = (chain, K)
         drafters[f"{kind} sparse tree, {len(choices)} nodes"] = (type(chain)(target, heads, tree=choices), K)
-    print(f"{'drafter':42s} {'tokens/target call':>19s} {'acceptance per position':>30s} {'seconds':>8s}")
+    print(f"{'drafter':42s} {'tokens/target call':>19s} {'acceptance by position':>30s} {'seconds':>8s}")
     for name, (drafter, gamma) in drafters.items():
         new = calls = 0
         drafted = [0] * 8
@@ -117,7 +117,8 @@ def main(argv: list[str] | None = None) -> None:
                 drafted[j] += d
                 accepted[j] += a
         seconds = time.perf_counter() - start
-        per_position = " ".join(f"{a / d:.2f}" for a, d in zip(accepted, drafted) if d)
+        # the share of drafting steps (pooled over the prompts) that accepted each position
+        per_position = " ".join(f"{a / drafted[0]:.2f}" for a, d in zip(accepted, drafted) if d)
         print(f"{name:42s} {new / max(calls, 1):19.2f} {per_position:>30s} {seconds:8.1f}")
 
 

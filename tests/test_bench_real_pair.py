@@ -78,10 +78,12 @@ def test_speculative_row_pools_every_generation() -> None:
     row = real_pair.speculative_row([a, b])
     assert row["tokens_per_call"] == pytest.approx(20 / 10)
     assert row["acceptance_rate"] == pytest.approx(10 / 28)
-    assert row["alpha_by_position"] == [0.5, 0.2, 0.5, 0.25]
+    # pooled: accepted at each position over the 10 steps that drafted (accepted / drafted per
+    # position would give 0.5 0.2 0.5 0.25, rising where only a's steps drafted that far)
+    assert row["acceptance_by_position"] == [0.5, 0.2, 0.2, 0.1]
     assert row["cost_ratio"] == pytest.approx((1.6 / 16) / (12 / 12))
     assert real_pair.speculative_row([_stats()]) == {"tokens_per_call": 0.0, "acceptance_rate": 0.0,
-                                                     "alpha_by_position": [], "cost_ratio": 0.0}
+                                                     "acceptance_by_position": [], "cost_ratio": 0.0}
 
 
 def test_chat_prompts_and_the_pair_option() -> None:
@@ -131,7 +133,9 @@ def test_measure_rows_and_greedy_check(tiny_target: Any) -> None:
             assert row["x_hf_lookup"] == 1.0
     spec = rows[3]
     assert spec["tokens_per_call"] >= 1.0 and 0.0 <= spec["acceptance_rate"] <= 1.0
-    assert len(spec["alpha_by_position"]) <= 3 and spec["cost_ratio"] >= 0.0
+    by_position = spec["acceptance_by_position"]
+    assert len(by_position) <= 3 and spec["cost_ratio"] >= 0.0
+    assert all(a >= b for a, b in zip(by_position, by_position[1:]))  # a share of steps cannot rise
 
 
 def test_bench_pair_smollm2_end_to_end(tiny_smollm2: Any, drafter_dir: Path, tmp_path: Path,
@@ -149,6 +153,7 @@ def test_bench_pair_smollm2_end_to_end(tiny_smollm2: Any, drafter_dir: Path, tmp
     for method in methods[:-2]:
         assert re.findall(rf"^([01]) +{re.escape(method)} ", screen, flags=re.M) == ["0", "1"], method
     assert "specdecode draft" in screen  # a long name may wrap in its column
+    assert "acceptance by position" in screen and "alpha by position" not in screen  # the guide's word
     rows = list(csv.DictReader((out / "bench_smollm2.csv").open()))
     assert [(r["temperature"], r["method"]) for r in rows] == [(t, m) for t in ("0.0", "1.0") for m in methods]
     meta = json.loads((out / "bench_smollm2.json").read_text())["meta"]

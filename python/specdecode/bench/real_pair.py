@@ -20,10 +20,11 @@ a difference stops the benchmark. At temperature 1 every method samples from the
 from the whole distribution (no top-k filter on the HF rows either).
 
 Columns: tokens per target call (block efficiency: new tokens per verification call),
-acceptance rate, alpha by draft position (accepted / verified drafts at each position), the cost
-ratio c (draft seconds per draft call / target seconds per target call, prefill included, from
-the engine's statistics), tok/s (median over --repeats), and the speedups against the target
-alone (fast path) and HF prompt lookup.
+acceptance rate, acceptance by position (the share of drafting steps that accepted draft
+position i, over every prompt; by depth for trees), the cost ratio c (draft seconds per draft
+call / target seconds per target call, prefill included, from the engine's statistics), tok/s
+(median over --repeats), and the speedups against the target alone (fast path) and HF prompt
+lookup.
 """
 
 from __future__ import annotations
@@ -123,23 +124,24 @@ def _tree_drafter(drafter: Any, tree: str, num_nodes: int, tree_depth: int | Non
 def speculative_row(stats: Sequence[Any]) -> dict[str, Any]:
     """The columns of one specdecode method from the statistics of its generations, pooled (sums
     over every prompt and run, then the ratios): tokens per target call (block efficiency: new
-    tokens per verification call), acceptance rate, alpha by draft position (accepted / verified
-    drafts at each position; by depth for trees) and the cost ratio c (draft seconds per draft
-    call / target seconds per target call, prefill included, as ``benchmarks/bench_eagle.py``
-    measures it)."""
+    tokens per verification call), acceptance rate, acceptance by position (accepted drafts at
+    position i over the steps that drafted, summed over every generation before dividing: the
+    share of steps accepting position i, which cannot rise with i; by depth for trees) and the
+    cost ratio c (draft seconds per draft call / target seconds per target call, prefill included,
+    as ``benchmarks/bench_eagle.py`` measures it)."""
     def total(field: str) -> float:
         return sum(getattr(s, field) for s in stats)
 
     def ratio(num: float, den: float) -> float:
         return num / den if den else 0.0
 
-    depth = max((len(s.position_drafted) for s in stats), default=0)
-    by_position = [ratio(sum(s.position_accepted[i] for s in stats if i < len(s.position_accepted)),
-                         sum(s.position_drafted[i] for s in stats if i < len(s.position_drafted)))
+    depth = max((len(s.position_accepted) for s in stats), default=0)
+    drafting = sum(s.position_drafted[0] for s in stats if s.position_drafted)  # steps that drafted
+    by_position = [ratio(sum(s.position_accepted[i] for s in stats if i < len(s.position_accepted)), drafting)
                    for i in range(depth)]
     return {"tokens_per_call": ratio(total("new_tokens"), total("row_steps")),
             "acceptance_rate": ratio(total("accepted_tokens"), total("drafted_tokens")),
-            "alpha_by_position": [round(a, 4) for a in by_position],
+            "acceptance_by_position": [round(a, 4) for a in by_position],
             "cost_ratio": ratio(ratio(total("draft_time"), total("draft_calls")),
                                 ratio(total("target_time"), total("target_calls")))}
 
@@ -252,15 +254,16 @@ def report(rows: list[dict[str, Any]], title: str) -> str:
     columns = [Column("temperature", "T", lambda v: f"{v:g}"), Column("method"),
                Column("tokens_per_call", "tokens\nper call", words.tokens),
                Column("acceptance_rate", "accept-\nance", words.rate),
-               Column("alpha_by_position", "alpha by position", words.rates),
+               Column("acceptance_by_position", words.ACCEPTANCE_BY_POSITION.name, words.rates),
                Column("cost_ratio", "c", words.cost), Column("tok_per_s", "tok/s", words.per_second),
                Column("x_target", "vs\ntarget", words.speedup),
                Column("x_hf_lookup", "vs HF\nlookup", words.speedup)]
     notes = (f"tokens per call: {words.BLOCK_EFFICIENCY.name}, {words.BLOCK_EFFICIENCY.definition}. acceptance: "
-             f"{words.ACCEPTANCE_RATE.definition}. alpha by position: accepted / verified drafts at each draft "
-             "position. c: seconds per draft call / seconds per target call (prefill included), measured in the "
-             "generation. vs target, vs HF lookup: tok/s over the target alone through the same CPU path (fast "
-             "path row), and over HF prompt lookup.")
+             f"{words.ACCEPTANCE_RATE.definition}. {words.ACCEPTANCE_BY_POSITION.name}: "
+             f"{words.ACCEPTANCE_BY_POSITION.definition}, over every prompt (by depth for trees). c: seconds "
+             "per draft call / seconds per target call (prefill included), measured in the generation. vs "
+             "target, vs HF lookup: tok/s over the target alone through the same CPU path (fast path row), and "
+             "over HF prompt lookup.")
     if any(r["temperature"] == 0 for r in rows):
         notes += (" At T=0 every specdecode row's output was checked equal to the target's own greedy output "
                   "(identical).")
