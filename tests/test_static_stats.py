@@ -1,0 +1,82 @@
+"""The static decode path counts a generation as the eager path does (greedy, the demo pair, the
+same drafts): accepted tokens, acceptance by position or depth, positions reached, tokens per
+call and the per-step accepted lengths, for a fixed tree and for a chain, at several
+``max_new_tokens`` (the last step cut by the length or not) and with EOS inside an accepted block.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+import specdecode
+import specdecode.engine.static_loop as static_loop
+from specdecode import generate
+
+SHAPE = [[0], [1], [0, 0], [0, 1], [1, 0]]
+PROMPTS = ("def add(a, b):\n", "class Stack:\n    def push(self, x):\n")
+COMPARED = ("steps", "new_tokens", "accepted_tokens", "position_accepted", "position_reached",
+            "accepted_lengths", "block_efficiency", "mean_accepted_length", "acceptance_by_position")
+
+
+@pytest.fixture(scope="module")
+def demo() -> tuple[Any, Any, Any]:
+    torch.manual_seed(0)
+    return specdecode.load_demo_pair()
+
+
+@pytest.fixture(autouse=True)
+def _fresh_sessions():
+    static_loop.clear_static_sessions()
+    yield
+    static_loop.clear_static_sessions()
+
+
+def counted(out: Any) -> dict[str, Any]:
+    """The statistics both paths must agree on."""
+    data = out.stats.to_dict()
+    return {name: data[name] for name in COMPARED}
+
+
+def both_paths(demo: tuple[Any, Any, Any], prompt: str, **kwargs: Any) -> tuple[Any, Any]:
+    target, draft, tok = demo
+    ids = tok(prompt, return_tensors="pt").input_ids
+    return tuple(generate(target, draft, ids, decode_path=path, num_draft_tokens=4, **kwargs)
+                 for path in ("eager", "static"))
+
+
+@pytest.mark.parametrize("tree", [SHAPE, None], ids=["tree", "chain"])
+@pytest.mark.parametrize("max_new_tokens", [16, 17, 18, 40])
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_static_counts_equal_eager_counts(demo, tree, max_new_tokens, prompt):
+    eager, static = both_paths(demo, prompt, tree=tree, max_new_tokens=max_new_tokens, eos_token_id=[])
+    assert torch.equal(eager.sequences, static.sequences)
+    assert counted(static) == counted(eager)
+    assert static.stats.accepted_lengths and static.stats.accepted_tokens > 0
+
+
+@pytest.mark.parametrize("tree", [SHAPE, None], ids=["tree", "chain"])
+@pytest.mark.parametrize("cut", [3, 6, 9])
+def test_static_counts_equal_eager_counts_with_eos_inside_a_block(demo, tree, cut):
+    free, _ = both_paths(demo, PROMPTS[0], tree=tree, max_new_tokens=24, eos_token_id=[])
+    start = free.sequences.shape[1] - 24
+    row = free.sequences[0, start:].tolist()
+    eos = next(t for t in row[cut:] if t not in row[:cut])  # first seen after `cut` new tokens
+    eager, static = both_paths(demo, PROMPTS[0], tree=tree, max_new_tokens=24, eos_token_id=eos)
+    assert torch.equal(eager.sequences, static.sequences)
+    assert counted(static) == counted(eager)
+
+
+def test_static_accepted_lengths_per_row_of_a_batch(demo):
+    target, draft, tok = demo
+    tok.padding_side = "left"
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    batch = tok(list(PROMPTS), return_tensors="pt", padding=True)
+    outs = [generate(target, draft, batch.input_ids, batch.attention_mask, decode_path=path, num_draft_tokens=4,
+                     max_new_tokens=21, eos_token_id=[]) for path in ("eager", "static")]
+    assert torch.equal(outs[0].sequences, outs[1].sequences)
+    assert counted(outs[1]) == counted(outs[0])
+    assert {len(step) for step in outs[1].stats.accepted_lengths} == {2}
