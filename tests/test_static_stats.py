@@ -14,11 +14,14 @@ import torch
 import specdecode
 import specdecode.engine.static_loop as static_loop
 from specdecode import generate
+from specdecode.trees.builders import DynamicTree
 
 SHAPE = [[0], [1], [0, 0], [0, 1], [1, 0]]
 PROMPTS = ("def add(a, b):\n", "class Stack:\n    def push(self, x):\n")
-COMPARED = ("steps", "new_tokens", "accepted_tokens", "position_accepted", "position_reached",
-            "accepted_lengths", "block_efficiency", "mean_accepted_length", "acceptance_by_position")
+COMPARED = ("steps", "new_tokens", "drafted_tokens", "accepted_tokens", "rejections", "position_drafted",
+            "position_accepted", "position_reached", "accepted_lengths", "acceptance_rate", "block_efficiency",
+            "mean_accepted_length", "acceptance_by_position")
+TREES = {"tree": SHAPE, "dynamic": DynamicTree(8, 4, top_k=3, calibrated=False), "chain": None}
 
 
 @pytest.fixture(scope="module")
@@ -47,11 +50,11 @@ def both_paths(demo: tuple[Any, Any, Any], prompt: str, **kwargs: Any) -> tuple[
                  for path in ("eager", "static"))
 
 
-@pytest.mark.parametrize("tree", [SHAPE, None], ids=["tree", "chain"])
+@pytest.mark.parametrize("tree", TREES)
 @pytest.mark.parametrize("max_new_tokens", [16, 17, 18, 40])
 @pytest.mark.parametrize("prompt", PROMPTS)
 def test_static_counts_equal_eager_counts(demo, tree, max_new_tokens, prompt):
-    eager, static = both_paths(demo, prompt, tree=tree, max_new_tokens=max_new_tokens, eos_token_id=[])
+    eager, static = both_paths(demo, prompt, tree=TREES[tree], max_new_tokens=max_new_tokens, eos_token_id=[])
     assert torch.equal(eager.sequences, static.sequences)
     assert counted(static) == counted(eager)
     assert static.stats.accepted_lengths and static.stats.accepted_tokens > 0

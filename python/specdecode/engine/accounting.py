@@ -51,6 +51,23 @@ def step_counters(active: Tensor, accepted: Tensor, verified: Tensor, keep: Tens
     ])
 
 
+def tree_step_counters(active: Tensor, accepted: Tensor, depth: Tensor, keep: Tensor, positions: Tensor,
+                       drafted: Tensor, stopped_early: Tensor) -> Tensor:
+    """One token-tree step's counts in the :func:`step_counters` layout, by the definitions of
+    :func:`count_tree_step`: the verified drafts are the tree's nodes below the root
+    (``drafted``), a rejection is a row whose accepted path stops at a node with children
+    (``stopped_early``), positions are depths (``depth``: each row's tree depth, 0 for a step
+    that drafted nothing).
+
+    Shape:
+        active, stopped_early: ``[b]`` bool; accepted, depth, keep, drafted: ``[b]`` int64.
+    """
+    counters = step_counters(active, accepted, depth, keep, positions)
+    counted = active & (depth > 0)
+    return torch.cat([counters[:3], torch.stack([torch.where(counted, drafted, 0).sum(), counters[4],
+                                                 (counted & stopped_early).sum()]), counters[FIXED_COUNTERS:]])
+
+
 def counted_drafts(active: Tensor, remaining: Tensor, accepted: Tensor, verified: Tensor) -> tuple[Tensor, Tensor]:
     """What the eager loop counts of a step, as ``(accepted, verified)`` ``[b]`` int64: it drafts
     nothing (a plain step: no drafts verified or accepted) when no active row has two tokens

@@ -58,8 +58,9 @@ from typing import Any, Callable
 import torch
 from torch import Tensor
 
-from specdecode.engine.accounting import (add_step_counters, count_prefill, count_syncs, counted_drafts, label_run,
-                                          num_counters, record_logged_lengths, step_counters, timed_run)
+from specdecode.engine.accounting import (FIXED_COUNTERS, add_step_counters, count_prefill, count_syncs,
+                                          counted_drafts, label_run, num_counters, record_logged_lengths,
+                                          step_counters, timed_run, tree_step_counters)
 from specdecode.engine.graphs import StepProgram
 from specdecode.engine.settings import EngineSettings
 from specdecode.engine.static_checks import check_static_path
@@ -368,7 +369,11 @@ class StaticEngine:
             state.tokens.scatter_(1, state.lengths[:, None], torch.where(continuing[:, None], next_token, current))
             # counted as the eager loop counts (no drafts when no row has two tokens left), on the device
             counted, counted_verified = counted_drafts(active, remaining, accepted, verified)
-            session.counters.add_(step_counters(active, counted, counted_verified, keep, idx[:gamma]))
+            if "drafted" in scratch:  # a token tree
+                session.counters.add_(tree_step_counters(active, counted, counted_verified, keep, idx[:gamma],
+                                                         scratch["drafted"], scratch["stopped_early"]))
+            else:
+                session.counters.add_(step_counters(active, counted, counted_verified, keep, idx[:gamma]))
             session.accepted_log.index_copy_(0, session.step, torch.where(active, counted, -1)[None])
             session.step.add_(1)
 
@@ -389,9 +394,12 @@ class StaticEngine:
         label_run(stats, rule=self.rule.name if self.rule is not None else self.tree.rule,  # type: ignore[union-attr]
                   drafter=self.drafter, batch_size=session.state.batch_size, schedule="constant",
                   decode_path=self.decode_path, settings=self.settings)
-        if self.tree is not None:
+        listed = gamma
+        if self.tree is not None:  # as the eager path, depths that no tree reached are not listed
             stats.tree_rule = self.tree.rule
-        add_step_counters(stats, c, gamma)
+            listed = sum(1 for n in c[FIXED_COUNTERS: FIXED_COUNTERS + gamma] if n > 0)
+            c = c[:FIXED_COUNTERS] + [c[FIXED_COUNTERS + i * gamma + d] for i in range(3) for d in range(listed)]
+        add_step_counters(stats, c, listed)
         stats.target_calls += steps
         stats.draft_calls += steps * gamma + (1 if gamma and session.state.prompt_columns > 1 else 0)
         if gamma:
