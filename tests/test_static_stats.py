@@ -85,3 +85,15 @@ def test_static_accepted_lengths_per_row_of_a_batch(demo, tree):
     assert counted(outs[1]) == counted(outs[0])
     lengths = outs[1].stats.accepted_lengths
     assert len(lengths[0]) == 2 and {len(step) for step in lengths} <= {1, 2}  # finished rows leave
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+@pytest.mark.parametrize("tree", TREES)
+def test_graphed_counts_equal_eager_counts(tree):
+    """The counters and the accepted-length log written inside the replayed CUDA graphs."""
+    target, draft, tok = specdecode.load_demo_pair(device="cuda")
+    ids = tok(PROMPTS[1], return_tensors="pt").input_ids.cuda()
+    eager, graphed = (generate(target, draft, ids, decode_path=path, num_draft_tokens=4, tree=TREES[tree],
+                               max_new_tokens=17, eos_token_id=[]) for path in ("eager", "graphed"))
+    assert torch.equal(eager.sequences, graphed.sequences)
+    assert counted(graphed) == counted(eager)
