@@ -1,6 +1,6 @@
 """The static decode path counts a generation as the eager path does (greedy, the demo pair, the
 same drafts): accepted tokens, acceptance by position or depth, positions reached, tokens per
-call and the per-step accepted lengths, for a fixed tree and for a chain, at several
+call and the per-step accepted lengths, for a fixed tree, a dynamic tree and a chain, at several
 ``max_new_tokens`` (the last step cut by the length or not) and with EOS inside an accepted block.
 """
 
