@@ -51,9 +51,53 @@ def step_counters(active: Tensor, accepted: Tensor, verified: Tensor, keep: Tens
     ])
 
 
+def tree_step_counters(active: Tensor, accepted: Tensor, depth: Tensor, keep: Tensor, positions: Tensor,
+                       drafted: Tensor, stopped_early: Tensor) -> Tensor:
+    """One token-tree step's counts in the :func:`step_counters` layout, by the definitions of
+    :func:`count_tree_step`: the verified drafts are the tree's nodes below the root
+    (``drafted``), a rejection is a row whose accepted path stops at a node with children
+    (``stopped_early``), positions are depths (``depth``: each row's tree depth, 0 for a step
+    that drafted nothing).
+
+    Shape:
+        active, stopped_early: ``[b]`` bool; accepted, depth, keep, drafted: ``[b]`` int64.
+    """
+    counters = step_counters(active, accepted, depth, keep, positions)
+    counted = active & (depth > 0)
+    return torch.cat([counters[:3], torch.stack([torch.where(counted, drafted, 0).sum(), counters[4],
+                                                 (counted & stopped_early).sum()]), counters[FIXED_COUNTERS:]])
+
+
+def counted_drafts(active: Tensor, remaining: Tensor, accepted: Tensor, verified: Tensor) -> tuple[Tensor, Tensor]:
+    """What the eager loop counts of a step, as ``(accepted, verified)`` ``[b]`` int64: it drafts
+    nothing (a plain step: no drafts verified or accepted) when no active row has two tokens
+    left to generate (``remaining`` before the step), and drafts otherwise, whatever the length
+    then cuts. The static path drafts every step; it counts its steps through this.
+
+    Shape:
+        active: ``[b]`` bool; remaining, accepted, verified: ``[b]`` int64.
+    """
+    drafting = (active & (remaining >= 2)).any()
+    return torch.where(drafting, accepted, 0), torch.where(drafting, verified, 0)
+
+
 def record_accepted_lengths(stats: SpeculativeStats, accepted: list[int]) -> None:
     """Keep one step's accepted lengths, one per active row (``stats.accepted_lengths``)."""
     stats.accepted_lengths.append([int(a) for a in accepted])
+
+
+def record_logged_lengths(stats: SpeculativeStats, log: Tensor) -> None:
+    """Keep the accepted lengths the static path logged on the device, one step per row of
+    ``log`` (read on the host), -1 for a row that was not active; steps with no active row
+    (masked steps after every row finished) are not steps and are left out.
+
+    Shape:
+        log: ``[steps, b]`` int64.
+    """
+    for row in log.tolist():
+        accepted = [a for a in row if a >= 0]
+        if accepted:
+            record_accepted_lengths(stats, accepted)
 
 
 def add_step_counters(stats: SpeculativeStats, counters: list[int], num_drafts: int) -> None:

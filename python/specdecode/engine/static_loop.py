@@ -58,8 +58,9 @@ from typing import Any, Callable
 import torch
 from torch import Tensor
 
-from specdecode.engine.accounting import (add_step_counters, count_prefill, count_syncs, label_run, num_counters,
-                                          step_counters, timed_run)
+from specdecode.engine.accounting import (FIXED_COUNTERS, add_step_counters, count_prefill, count_syncs,
+                                          counted_drafts, label_run, num_counters, record_logged_lengths,
+                                          step_counters, timed_run, tree_step_counters)
 from specdecode.engine.graphs import StepProgram
 from specdecode.engine.settings import EngineSettings
 from specdecode.engine.static_checks import check_static_path
@@ -98,7 +99,12 @@ class TargetOnly:
 
 # ---------------------------------------------------------------------- state
 class _Session:
-    """One static layout: state, target cache, output buffers, counters and the step program."""
+    """One static layout: state, target cache, output buffers, counters and the step program.
+
+    Shape:
+        accepted_log: ``[max_new_tokens, B]`` int64 — each step's accepted length per row (-1:
+            the row had finished), written at row ``step`` (a device scalar) by the commit phase.
+    """
 
     def __init__(self, engine: "StaticEngine", batch: int, capacity: int) -> None:
         from specdecode.models.static_cache import ColumnCache
@@ -113,6 +119,8 @@ class _Session:
         self.finished = torch.zeros(batch, dtype=torch.bool, device=device)
         self.all_finished = torch.zeros((), dtype=torch.bool, device=device)
         self.counters = torch.zeros(num_counters(gamma), dtype=torch.long, device=device)
+        self.accepted_log = torch.full((max(s.max_new_tokens, 1), batch), -1, dtype=torch.long, device=device)
+        self.step = torch.zeros(1, dtype=torch.long, device=device)
         self.eos = torch.tensor(s.eos_ids, dtype=torch.long, device=device) if s.eos_ids else None
         self.arange = torch.arange(gamma + 1, device=device)
         self.flag_host = torch.zeros(2, dtype=torch.bool, pin_memory=device.type == "cuda")
@@ -179,12 +187,15 @@ class StaticEngine:
             program.reset_timings()
             captures = program.captures
             steps = self._decode(session, program)
-            host = syncs.fetch(torch.cat([session.counters, session.generated]))
+            log = session.accepted_log[:steps].flatten()
+            host = syncs.fetch(torch.cat([session.counters, session.generated, log]))  # the one read at the end
             program.collect_timings()
-            counters, generated = host[: session.counters.numel()], host[session.counters.numel():]
+            num = session.counters.numel()
+            counters, generated, log = host[:num], host[num: num + B], host[num + B:].view(steps, B)
             new = int(generated.max()) if B else 0
             sequences = torch.cat([input_ids, session.out[:, :new]], 1)
             self._record(session, counters, steps, program.captures - captures)
+            record_logged_lengths(self.stats, log)
             return sequences
         finally:
             session.drafter = None  # a kept layout holds no model between generations
@@ -265,6 +276,8 @@ class StaticEngine:
         session.finished.zero_()
         session.all_finished.zero_()
         session.counters.zero_()
+        session.accepted_log.fill_(-1)
+        session.step.zero_()
         gen = s.generator
         seed = torch.randint(-(2 ** 62), 2 ** 62, (1,), generator=gen, device=gen.device if gen is not None else "cpu")
         if seed.device.type != "cpu":
@@ -339,7 +352,8 @@ class StaticEngine:
             tokens, accepted, verified = scratch["tokens"], scratch["accepted"], scratch["verified"]
             idx = session.arange
             active = ~session.finished
-            keep, has_eos = emitted_lengths(tokens, accepted, s.max_new_tokens - session.generated, session.eos, idx)
+            remaining = s.max_new_tokens - session.generated
+            keep, has_eos = emitted_lengths(tokens, accepted, remaining, session.eos, idx)
             keep = torch.where(active, keep, 0)
             session.out.scatter_(1, output_columns(keep, session.generated, idx, session.width - 1),
                                  tokens.clamp_min(0))
@@ -353,7 +367,15 @@ class StaticEngine:
             next_token = tokens.gather(1, accepted[:, None]).clamp_min(0)
             current = state.tokens.gather(1, state.lengths[:, None])
             state.tokens.scatter_(1, state.lengths[:, None], torch.where(continuing[:, None], next_token, current))
-            session.counters.add_(step_counters(active, accepted, verified, keep, idx[:gamma]))  # on the device
+            # counted as the eager loop counts (no drafts when no row has two tokens left), on the device
+            counted, counted_verified = counted_drafts(active, remaining, accepted, verified)
+            if "drafted" in scratch:  # a token tree
+                session.counters.add_(tree_step_counters(active, counted, counted_verified, keep, idx[:gamma],
+                                                         scratch["drafted"], scratch["stopped_early"]))
+            else:
+                session.counters.add_(step_counters(active, counted, counted_verified, keep, idx[:gamma]))
+            session.accepted_log.index_copy_(0, session.step, torch.where(active, counted, -1)[None])
+            session.step.add_(1)
 
         if self.tree is not None:  # token trees: their own draft, score and verify; the same commit
             draft, score, verify = tree_phases(session, scratch, self.tree, target_ref, dtype, logits_to_keep_ok, s,
@@ -372,9 +394,12 @@ class StaticEngine:
         label_run(stats, rule=self.rule.name if self.rule is not None else self.tree.rule,  # type: ignore[union-attr]
                   drafter=self.drafter, batch_size=session.state.batch_size, schedule="constant",
                   decode_path=self.decode_path, settings=self.settings)
-        if self.tree is not None:
+        listed = gamma
+        if self.tree is not None:  # as the eager path, depths that no tree reached are not listed
             stats.tree_rule = self.tree.rule
-        add_step_counters(stats, c, gamma)
+            listed = sum(1 for n in c[FIXED_COUNTERS: FIXED_COUNTERS + gamma] if n > 0)
+            c = c[:FIXED_COUNTERS] + [c[FIXED_COUNTERS + i * gamma + d] for i in range(3) for d in range(listed)]
+        add_step_counters(stats, c, listed)
         stats.target_calls += steps
         stats.draft_calls += steps * gamma + (1 if gamma and session.state.prompt_columns > 1 else 0)
         if gamma:

@@ -121,13 +121,16 @@ def tree_phases(session: Any, scratch: dict[str, Any], setup: TreeSetup, target:
                 ) -> tuple[Callable[[], None], Callable[[], None], Callable[[], None]]:
     """The draft, score and verify phases of a tree step over ``session``'s buffers (they leave
     ``tokens [B, D + 1]``, ``accepted [B]`` and ``verified [B]`` in ``scratch`` for the chain
-    step's commit phase). ``target`` returns the target model (held weakly by the caller);
+    step's commit phase, and for its statistics ``drafted [B]`` and ``stopped_early [B]``: see
+    :func:`~specdecode.engine.accounting.tree_step_counters`; ``verified`` is each row's tree
+    depth). ``target`` returns the target model (held weakly by the caller);
     ``layers``: the target features the drafter reads (None: none), written by the score
     forward at the nodes' columns and moved along the accepted path with the keys/values."""
     state, plan = session.state, setup.plan
     N, D = plan.num_nodes, plan.max_depth
     device = state.device
     depth_index = torch.arange(1, D + 1, device=device)[None, :]
+    node_index = torch.arange(N, device=device)
     no_prefix = torch.zeros((state.batch_size, 0), dtype=torch.bool, device=device)
 
     def draft() -> None:
@@ -137,8 +140,9 @@ def tree_phases(session: Any, scratch: dict[str, Any], setup: TreeSetup, target:
         from specdecode.models.static_cache import tree_inputs
 
         tree = scratch["tree"]
-        positions, _, tree_mask, *_ = ops.tree_attention_mask(tree.parents, tree.num_nodes, no_prefix,
-                                                              state.lengths - state.start)
+        offset = state.lengths - state.start
+        positions, _, tree_mask, *_ = ops.tree_attention_mask(tree.parents, tree.num_nodes, no_prefix, offset)
+        scratch["depths"] = positions - offset[:, None]  # each node's depth, for the statistics
         state.count_op_sync()  # on CUDA, outside a graph, the op reads its row statuses on the host
         mask, columns = tree_inputs(state.lengths, state.start, tree_mask, state.capacity, dtype)
         session.cache.columns = columns
@@ -168,7 +172,11 @@ def tree_phases(session: Any, scratch: dict[str, Any], setup: TreeSetup, target:
         state.tokens.scatter_(1, target_columns, tokens[:, :D].clamp_min(0))
         active = ~session.finished
         scratch["tokens"], scratch["accepted"] = tokens, accepted
-        scratch["verified"] = torch.where(active, D, 0)
+        real = node_index[None, :] < tree.num_nodes[:, None]
+        stop = nodes.gather(1, accepted[:, None])  # the accepted path's last node
+        children = (real & (node_index[None, :] > 0) & (tree.parents == stop)).sum(1)
+        scratch["verified"] = torch.where(active, torch.where(real, scratch["depths"], 0).amax(1), 0)
+        scratch["drafted"], scratch["stopped_early"] = tree.num_nodes - 1, children > 0
 
     return draft, score, verify
 

@@ -58,8 +58,8 @@ class SpeculativeStats:
     - ``position_drafted[i]`` / ``position_accepted[i]``: how often draft position ``i`` (0-based)
       was verified / accepted; ``position_reached[i]``: how often it was verified with every
       position before it accepted (by depth for token trees).
-    - ``accepted_lengths``: per step, each active row's accepted length (the eager path; the
-      static path keeps sums only).
+    - ``accepted_lengths``: per step, each active row's accepted length (both paths; the
+      static path logs them on the device and reads them once at the end).
     - How the run was made: ``sampling`` (temperature, top_k, top_p, min_p), ``seed`` (the
       ``generator``'s initial seed; None when torch's global generator drove the run),
       ``rule_options``, ``num_draft_tokens`` (the configured draft length; schedules change it
