@@ -19,6 +19,16 @@ venv=build/venv-floor
 if [ ! -x "$venv/bin/python" ]; then
   "$PYTHON" -m venv --system-site-packages "$venv"
 fi
+# --system-site-packages shares the base interpreter's packages only; when $PYTHON is itself a
+# virtual environment, its packages (specdecode's editable install among them) are added
+# behind the floor venv's own, so that the floor's transformers still comes first.
+parent_site="$("$PYTHON" -c 'import sys, sysconfig; print(sysconfig.get_paths()["purelib"] if sys.prefix != sys.base_prefix else "")')"
+floor_site="$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+if [ -n "$parent_site" ]; then
+  echo "import site; site.addsitedir('$parent_site')" >"$floor_site/_specdecode_parent_env.pth"
+else
+  rm -f "$floor_site/_specdecode_parent_env.pth"
+fi
 export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore
 if ! "$venv/bin/python" -m pip install --quiet "transformers==$floor" >build/floor-setup.log 2>&1; then
   echo "run_floor_tests: FAILED to install transformers==$floor; the output follows:" >&2
