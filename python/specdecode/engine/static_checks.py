@@ -19,7 +19,7 @@ from specdecode.drafters.base import StaticDrafter
 from specdecode.engine.schedules import ConstantSchedule, DraftSchedule
 from specdecode.engine.settings import EngineSettings
 from specdecode.engine.static_features import drafter_modules
-from specdecode.engine.static_tree import check_static_tree, drafts_tree
+from specdecode.engine.static_tree import TreeSetup, check_static_tree, drafts_tree
 from specdecode.models import facts
 from specdecode.rules import get_rule, is_chain_rule
 
@@ -49,10 +49,11 @@ def _single_device(model: torch.nn.Module, name: str) -> torch.device:
 
 
 def check_static_path(target: torch.nn.Module, drafter: Any | None, settings: EngineSettings,
-                      decode_path: str) -> int:
+                      decode_path: str) -> tuple[int, TreeSetup | None]:
     """Refuse what the static path cannot do for ``target`` with ``drafter`` (None: the target
     alone) under ``settings`` and ``decode_path`` (``"static"`` or ``"graphed"``), with a
-    ``ValueError`` naming the argument; returns gamma (0 for the target alone)."""
+    ``ValueError`` naming the argument; returns gamma (0 for the target alone; a tree's depth)
+    and the generation's :class:`~specdecode.engine.static_tree.TreeSetup` (None for chains)."""
     where = f"decode_path={decode_path!r}"
     for name, value in (("logits_processor", settings.processors), ("stopping_criteria", settings.stopping),
                         ("streamer", settings.streamer)):
@@ -105,7 +106,7 @@ def check_static_path(target: torch.nn.Module, drafter: Any | None, settings: En
         if missing:
             raise ValueError(f"decode_path: 'graphed' needs the CUDA kernels of {', '.join(missing)}, which this "
                              "build of specdecode lacks (python -m specdecode info)")
-    return gamma
+    return gamma, tree
 
 
 def _mask_message(name: str, model: torch.nn.Module) -> str:

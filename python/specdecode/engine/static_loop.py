@@ -68,7 +68,7 @@ from specdecode.engine.static_features import drafter_modules, feature_layers_of
 from specdecode.engine.static_layouts import SESSION_CACHE_SIZE, clear_static_sessions  # noqa: F401 (re-exported)
 from specdecode.engine.static_layouts import keep_layout, kept_layout
 from specdecode.engine.static_state import StaticState
-from specdecode.engine.static_tree import check_static_tree, drafts_tree, tree_phases, tree_span
+from specdecode.engine.static_tree import tree_phases, tree_span
 from specdecode.engine.stats import SpeculativeStats
 from specdecode.engine.step_phases import scored_logits, verify_chain
 from specdecode.engine.stopping import emitted_lengths, finished_rows, output_columns, verify_budget
@@ -141,15 +141,13 @@ class StaticEngine:
         if decode_path not in ("static", "graphed"):
             raise ValueError(f"decode_path: expected one of {DECODE_PATHS}, got {decode_path!r}")
         self.decode_path = decode_path
-        self.gamma = check_static_path(target, None if isinstance(drafter, TargetOnly) else drafter, settings,
-                                       decode_path)
+        self.gamma, self.tree = check_static_path(target, None if isinstance(drafter, TargetOnly) else drafter,
+                                                  settings, decode_path)
         if isinstance(stop_check_every, bool) or not isinstance(stop_check_every, int) or stop_check_every < 1:
             raise ValueError(f"stop_check_every: expected an int >= 1, got {stop_check_every!r}")
         self.stop_check_every = stop_check_every
         self.phase_timing = phase_timing
         self.device = facts.input_device(target)
-        trees = not isinstance(drafter, TargetOnly) and drafts_tree(drafter)
-        self.tree = check_static_tree(drafter, settings, decode_path) if trees else None
         self.rule = get_rule(settings.rule or "token") if self.tree is None else None
         self._logits_to_keep_ok = facts.accepts_logits_to_keep(target)
         self.window = facts.sliding_window(target)
