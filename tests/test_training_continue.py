@@ -292,7 +292,8 @@ def test_command_line_flags(first, tmp_path, capsys):
     for argv, words in (
             (["train", "eagle", "--init-from", "nonesuch=x"], "init_from: expected kinds among"),
             (["train", "eagle", "--init-from", str(tmp_path / "nowhere")], "init_from: no such folder"),
-            (["train", "eagle", "medusa", "--init-from", f"draft={run / 'draft'}"], "'draft' is not a kind of this run"),
+            (["train", "eagle", "medusa", "--init-from", f"draft={run / 'draft'}"],
+             "'draft' is not a kind of this run"),
             (["train", "eagle", "medusa", "--init-from", str(run / "eagle")], "one folder for a run of 2 kinds"),
             (["train", "eagle", "--shares", "eagle=-1"], "shares: eagle's share must be a number > 0"),
             (["train", "eagle", "--shares", "web=1"], "shares: expected kinds among"),

@@ -15,7 +15,9 @@ A *kind* is one module with ``NAME``, ``DESCRIPTION``, ``build(target, **options
 to label the data with target features too, ``prepare(built, examples)`` once the data is
 made, ``drafter(model, target)`` for the object to pass as ``draft``, ``vocab_record(model)``,
 ``record_extras(model)`` (a dict merged into the saved record), ``RETURNS_DRAFTER = True`` when
-:class:`TrainResult` should hold the drafter loaded back from the folder);
+:class:`TrainResult` should hold the drafter loaded back from the folder, ``cached_bytes(built,
+examples)`` for device memory the kind fills over a run; and, to be continued with
+``init_from``, ``saved_options(folder, record)`` and ``start_from(built, folder, record)``);
 everything else is shared:
 the data (``data.py``: the target's own generations labelled with its distributions, cached),
 the loop (``loop.py``), the losses (``losses.py``), the folder format and :func:`load_drafter`

@@ -353,9 +353,10 @@ def _fit(run: _Run, kind: str, module: Any, built: Any, source: InitSource | Non
                                         run.progress["loop_batches"].get(kind))
     run.progress["loop_batches"][kind] = loop_cfg.batch_size
     run.save_progress()
-    start_key = None if source is None else source.weights_hash
-    run_key = (f"{_key(kind, run.fingerprint, run.dkey, asdict(loop_cfg), sorted(options.items()), start_key)}"
-               f"-{run.num_batches}")
+    identity = [kind, run.fingerprint, run.dkey, asdict(loop_cfg), sorted(options.items())]
+    if source is not None:  # a continued kind resumes only from the same saved weights
+        identity.append(source.weights_hash)
+    run_key = f"{_key(*identity)}-{run.num_batches}"
     with memory_errors(f"training {kind} ({loop_cfg.batch_size} examples per step)",
                        "lower the training batch size (--batch-size)"):
         result = run_loop(built.model, built.params, module.forward, train, val, out, loop_cfg, run_key=run_key,
