@@ -324,12 +324,15 @@ def run_kinds(kinds: list[str], target: Any, folders: Mapping[str, Path], cache_
     for i, kind in enumerate(kinds):
         kind_start = time.monotonic()
         kind_deadline = None if deadline is None else kind_start + kind_seconds(share_list, i, deadline - kind_start)
-        wanted = getattr(builts[kind], "feature_layers", None)
+        built = builts.pop(kind)  # dropped once trained: what it holds on the device (exit's feature cache) is
+        # released before the next kind plans its batch
+        wanted = getattr(built, "feature_layers", None)
         release_memory(device)
         reset_peak_memory(device)
-        results[kind] = _fit(run, kind, modules[kind], builts[kind], sources.get(kind),
+        results[kind] = _fit(run, kind, modules[kind], built, sources.get(kind),
                              _kind_view(train, union, wanted), _kind_view(val, union, wanted), n_val,
                              folders[kind], options[kind], max_steps, kind_deadline, run_memory)
+        del built
         if export_folders is not None:
             from specdecode.training.export import export_drafter
 
