@@ -27,9 +27,13 @@ _LAYOUTS: "weakref.WeakKeyDictionary[torch.nn.Module, OrderedDict[tuple, tuple[A
     weakref.WeakKeyDictionary())
 
 
-def clear_static_sessions() -> None:
-    """Free every kept static layout (caches, buffers and CUDA graphs) of every model."""
-    _LAYOUTS.clear()
+def clear_static_sessions(target: torch.nn.Module | None = None) -> None:
+    """Free the kept static layouts (caches, buffers and CUDA graphs) of every model, or of
+    ``target`` only."""
+    if target is None:
+        _LAYOUTS.clear()
+    else:
+        _LAYOUTS.pop(target, None)
 
 
 def kept_layouts(target: torch.nn.Module) -> list[Any]:

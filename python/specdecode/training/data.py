@@ -3,9 +3,10 @@ labelled with the target's token distributions, cached on disk.
 
 Sources (:func:`token_sequences`):
 
-* prompts (the default): each prompt is continued by the target itself (``target.generate``,
-  left-padded batches, sampled at temperature 0.7 with a seed per batch: between greedy and
-  sampled decoding), and the prompt plus its continuation becomes one example; the loss and the
+* prompts (the default): each prompt is continued by the target itself (left-padded batches on
+  specdecode's static decode path, :mod:`specdecode.training.continuations`; sampled from the
+  target's own law at temperature 0.7 with a seed per batch: between greedy and sampled
+  decoding), and the prompt plus its continuation becomes one example; the loss and the
   acceptance estimates count the continuation only. Default prompts: for the ``demo`` target, def/class windows
   of the demo corpus' *train* split (never the held-out files that ``demo_prompts()`` and the
   benchmarks use); for any other target, :data:`GENERAL_PROMPTS`, a list written for this kit,
@@ -18,13 +19,15 @@ Every example is then run through the target once and stored with the target's t
 log-probabilities at each position (all of them when the vocabulary has at most ``k`` ids), so
 training never runs the target again. Examples are computed in batches and each batch is saved
 as it is finished under ``OUT/data/<target hash>-<data hash>/``: an interrupted run, or a second
-run with the same target and data, reuses them.
+run with the same target and data, reuses them. The progress bar shows the target's generated
+tokens per second, and :class:`DataStats` keeps them for the run's record.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import sys
 import time
 from dataclasses import dataclass
 from functools import lru_cache
@@ -35,8 +38,10 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-__all__ = ["GENERAL_PROMPTS", "Example", "DataSettings", "continue_prompts", "data_key", "default_prompts",
-           "distill_examples", "encode_prompt", "token_sequences"]
+from specdecode.training.continuations import continue_prompts, data_decode_path
+
+__all__ = ["GENERAL_PROMPTS", "Example", "DataSettings", "DataStats", "continue_prompts", "data_key",
+           "default_prompts", "distill_examples", "encode_prompt", "token_sequences"]
 
 #: Default prompts for targets other than ``demo``: everyday chat and instruction requests,
 #: written for this kit (no data set is downloaded).
@@ -111,6 +116,43 @@ class DataSettings:
     temperature: float = 0.7
     seed: int = 0
     feature_layers: tuple[int, ...] | None = None
+
+
+@dataclass
+class DataStats:
+    """What :func:`distill_examples` computed (batches read from the cache are not counted):
+    ``batches``; ``generated_tokens``, the target's continuations (up to and including EOS), in
+    ``generate_seconds``; ``labelled_tokens``, every token of the examples made; ``seconds``, the
+    whole work of those batches (generation, labelling, saving); ``decode_path``, the path of the
+    continuations (:func:`~specdecode.training.continuations.data_decode_path`), None for text."""
+
+    batches: int = 0
+    generated_tokens: int = 0
+    generate_seconds: float = 0.0
+    labelled_tokens: int = 0
+    seconds: float = 0.0
+    decode_path: str | None = None
+
+    @property
+    def generated_per_second(self) -> float:
+        """The target's generated tokens per second of generation (0 before any)."""
+        return self.generated_tokens / self.generate_seconds if self.generate_seconds > 0 else 0.0
+
+    @property
+    def tokens_per_second(self) -> float:
+        """Data tokens made per second of the whole work: the generated tokens when prompts are
+        continued, else the labelled tokens (0 before any)."""
+        made = self.generated_tokens if self.decode_path is not None else self.labelled_tokens
+        return made / self.seconds if self.seconds > 0 else 0.0
+
+    def summary(self) -> str:
+        """One line: what was made, in how long, at what rate."""
+        if self.decode_path is None:
+            return (f"data: {self.labelled_tokens:,} tokens labelled in {self.seconds:.1f} s "
+                    f"({self.tokens_per_second:,.0f} tokens/s)")
+        return (f"data: {self.generated_tokens:,} target tokens generated ({self.decode_path} path) in "
+                f"{self.generate_seconds:.1f} s, {self.generated_per_second:,.0f} tokens/s; with labelling "
+                f"{self.tokens_per_second:,.0f} tokens/s")
 
 
 @dataclass
@@ -218,44 +260,6 @@ def data_key(sequences: list[list[int]], continue_them: bool, settings: DataSett
     return hashlib.sha256(record.encode()).hexdigest()[:16]
 
 
-def _pad_id(target: Any) -> int:
-    config = target.generation_config
-    for value in (config.pad_token_id, config.eos_token_id, target.config.pad_token_id):
-        if isinstance(value, list):
-            value = value[0] if value else None
-        if value is not None:
-            return int(value)
-    return 0
-
-
-@torch.no_grad()
-def continue_prompts(target: Any, prompts: list[list[int]], settings: DataSettings, batch_seed: int) -> list[list[int]]:
-    """The prompts followed by the target's continuations, sampled at ``settings.temperature``
-    (greedy at 0), each cut after its first EOS."""
-    pad = _pad_id(target)
-    width = max(len(p) for p in prompts)
-    device = next(target.parameters()).device
-    ids = torch.full((len(prompts), width), pad, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for row, prompt in enumerate(prompts):
-        ids[row, width - len(prompt):] = torch.tensor(prompt)
-        mask[row, width - len(prompt):] = 1
-    eos = target.generation_config.eos_token_id
-    eos_ids = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
-    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-        torch.manual_seed(batch_seed)
-        sampling = (dict(do_sample=True, temperature=settings.temperature, top_k=0, top_p=1.0)
-                    if settings.temperature > 0 else dict(do_sample=False))
-        out = target.generate(ids.to(device), attention_mask=mask.to(device), max_new_tokens=settings.max_new_tokens,
-                              pad_token_id=pad, **sampling)
-    result = []
-    for row, prompt in enumerate(prompts):
-        new = out[row, width:].tolist()
-        cut = next((i + 1 for i, t in enumerate(new) if t in eos_ids), len(new))
-        result.append(prompt + new[:cut])
-    return result
-
-
 @torch.no_grad()
 def _label(target: Any, sequences: list[list[int]], starts: list[int], top_k: int,
            feature_layers: tuple[int, ...] | None = None) -> list[Example]:
@@ -284,21 +288,33 @@ def _label(target: Any, sequences: list[list[int]], starts: list[int], top_k: in
 
 def distill_examples(target: Any, sequences: list[list[int]], continue_them: bool, settings: DataSettings,
                      cache_root: Path, target_hash: str, *, deadline: float | None = None,
-                     num_batches: int | None = None, progress: bool = True) -> tuple[list[Example], int]:
+                     num_batches: int | None = None, progress: bool = True,
+                     stats: DataStats | None = None) -> tuple[list[Example], int]:
     """``(examples, batches)``: the labelled examples, batch by batch from the cache or computed
     and cached. Stops at ``num_batches`` batches when given (a resumed run asks for exactly what
     it trained on), else when every sequence is done or at ``deadline`` (``time.monotonic()``;
-    at least one batch is always made)."""
+    at least one batch is always made). ``stats``, when given, is filled in with what was
+    computed (:class:`DataStats`); the progress bar shows the same rates as it runs, and a
+    summary line is written at the end when ``progress``.
+
+    On the graphed (CUDA) path every batch is padded to one width (the longest prompt of the
+    stage) and one row count (``batch_size``), so that all of them replay one static layout,
+    which is freed at the end of the stage."""
     if settings.batch_size is None:
         raise ValueError("data_settings: batch_size is None; size it for the device first")
+    if stats is not None and not isinstance(stats, DataStats):
+        raise TypeError(f"stats: expected a DataStats or None, got {type(stats).__name__}")
+    stats = stats if stats is not None else DataStats()
     folder = Path(cache_root) / f"{target_hash.split(':')[-1][:16]}-{data_key(sequences, continue_them, settings)}"
     folder.mkdir(parents=True, exist_ok=True)
     total = -(-len(sequences) // settings.batch_size)
     wanted = total if num_batches is None else min(num_batches, total)
+    keep = max(1, settings.max_length - settings.max_new_tokens)  # prompt tokens kept before a continuation
     examples: list[Example] = []
     done = 0
     bar = tqdm(total=wanted, desc="data: target generations" if continue_them else "data: target labels",
                unit="batch", disable=not progress, leave=False)
+    path = None
     for index in range(wanted):
         if num_batches is None and index > 0 and deadline is not None and time.monotonic() > deadline:
             break
@@ -306,19 +322,42 @@ def distill_examples(target: Any, sequences: list[list[int]], continue_them: boo
         if file.is_file():
             batch = [Example(**row) for row in torch.load(file)]
         else:
+            start = time.perf_counter()
             chunk = [s[-settings.max_length:] for s in
                      sequences[index * settings.batch_size: (index + 1) * settings.batch_size]]
             starts = [0] * len(chunk)
             if continue_them:
-                keep = max(1, settings.max_length - settings.max_new_tokens)
+                if path is None:
+                    path = stats.decode_path = data_decode_path(target, settings)
                 prompts = [s[-keep:] for s in chunk]
-                chunk = continue_prompts(target, prompts, settings, settings.seed * 100_003 + index)
+                shape = (dict(width=min(keep, max(len(s) for s in sequences)), rows=settings.batch_size)
+                         if path == "graphed" else {})
+                chunk = continue_prompts(target, prompts, settings, settings.seed * 100_003 + index,
+                                         decode_path=path, **shape)
+                stats.generate_seconds += time.perf_counter() - start
+                stats.generated_tokens += sum(len(c) - len(p) for c, p in zip(chunk, prompts))
                 starts = [len(p) - 1 for p in prompts]  # the prompt's last position predicts the first new token
             batch = _label(target, chunk, starts, settings.top_k, settings.feature_layers)
             torch.save([row.__dict__ for row in batch], file.with_suffix(".tmp"))
             file.with_suffix(".tmp").replace(file)
+            stats.batches += 1
+            stats.labelled_tokens += sum(len(c) for c in chunk)
+            stats.seconds += time.perf_counter() - start
+            bar.set_postfix_str(_rates(stats), refresh=False)
         examples.extend(batch)
         done += 1
         bar.update(1)
     bar.close()
+    if path in ("static", "graphed"):
+        from specdecode.engine.static_layouts import clear_static_sessions
+
+        clear_static_sessions(target)  # the stage's caches (and graphs) go back to the device
+    if progress and stats.batches:
+        tqdm.write(stats.summary(), file=sys.stderr)
     return examples, done
+
+
+def _rates(stats: DataStats) -> str:
+    if stats.decode_path is None:
+        return f"{stats.tokens_per_second:,.0f} tok/s"
+    return f"{stats.generated_per_second:,.0f} gen tok/s, {stats.tokens_per_second:,.0f} tok/s"

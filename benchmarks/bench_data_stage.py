@@ -1,0 +1,122 @@
+"""Benchmark of the training data stage's continuations: Hugging Face ``target.generate`` (the
+data stage's former path) against specdecode's own decode path
+(:func:`specdecode.training.continuations.continue_prompts`: the static path on the CPU, the
+graphed path on CUDA), the same prompts and batch size.
+
+For each target (``demo``: the embedded demo target; ``smollm2``: SmolLM2-135M-Instruct when
+its wheel is installed) one batch of the target's default data prompts (cut as the data stage
+cuts them) is continued by both paths: first greedily, where the two outputs must be equal
+token for token (checked and printed; float32), then timed at each ``--temperatures`` with a
+new batch seed per repeat, the two paths in turn within each repeat (interleaved, order
+rotating) after one untimed warm-up each. Reported: median seconds per batch, median generated
+tokens per second (EOS on, as the data stage runs; at T > 0 the two paths sample different
+continuations, so tokens/s is the fair measure) and the ratio ours / HF of tokens/s.
+
+    python benchmarks/bench_data_stage.py                                   # demo, CPU, 2 threads
+    python benchmarks/bench_data_stage.py --targets demo smollm2 --batch-size 16
+    python benchmarks/bench_data_stage.py --targets smollm2 --device cuda --batch-size 512 --dtype bfloat16
+    python benchmarks/bench_data_stage.py --quick                           # smoke run
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+import torch
+
+from specdecode.bench.harness import base_parser, environment, format_table, median, write_results
+from specdecode.training.continuations import continue_prompts, data_decode_path
+from specdecode.training.data import DataSettings, default_prompts, encode_prompt
+
+PATHS = ("hf_generate", "auto")
+
+
+def _sync(device: torch.device) -> Callable[[], None]:
+    return torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+
+
+def load(name: str, device: str, dtype: str) -> tuple[Any, Any] | None:
+    """``(target, tokenizer)`` on ``device`` in ``dtype``, or None when the target is not installed."""
+    from specdecode.training.targets import load_target
+
+    try:
+        target, tokenizer = load_target(name)
+    except ValueError as exc:
+        print(f"{name}: skipped ({exc})")
+        return None
+    return target.to(device=device, dtype=getattr(torch, dtype)), tokenizer
+
+
+def batch_prompts(name: str, tokenizer: Any, settings: DataSettings, count: int, seed: int) -> list[list[int]]:
+    """The target's default data prompts, cut to what the data stage keeps before a continuation."""
+    keep = max(1, settings.max_length - settings.max_new_tokens)
+    return [encode_prompt(tokenizer, text)[-keep:] for text in default_prompts(name, count, seed)]
+
+
+def bench_target(name: str, target: Any, prompts: list[list[int]], args: Any) -> list[dict[str, Any]]:
+    device = next(target.parameters()).device
+    sync = _sync(device)
+    ours = data_decode_path(target, DataSettings(max_new_tokens=args.max_new_tokens, temperature=0.7))
+    greedy = DataSettings(max_new_tokens=args.max_new_tokens, temperature=0.0, batch_size=len(prompts))
+    outputs = {path: continue_prompts(target, prompts, greedy, args.seed, decode_path=path) for path in PATHS}
+    equal = outputs["hf_generate"] == outputs["auto"]
+    rows = []
+    for temperature in args.temperatures:
+        settings = DataSettings(max_new_tokens=args.max_new_tokens, temperature=temperature, batch_size=len(prompts))
+        seconds: dict[str, list[float]] = {p: [] for p in PATHS}
+        rates: dict[str, list[float]] = {p: [] for p in PATHS}
+        for i in range(1 + args.repeats):
+            for path in PATHS[i % 2:] + PATHS[:i % 2]:
+                sync()
+                start = time.perf_counter()
+                out = continue_prompts(target, prompts, settings, args.seed + 1 + i, decode_path=path)
+                sync()
+                took = time.perf_counter() - start
+                if i == 0:
+                    continue  # warm-up: the static layout (and on CUDA its graphs) is built here
+                seconds[path].append(took)
+                rates[path].append(sum(len(o) - len(p) for o, p in zip(out, prompts)) / took)
+        hf_rate, our_rate = median(rates["hf_generate"]), median(rates["auto"])
+        rows.append({"target": name, "device": str(device), "dtype": str(target.dtype).replace("torch.", ""),
+                     "batch": len(prompts), "T": temperature, "path": ours, "greedy_equal": "yes" if equal else "NO",
+                     "hf_s": median(seconds["hf_generate"]), "ours_s": median(seconds["auto"]),
+                     "hf_tok_s": hf_rate, "ours_tok_s": our_rate, "ours/hf": our_rate / hf_rate})
+    return rows
+
+
+def main() -> None:
+    parser = base_parser(__doc__.splitlines()[0])
+    parser.add_argument("--targets", nargs="+", choices=["demo", "smollm2"], default=["demo"], help="targets to time")
+    parser.add_argument("--device", default="cpu", help="where the targets run (cpu, cuda)")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", help="the targets' dtype")
+    parser.add_argument("--batch-size", type=int, default=None,
+                        help="prompts per batch (default: 8, the CPU data batch; --quick: 3)")
+    parser.add_argument("--max-new-tokens", type=int, default=None,
+                        help="tokens per continuation (default: 96, the data stage's; --quick: 8)")
+    parser.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 0.7], help="timed temperatures")
+    parser.add_argument("--threads", type=int, default=2, help="torch threads on the CPU")
+    args = parser.parse_args()
+    args.repeats = args.repeats or (1 if args.quick else 5)
+    args.batch_size = args.batch_size or (3 if args.quick else 8)
+    args.max_new_tokens = args.max_new_tokens or (8 if args.quick else 96)
+    torch.set_num_threads(args.threads)
+    rows = []
+    for name in args.targets:
+        loaded = load(name, args.device, args.dtype)
+        if loaded is None:
+            continue
+        target, tokenizer = loaded
+        settings = DataSettings(max_new_tokens=args.max_new_tokens)
+        prompts = batch_prompts(name, tokenizer, settings, args.batch_size, args.seed)
+        rows += bench_target(name, target, prompts, args)
+        del target
+    print(format_table(rows, ["target", "device", "dtype", "batch", "T", "path", "greedy_equal", "hf_s", "ours_s",
+                              "hf_tok_s", "ours_tok_s", "ours/hf"],
+                       title=f"data-stage continuations, {args.max_new_tokens} new tokens, HF generate vs ours "
+                             f"(medians of {args.repeats}, {args.threads} CPU threads)"))
+    write_results(args.out, "data_stage", rows, {**environment(), "args": vars(args)})
+
+
+if __name__ == "__main__":
+    main()
