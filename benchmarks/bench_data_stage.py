@@ -6,15 +6,18 @@ graphed path on CUDA), the same prompts and batch size.
 For each target (``demo``: the embedded demo target; ``smollm2``: SmolLM2-135M-Instruct when
 its wheel is installed) one batch of the target's default data prompts (cut as the data stage
 cuts them) is continued by both paths: first greedily, where the two outputs must be equal
-token for token (checked and printed; float32), then timed at each ``--temperatures`` with a
+token for token (the rows that are, printed; float32), then timed at each ``--temperatures`` with a
 new batch seed per repeat, the two paths in turn within each repeat (interleaved, order
-rotating) after one untimed warm-up each. Reported: median seconds per batch, median generated
-tokens per second (EOS on, as the data stage runs; at T > 0 the two paths sample different
-continuations, so tokens/s is the fair measure) and the ratio ours / HF of tokens/s.
+rotating) after one untimed warm-up each. At T = 0 both paths make the same tokens (EOS on, as
+the data stage runs); at T > 0 they sample different continuations, whose lengths would make
+the comparison a lottery, so EOS is off there and every row makes ``--max-new-tokens`` tokens on
+both paths. Reported: median seconds per batch, median generated tokens per second and the
+ratio ours / HF of tokens/s.
 
     python benchmarks/bench_data_stage.py                                   # demo, CPU, 2 threads
     python benchmarks/bench_data_stage.py --targets demo smollm2 --batch-size 16
     python benchmarks/bench_data_stage.py --targets smollm2 --device cuda --batch-size 512 --dtype bfloat16
+    python benchmarks/bench_data_stage.py --threads 1 --clock cpu           # a busy machine
     python benchmarks/bench_data_stage.py --quick                           # smoke run
 """
 
@@ -25,7 +28,7 @@ from typing import Any, Callable
 
 import torch
 
-from specdecode.bench.harness import base_parser, environment, format_table, median, write_results
+from specdecode.bench.harness import CLOCKS, base_parser, environment, format_table, median, write_results
 from specdecode.training.continuations import continue_prompts, data_decode_path
 from specdecode.training.data import DataSettings, default_prompts, encode_prompt
 
@@ -56,30 +59,35 @@ def batch_prompts(name: str, tokenizer: Any, settings: DataSettings, count: int,
 
 def bench_target(name: str, target: Any, prompts: list[list[int]], args: Any) -> list[dict[str, Any]]:
     device = next(target.parameters()).device
-    sync = _sync(device)
+    sync, clock = _sync(device), CLOCKS[args.clock]
     ours = data_decode_path(target, DataSettings(max_new_tokens=args.max_new_tokens, temperature=0.7))
     greedy = DataSettings(max_new_tokens=args.max_new_tokens, temperature=0.0, batch_size=len(prompts))
     outputs = {path: continue_prompts(target, prompts, greedy, args.seed, decode_path=path) for path in PATHS}
-    equal = outputs["hf_generate"] == outputs["auto"]
+    equal = sum(a == b for a, b in zip(outputs["hf_generate"], outputs["auto"]))
     rows = []
     for temperature in args.temperatures:
         settings = DataSettings(max_new_tokens=args.max_new_tokens, temperature=temperature, batch_size=len(prompts))
         seconds: dict[str, list[float]] = {p: [] for p in PATHS}
         rates: dict[str, list[float]] = {p: [] for p in PATHS}
+        eos = target.generation_config.eos_token_id
+        if temperature > 0:
+            target.generation_config.eos_token_id = None  # the same number of tokens on both paths
         for i in range(1 + args.repeats):
             for path in PATHS[i % 2:] + PATHS[:i % 2]:
                 sync()
-                start = time.perf_counter()
+                start = clock()
                 out = continue_prompts(target, prompts, settings, args.seed + 1 + i, decode_path=path)
                 sync()
-                took = time.perf_counter() - start
+                took = clock() - start
                 if i == 0:
                     continue  # warm-up: the static layout (and on CUDA its graphs) is built here
                 seconds[path].append(took)
                 rates[path].append(sum(len(o) - len(p) for o, p in zip(out, prompts)) / took)
+        target.generation_config.eos_token_id = eos
         hf_rate, our_rate = median(rates["hf_generate"]), median(rates["auto"])
         rows.append({"target": name, "device": str(device), "dtype": str(target.dtype).replace("torch.", ""),
-                     "batch": len(prompts), "T": temperature, "path": ours, "greedy_equal": "yes" if equal else "NO",
+                     "batch": len(prompts), "T": temperature, "eos": "on" if temperature == 0 else "off",
+                     "path": ours, "greedy_equal": f"{equal}/{len(prompts)}",
                      "hf_s": median(seconds["hf_generate"]), "ours_s": median(seconds["auto"]),
                      "hf_tok_s": hf_rate, "ours_tok_s": our_rate, "ours/hf": our_rate / hf_rate})
     return rows
@@ -96,7 +104,11 @@ def main() -> None:
                         help="tokens per continuation (default: 96, the data stage's; --quick: 8)")
     parser.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 0.7], help="timed temperatures")
     parser.add_argument("--threads", type=int, default=2, help="torch threads on the CPU")
+    parser.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
+                        help="wall time, or this thread's CPU time (with --threads 1 on a busy CPU machine)")
     args = parser.parse_args()
+    if args.clock == "cpu" and (args.threads != 1 or args.device != "cpu"):
+        parser.error("clock: 'cpu' measures one thread's CPU time; use it with --threads 1 on the CPU")
     args.repeats = args.repeats or (1 if args.quick else 5)
     args.batch_size = args.batch_size or (3 if args.quick else 8)
     args.max_new_tokens = args.max_new_tokens or (8 if args.quick else 96)
@@ -111,10 +123,10 @@ def main() -> None:
         prompts = batch_prompts(name, tokenizer, settings, args.batch_size, args.seed)
         rows += bench_target(name, target, prompts, args)
         del target
-    print(format_table(rows, ["target", "device", "dtype", "batch", "T", "path", "greedy_equal", "hf_s", "ours_s",
-                              "hf_tok_s", "ours_tok_s", "ours/hf"],
+    print(format_table(rows, ["target", "device", "dtype", "batch", "T", "eos", "path", "greedy_equal", "hf_s",
+                              "ours_s", "hf_tok_s", "ours_tok_s", "ours/hf"],
                        title=f"data-stage continuations, {args.max_new_tokens} new tokens, HF generate vs ours "
-                             f"(medians of {args.repeats}, {args.threads} CPU threads)"))
+                             f"(medians of {args.repeats}, {args.threads} CPU threads, {args.clock} clock)"))
     write_results(args.out, "data_stage", rows, {**environment(), "args": vars(args)})
 
 

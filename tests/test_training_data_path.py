@@ -54,7 +54,9 @@ def _hf_greedy(target, prompts: list[list[int]], max_new_tokens: int) -> list[li
     width = max(len(p) for p in prompts)
     ids = torch.tensor([[PAD] * (width - len(p)) + p for p in prompts])
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
-    out = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=max_new_tokens, pad_token_id=PAD)
+    device = next(target.parameters()).device
+    out = target.generate(ids.to(device), attention_mask=mask.to(device), do_sample=False,
+                          max_new_tokens=max_new_tokens, pad_token_id=PAD)
     eos = target.generation_config.eos_token_id
     result = []
     for prompt, row in zip(prompts, out[:, width:].tolist()):
@@ -230,6 +232,8 @@ def test_bad_arguments_are_named():
         (dict(width=1), ValueError, "width"),
         (dict(rows=1), ValueError, "rows"),
     ]
+    with pytest.raises(TypeError, match="settings"):
+        continue_prompts(target, [[3, 4]], {"temperature": 0.0}, 0)
     for overrides, error, match in cases:
         kwargs = {"prompts": [[3, 4], [5]], "batch_seed": 0, **overrides}
         if "graphed" in overrides.values():
@@ -265,6 +269,16 @@ def test_the_data_stage_keeps_its_rates_and_frees_its_layouts(tmp_path, capsys):
         distill_examples(target, sequences, True, settings, tmp_path, "hash", stats={})
 
 
+def test_clearing_one_targets_layouts_keeps_the_others():
+    settings = DataSettings(max_new_tokens=3, temperature=0.0, batch_size=2)
+    first, second = (make_model("llama", vocab=30, seed=s) for s in (20, 21))
+    for target in (first, second):
+        continue_prompts(target, [[3, 4], [5]], settings, 0)
+    assert len(kept_layouts(first)) == len(kept_layouts(second)) == 1
+    clear_static_sessions(first)
+    assert kept_layouts(first) == [] and len(kept_layouts(second)) == 1
+
+
 def test_graphed_stage_batches_share_one_width_and_row_count(tmp_path, monkeypatch):
     """On CUDA every batch is padded to the stage's longest prompt and its batch size (one static
     layout for the stage); checked here through the arguments the stage passes."""
@@ -283,3 +297,89 @@ def test_graphed_stage_batches_share_one_width_and_row_count(tmp_path, monkeypat
     assert shapes == [dict(width=10, rows=3)] * 3  # 10 = max_length - max_new_tokens, the longest kept
     want = _hf_greedy(target, [s[-10:] for s in sequences], 6)
     assert [e.input_ids.tolist() for e in examples] == want
+
+
+def test_a_run_records_the_data_stage_rate(tmp_path):
+    from specdecode.training import train_drafter
+    from specdecode.training.loop import LoopSettings
+
+    target = make_model("llama", vocab=60, init=0.08, seed=10)
+    result = train_drafter("draft", target, tmp_path, data=_prompts([4, 6, 3, 5], 60, seed=11), max_steps=1,
+                           progress=False, data_settings=DataSettings(max_length=16, max_new_tokens=6, batch_size=2,
+                                                                      top_k=8),
+                           loop_settings=LoopSettings(batch_size=2, warmup_steps=1))
+    t = result.record["training"]
+    assert t["data_decode_path"] == "static" and t["data_tokens_per_second"] > 0
+
+
+# ------------------------------------------------------------------------ CUDA: the graphed path
+
+
+@pytest.fixture
+def cuda() -> torch.device:
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    return torch.device("cuda")
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("batch", [1, 3, 17])
+def test_graphed_greedy_continuations_equal_hf_generate(cuda, batch):
+    target = make_model("llama", vocab=96, init=0.08, seed=batch).to(cuda)
+    target.generation_config.eos_token_id = None
+    settings = DataSettings(max_new_tokens=12, temperature=0.0, batch_size=batch)
+    assert data_decode_path(target, settings) == "graphed"
+    prompts = _prompts([1 + (5 * i) % 11 for i in range(batch)], 96, seed=batch)
+    target.generation_config.eos_token_id = _hf_greedy(target, prompts, 12)[0][len(prompts[0]) + 5]
+    want = _hf_greedy(target, prompts, 12)
+    assert continue_prompts(target, prompts, settings, batch_seed=3) == want
+    assert continue_prompts(target, prompts, settings, batch_seed=3, width=14, rows=batch + 2) == want
+
+
+@pytest.mark.cuda
+def test_graphed_sampled_continuations_follow_the_targets_law(cuda, law_target, monkeypatch):
+    import copy
+
+    target = copy.deepcopy(law_target).to(cuda)
+    counts = sample_counts(target, range(LAW_BATCHES))
+    pvalues = [goodness_of_fit(c, exact_joint(law_target, list(p))).pvalue for c, p in zip(counts, LAW_PROMPTS)]
+    assert min(pvalues) > PASS_P
+    clear_static_sessions()
+    _break_temperature(monkeypatch)
+    counts = sample_counts(target, range(LAW_BATCHES))
+    pvalues = [goodness_of_fit(c, exact_joint(law_target, list(p))).pvalue for c, p in zip(counts, LAW_PROMPTS)]
+    assert min(pvalues) < FAIL_P
+
+
+@pytest.mark.cuda
+def test_a_graphed_stage_replays_one_layout_and_frees_it(cuda, tmp_path, monkeypatch):
+    target = make_model("llama", vocab=60, init=0.08, seed=12).to(cuda)
+    settings = DataSettings(max_length=16, max_new_tokens=6, batch_size=3, top_k=8, temperature=0.7)
+    sequences = _prompts([3, 5, 2, 7, 4, 12, 2], 60, seed=13)
+    layouts = []
+    original = continuations._static_generate
+
+    def counting(*args):
+        out = original(*args)
+        layouts.append(len(kept_layouts(target)))
+        return out
+
+    monkeypatch.setattr(continuations, "_static_generate", counting)
+    stats = DataStats()
+    distill_examples(target, sequences, True, settings, tmp_path, "hash", stats=stats, progress=False)
+    assert stats.decode_path == "graphed" and layouts == [1, 1, 1]
+    assert kept_layouts(target) == []
+
+
+@pytest.mark.cuda
+def test_a_bfloat16_target_continues_on_the_graphed_path(cuda):
+    target = make_model("llama", vocab=60, init=0.08, seed=14).to(cuda, torch.bfloat16)
+    target.generation_config.eos_token_id = None
+    settings = DataSettings(max_new_tokens=8, temperature=0.7, batch_size=5)
+    prompts = _prompts([3, 5, 2, 7, 4], 60, seed=15)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no fallback
+        out = continue_prompts(target, prompts, settings, 0)
+    assert [len(o) - len(p) for o, p in zip(out, prompts)] == [8] * 5
+    assert all(o[:len(p)] == p and all(0 <= t < 60 for t in o) for o, p in zip(out, prompts))
+    assert continue_prompts(target, prompts, settings, 0) == out

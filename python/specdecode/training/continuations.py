@@ -179,6 +179,8 @@ def continue_prompts(target: Any, prompts: list[list[int]], settings: Any, batch
     that batches of one stage share a static layout. ``prompts`` is not modified.
     """
     prompts = _check_prompts(prompts)
+    if not all(hasattr(settings, name) for name in ("temperature", "max_new_tokens")):
+        raise TypeError(f"settings: expected a DataSettings, got {type(settings).__name__}")
     if isinstance(batch_seed, bool) or not isinstance(batch_seed, int):
         raise TypeError(f"batch_seed: expected an int, got {type(batch_seed).__name__}")
     longest = max(len(p) for p in prompts)

@@ -38,7 +38,8 @@ from specdecode.training.continuing import (
     load_saved_weights,
     read_sources,
 )
-from specdecode.training.data import DataSettings, Example, data_key, default_prompts, distill_examples, token_sequences
+from specdecode.training.data import (DataSettings, DataStats, Example, data_key, default_prompts, distill_examples,
+                                      token_sequences)
 from specdecode.training.device import (
     check_device,
     check_dtype,
@@ -297,9 +298,10 @@ def run_kinds(kinds: list[str], target: Any, folders: Mapping[str, Path], cache_
     num_batches = previous.get("data_batches") if resumed else None
     with memory_errors(f"the data stage ({data_cfg.batch_size} prompts per batch)",
                        "lower data_batch_size (--data-batch-size)"):
+        data_stats = DataStats()
         examples, num_batches = distill_examples(target, sequences, continue_them, data_cfg, cache_root, fingerprint,
                                                  deadline=data_deadline, num_batches=num_batches,
-                                                 progress=spec.progress)
+                                                 progress=spec.progress, stats=data_stats)
     data_seconds = time.monotonic() - start
     data_peak = peak_memory_mib(device)
     release_memory(device)  # the data stage's caches and blocks: training plans with them free
@@ -314,6 +316,8 @@ def run_kinds(kinds: list[str], target: Any, folders: Mapping[str, Path], cache_
     param = next(target.parameters())
     run.common = {"data": "target generations" if continue_them else "text", "sequences": len(sequences),
                   "data_seconds": round(data_seconds, 1), "data_batch_size": data_cfg.batch_size,
+                  "data_tokens_per_second": round(data_stats.tokens_per_second),
+                  "data_decode_path": data_stats.decode_path,
                   "device": str(param.device), "dtype": str(param.dtype), "kinds_in_run": kinds,
                   "time_shares": {kind: round(value, 4) for kind, value in shares.items()}}
     run_memory = {"target_mib": round(sum(p.numel() * p.element_size() for p in target.parameters()) / _MIB, 1),
