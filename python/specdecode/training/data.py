@@ -124,7 +124,8 @@ class DataStats:
     ``batches``; ``generated_tokens``, the target's continuations (up to and including EOS), in
     ``generate_seconds``; ``labelled_tokens``, every token of the examples made; ``seconds``, the
     whole work of those batches (generation, labelling, saving); ``decode_path``, the path of the
-    continuations (:func:`~specdecode.training.continuations.data_decode_path`), None for text."""
+    continuations (:func:`~specdecode.training.continuations.data_decode_path`), None for text
+    or when every batch came from the cache."""
 
     batches: int = 0
     generated_tokens: int = 0
