@@ -6,7 +6,7 @@ Every list here is written for this kit (nothing is downloaded). The sources tha
 target itself (self-instruct requests, multi-turn exchanges) are in
 :mod:`specdecode.training.widen`; it mixes them with these.
 
-The benchmark's prompts (:mod:`specdecode.bench.prompt_sets`: the chat sets and the code and
+The benchmark's prompts (:mod:`specdecode.prompt_sets`: the chat sets and the code and
 prose sets, both halves) stay out of training: :func:`is_held_out` says whether a text is one of
 them or a near-copy (the same content words, or most of one's content words in the same order:
 the longest common word subsequence, as ROUGE-L counts it), and every source drops such texts.
@@ -199,7 +199,7 @@ def near_copy(text: str, other: str, threshold: float = 0.75) -> bool:
 
 @lru_cache(maxsize=1)
 def _held_out() -> tuple[str, ...]:
-    from specdecode.bench.prompt_sets import CHAT_PROMPT_SETS, PROMPT_SETS
+    from specdecode.prompt_sets import CHAT_PROMPT_SETS, PROMPT_SETS
 
     texts = [p for half in CHAT_PROMPT_SETS.values() for p in half]
     texts += [p for name, prompts in PROMPT_SETS.items() if "-" in name for p in prompts]
