@@ -21,8 +21,9 @@ the data (``data.py``: the target's own generations labelled with its distributi
 the loop (``loop.py``), the losses (``losses.py``), the folder format and :func:`load_drafter`
 (``artifacts.py``), the target names (``targets.py``), the run of one or more kinds from one
 data cache (``runner.py``, :func:`train_drafters`), the device and its batch sizes
-(``device.py``), prompts beyond the templates (``widen.py``) and half-precision copies for
-shipping (``export.py``).
+(``device.py``), prompts beyond the templates (``widen.py``), made ahead into prompt files
+(``prompt_file.py``; the ``prompts`` command, ``prompt_command.py``) and half-precision copies
+for shipping (``export.py``).
 """
 
 from __future__ import annotations
@@ -52,8 +53,8 @@ def train_drafter(kind: str, target: Any, out_dir: str | Path, *, tokenizer: Any
                   data_settings: DataSettings | None = None, loop_settings: LoopSettings | None = None,
                   callback: Callable[[StepInfo], None] | None = None, progress: bool = True,
                   data_cache: str | Path | None = None, device: Any = None, dtype: Any = None,
-                  data_minutes: float | None = None, prompt_mix: Any = None, export: str | Path | None = None,
-                  **kind_options: Any) -> TrainResult:
+                  data_minutes: float | None = None, prompt_mix: Any = None, prompts: str | Path | None = None,
+                  export: str | Path | None = None, **kind_options: Any) -> TrainResult:
     """Train a drafter of kind ``kind`` for ``target`` and save it in ``out_dir``.
 
     Args:
@@ -93,6 +94,11 @@ def train_drafter(kind: str, target: Any, out_dir: str | Path, *, tokenizer: Any
         prompt_mix: a :class:`~specdecode.training.widen.PromptMix` (or its text,
             ``"templates=0.5,self-instruct=0.3,multi-turn=0.2"``): default prompts widened
             beyond the templates (:mod:`specdecode.training.widen`).
+        prompts: a prompt file made ahead (``python -m specdecode prompts``,
+            :mod:`specdecode.training.prompt_file`): the sources of ``prompt_mix`` it holds
+            are drawn from it and the target is asked for none. Default: for SmolLM2 (by name
+            or weights), the file the kit ships, when the mix names ``self-instruct`` or
+            ``multi-turn``; for other targets the target writes them in the data stage.
         export: also write the drafter's half-precision copy (float16, the target's own
             weights left out: :mod:`specdecode.training.export`) into this folder.
         **kind_options: options of the kind's ``build`` (for ``draft``: ``layers``,
@@ -109,7 +115,7 @@ def train_drafter(kind: str, target: Any, out_dir: str | Path, *, tokenizer: Any
     spec = RunSpec(tokenizer=tokenizer, minutes=minutes, data_minutes=data_minutes, data=data, seed=seed,
                    max_steps=max_steps, target_name=target_name, num_prompts=num_prompts, loss=loss,
                    data_settings=data_settings, loop_settings=loop_settings, callback=callback, progress=progress,
-                   device=device, dtype=dtype, prompt_mix=prompt_mix)
+                   device=device, dtype=dtype, prompt_mix=prompt_mix, prompts=prompts)
     exports = None if export is None else {kind: _folder("export", export)}
     return run_kinds([kind], target, {kind: out}, cache, out, spec, {kind: kind_options}, exports)[kind]
 
@@ -134,7 +140,7 @@ def train_drafters(kinds: Sequence[str], target: Any, out_dir: str | Path, *,
         kind_options: per kind, the options of its ``build`` (as ``train_drafter``'s
             ``**kind_options``); a kind not named gets its defaults.
         **settings: :func:`train_drafter`'s keywords (``minutes``, ``data_minutes``, ``device``,
-            ``dtype``, ``data``, ``num_prompts``, ``prompt_mix``, ``data_settings``,
+            ``dtype``, ``data``, ``num_prompts``, ``prompt_mix``, ``prompts``, ``data_settings``,
             ``loop_settings``, ``seed``, ...; not ``data_cache``: the run's cache is
             ``out_dir/data``); ``export=DIR`` writes kind ``k``'s half-precision copy in
             ``DIR/k``.

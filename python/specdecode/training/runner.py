@@ -68,6 +68,7 @@ class RunSpec:
     device: Any = None
     dtype: Any = None
     prompt_mix: Any = None
+    prompts: Any = None
     export: Any = None
 
 
@@ -89,6 +90,10 @@ def _check(spec: RunSpec) -> None:
                               ("loop_settings", spec.loop_settings, LoopSettings)):
         if value is not None and not isinstance(value, kind):
             raise TypeError(f"{name}: expected a {kind.__name__} or None, got {type(value).__name__}")
+    if spec.prompts is not None:
+        from specdecode.training.widen import check_prompts_option
+
+        check_prompts_option(spec.prompts, spec.data, spec.prompt_mix)
 
 
 def _target_name(target: Any, name: str | None) -> str:
@@ -156,8 +161,9 @@ def _settings(target: torch.nn.Module, spec: RunSpec, layers: tuple[int, ...] | 
 
 def _default_data(target: torch.nn.Module, tokenizer: Any, name: str, spec: RunSpec, data_cfg: DataSettings,
                   cache_root: Path, data_deadline: float | None) -> list[Any]:
-    """The default prompts: the kit's own, or mixed from ``spec.prompt_mix``'s sources (the
-    target's own sources may take half of what is left of the data stage)."""
+    """The default prompts: the kit's own, or mixed from ``spec.prompt_mix``'s sources (drawn
+    from a prompt file, ``spec.prompts`` or the one shipped for the target, or else written by
+    the target, which may take half of what is left of the data stage)."""
     if tokenizer is None:
         raise ValueError("tokenizer: the default prompts are text; pass the target's tokenizer (or data=)")
     count = spec.num_prompts or DEFAULT_NUM_PROMPTS
@@ -167,7 +173,7 @@ def _default_data(target: torch.nn.Module, tokenizer: Any, name: str, spec: RunS
 
     now = time.monotonic()
     return mixed_prompts(target, tokenizer, name, count, spec.prompt_mix, data_cfg, cache_root, seed=spec.seed,
-                         progress=spec.progress,
+                         progress=spec.progress, prompts=spec.prompts,
                          deadline=None if data_deadline is None else now + 0.5 * (data_deadline - now))
 
 
