@@ -15,7 +15,7 @@ from specdecode.training.command import _device, _positive, _target
 
 PROMPTS_DESCRIPTION = """\
 Make the prompts that widen a run's default prompts beyond the templates, once, ahead of the
-run (on any machine; a GPU makes them about 100 times faster), and write them into one
+run (on any machine, faster on a GPU), and write them into one
 compressed prompt file (.jsonl.gz): self-instruct requests the target writes from seed topics,
 multi-turn exchanges with the target's own first answer (stored as chat messages, so the file
 does not depend on a tokenizer), and code, prose and long requests. The benchmark's held-out
@@ -26,7 +26,7 @@ none; for --target smollm2 the kit ships such a file and uses it by default.
 examples:
   python -m specdecode prompts --target demo --out runs/demo-prompts.jsonl.gz --count 64
   python -m specdecode prompts --target smollm2 --out runs/smol-prompts.jsonl.gz --count 6000 \\
-      --batch-size 48 --threads 2
+      --batch-size 32 --threads 1 --minutes 85      (how the shipped file was made, on a 2-core CPU)
   python -m specdecode prompts --target smollm2 --device cuda --count 40000 --out runs/smol-40k.jsonl.gz \\
       --mix self-instruct=1,multi-turn=1,code=0.2,prose=0.2"""
 

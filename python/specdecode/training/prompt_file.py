@@ -47,8 +47,6 @@ _SHIPPED_FOLDER = Path(__file__).resolve().parent / "prompt_files"
 #: Target name -> the file shipped for it in ``prompt_files/``.
 _SHIPPED = {"smollm2": "smollm2.jsonl.gz"}
 
-Messages = list[dict[str, str]]
-
 
 @dataclass(frozen=True)
 class PromptFile:
