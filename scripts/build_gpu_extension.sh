@@ -23,8 +23,13 @@ GPU_TORCH=${GPU_TORCH:-2.11.0}
 GPU_ARCHS=${GPU_ARCHS:-90}
 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 CUDA_HOME=$(readlink -f "$CUDA_HOME")
-if [ -z "${GPU_PYTHON:-}" ]; then
-  GPU_PYTHON=$(command -v python3.12 || ls -d "${PYENV_ROOT:-$HOME/.pyenv}"/versions/3.12*/bin/python 2>/dev/null | tail -1 || true)
+if [ -z "${GPU_PYTHON:-}" ]; then  # the first Python 3.12 that runs (a pyenv shim may exist and fail)
+  for candidate in $(command -v python3.12) $(ls -d "${PYENV_ROOT:-$HOME/.pyenv}"/versions/3.12*/bin/python 2>/dev/null); do
+    if "$candidate" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 12))' 2>/dev/null; then
+      GPU_PYTHON=$candidate
+      break
+    fi
+  done
 fi
 [ -n "$GPU_PYTHON" ] && [ -x "$GPU_PYTHON" ] || { echo "build_gpu_extension: no Python 3.12 found (set GPU_PYTHON)" >&2; exit 2; }
 [ -x "$CUDA_HOME/bin/nvcc" ] || { echo "build_gpu_extension: no nvcc in $CUDA_HOME/bin (set CUDA_HOME)" >&2; exit 2; }

@@ -15,15 +15,19 @@ A *kind* is one module with ``NAME``, ``DESCRIPTION``, ``build(target, **options
 to label the data with target features too, ``prepare(built, examples)`` once the data is
 made, ``drafter(model, target)`` for the object to pass as ``draft``, ``vocab_record(model)``,
 ``record_extras(model)`` (a dict merged into the saved record), ``RETURNS_DRAFTER = True`` when
-:class:`TrainResult` should hold the drafter loaded back from the folder);
+:class:`TrainResult` should hold the drafter loaded back from the folder, ``cached_bytes(built,
+examples)`` for device memory the kind fills over a run; and, to be continued with
+``init_from``, ``saved_options(folder, record)`` and ``start_from(built, folder, record)``);
 everything else is shared:
 the data (``data.py``: the target's own generations labelled with its distributions, cached),
 the loop (``loop.py``), the losses (``losses.py``), the folder format and :func:`load_drafter`
 (``artifacts.py``), the target names (``targets.py``), the run of one or more kinds from one
 data cache (``runner.py``, :func:`train_drafters`), the device and its batch sizes
-(``device.py``), prompts beyond the templates (``widen.py``), made ahead into prompt files
-(``prompt_file.py``; the ``prompts`` command, ``prompt_command.py``) and half-precision copies
-for shipping (``export.py``).
+(``device.py``), the run's plan of time shares and memory (``planning.py``), training that
+continues a saved drafter (``continuing.py``: a kind's ``saved_options(folder, record)`` and
+``start_from(built, folder, record)``), prompts beyond the templates (``widen.py``), made
+ahead into prompt files (``prompt_file.py``; the ``prompts`` command, ``prompt_command.py``),
+and half-precision copies for shipping (``export.py``).
 """
 
 from __future__ import annotations
@@ -54,7 +58,9 @@ def train_drafter(kind: str, target: Any, out_dir: str | Path, *, tokenizer: Any
                   callback: Callable[[StepInfo], None] | None = None, progress: bool = True,
                   data_cache: str | Path | None = None, device: Any = None, dtype: Any = None,
                   data_minutes: float | None = None, prompt_mix: Any = None, prompts: str | Path | None = None,
-                  export: str | Path | None = None, **kind_options: Any) -> TrainResult:
+                  export: str | Path | None = None, init_from: str | Path | None = None,
+                  batch_size: int | None = None, lr: float | None = None, shares: Any = None,
+                  **kind_options: Any) -> TrainResult:
     """Train a drafter of kind ``kind`` for ``target`` and save it in ``out_dir``.
 
     Args:
@@ -79,8 +85,8 @@ def train_drafter(kind: str, target: Any, out_dir: str | Path, *, tokenizer: Any
             field of that name; default: batch sizes sized for the target's device,
             :mod:`specdecode.training.device`).
         loop_settings: batch size and optimiser settings of the training loop (``seed`` and
-            ``loss`` above replace their fields of the same names; default batch size: as
-            ``data_settings``).
+            ``loss`` above replace their fields of the same names; default: ``batch_size`` and
+            ``lr`` below, the rest :class:`~specdecode.training.loop.LoopSettings`' defaults).
         callback: called with a :class:`StepInfo` after every step.
         progress: draw progress bars (on stderr).
         data_cache: the folder of the labelled-data cache (default ``out_dir/data``); runs of
@@ -101,6 +107,14 @@ def train_drafter(kind: str, target: Any, out_dir: str | Path, *, tokenizer: Any
             ``multi-turn``; for other targets the target writes them in the data stage.
         export: also write the drafter's half-precision copy (float16, the target's own
             weights left out: :mod:`specdecode.training.export`) into this folder.
+        init_from: a saved drafter of this kind for this target (a run's folder or its
+            half-precision copy) to continue instead of starting anew; the options that fix
+            its shape come from the folder, and the record adds up the runs
+            (:mod:`specdecode.training.continuing`).
+        batch_size: examples per optimizer step (default: 8 on the CPU; on a GPU up to 64,
+            as the free memory allows, :mod:`specdecode.training.planning`).
+        lr: the peak learning rate (default 3e-3, a third of it when continuing).
+        shares: as :func:`train_drafters`' (one kind has all the training time).
         **kind_options: options of the kind's ``build`` (for ``draft``: ``layers``,
             ``num_layers``, ``train_embeddings``; for ``eagle``: ``feature_layers``,
             ``draft_vocab_size``, ``feature_weight``, ``unroll``, ``train_head``; for ``exit``: ``exit_layer``, ``adapter``,
@@ -115,7 +129,8 @@ def train_drafter(kind: str, target: Any, out_dir: str | Path, *, tokenizer: Any
     spec = RunSpec(tokenizer=tokenizer, minutes=minutes, data_minutes=data_minutes, data=data, seed=seed,
                    max_steps=max_steps, target_name=target_name, num_prompts=num_prompts, loss=loss,
                    data_settings=data_settings, loop_settings=loop_settings, callback=callback, progress=progress,
-                   device=device, dtype=dtype, prompt_mix=prompt_mix, prompts=prompts)
+                   device=device, dtype=dtype, prompt_mix=prompt_mix, prompts=prompts, init_from=init_from, batch_size=batch_size,
+                   lr=lr, shares=shares)
     exports = None if export is None else {kind: _folder("export", export)}
     return run_kinds([kind], target, {kind: out}, cache, out, spec, {kind: kind_options}, exports)[kind]
 
@@ -128,10 +143,16 @@ def train_drafters(kinds: Sequence[str], target: Any, out_dir: str | Path, *,
 
     The data is made once (labelled with the target features any of the kinds reads) and every
     kind trains on it; with ``minutes``, the data stage gets ``data_minutes`` (default 40% of
-    the budget) and each kind an equal part of what is left when it starts.
+    the budget) and each kind its share of what is left when it starts (``shares``, default:
+    EAGLE the largest, :func:`~specdecode.training.planning.default_shares`). What the data
+    stage held on the device is released before training and each kind's batch is sized from
+    the free memory (:mod:`specdecode.training.planning`).
 
     >>> results = train_drafters(["eagle", "medusa"], "smollm2", "runs/gpu", device="cuda",
     ...                          minutes=8, kind_options={"eagle": {"draft_vocab_size": 8192}})  # doctest: +SKIP
+    >>> more = train_drafters(["eagle", "medusa"], "smollm2", "runs/gpu2", device="cuda", minutes=8,
+    ...                       init_from={"eagle": "runs/gpu/eagle", "medusa": "runs/gpu/medusa"},
+    ...                       shares={"eagle": 0.7, "medusa": 0.3})  # doctest: +SKIP
 
     Args:
         kinds: kind names from :func:`list_kinds`, each once; trained in this order.
@@ -141,9 +162,12 @@ def train_drafters(kinds: Sequence[str], target: Any, out_dir: str | Path, *,
             ``**kind_options``); a kind not named gets its defaults.
         **settings: :func:`train_drafter`'s keywords (``minutes``, ``data_minutes``, ``device``,
             ``dtype``, ``data``, ``num_prompts``, ``prompt_mix``, ``prompts``, ``data_settings``,
-            ``loop_settings``, ``seed``, ...; not ``data_cache``: the run's cache is
-            ``out_dir/data``); ``export=DIR`` writes kind ``k``'s half-precision copy in
-            ``DIR/k``.
+            ``loop_settings``, ``batch_size``, ``lr``, ``seed``, ...; not ``data_cache``: the
+            run's cache is ``out_dir/data``); ``export=DIR`` writes kind ``k``'s half-precision
+            copy in ``DIR/k``; ``init_from`` continues saved drafters: a dict of kind -> folder
+            or ``"eagle=DIR,medusa=DIR"`` (:mod:`specdecode.training.continuing`); ``shares``:
+            each kind's share of the training time, a dict of kind -> share or
+            ``"eagle=0.5,medusa=0.5"`` naming every kind (weights, normalized).
     """
     kinds = check_kinds(kinds)
     options = {} if kind_options is None else kind_options

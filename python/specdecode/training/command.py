@@ -15,9 +15,13 @@ Train a drafter for a target model, on the target's own generations (self-distil
 save it in a folder that specdecode.load_drafter(DIR, target) reads. --minutes bounds the whole
 run (data and training); a second run with the same arguments resumes an interrupted one.
 Several kinds train in one run from one labelled-data cache: each is saved in OUT/KIND, and
-with --minutes the data stage gets --data-minutes (default 40%) and each kind an equal part of
-the rest. --device cuda puts the target on a GPU (batch sizes follow: up to 512 prompts per
-data batch, 64 examples per step); --export DIR writes half-precision copies for shipping.
+with --minutes the data stage gets --data-minutes (default 40%) and each kind its share of the
+rest (--shares; default: eagle 40%, or twice each other kind's share when that is more, the
+other kinds equal). --device cuda puts the target on a GPU (batch sizes follow: up to 512
+prompts per data batch, up to 64 examples per step as the memory left after the data stage
+allows); --export DIR writes half-precision copies for shipping. --init-from continues saved
+drafters (KIND=DIR,...) on this run's data, with a third of the learning rate; their records
+add up the runs.
 
 kinds:
   draft   a small draft model: the target's architecture with fewer layers, started from the
@@ -45,7 +49,9 @@ examples:
   python -m specdecode train hydra --target demo --out runs/demo-hydra --minutes 4 --num-heads 4
   python -m specdecode train eagle medusa hydra exit draft --target smollm2 --device cuda --minutes 8 \\
       --out runs/gpu --export runs/gpu-fp16 --draft-vocab 8192 --freeze-head --unroll 2 --num-layers 2 \\
-      --prompt-mix templates=0.5,self-instruct=0.2,multi-turn=0.2,code=0.05,prose=0.05"""
+      --prompt-mix templates=0.5,self-instruct=0.2,multi-turn=0.2,code=0.05,prose=0.05
+  python -m specdecode train eagle medusa --target smollm2 --device cuda --minutes 8 --out runs/gpu2 \\
+      --init-from eagle=runs/gpu-fp16/eagle,medusa=runs/gpu-fp16/medusa --shares eagle=0.7,medusa=0.3"""
 
 
 def _kind(text: str) -> str:
@@ -111,6 +117,22 @@ def _device(text: str) -> str:
     return text
 
 
+def _init_from(text: str) -> Any:
+    from specdecode.training.continuing import parse_init_from
+
+    value = parse_init_from(text)
+    for folder in ([value] if isinstance(value, Path) else value.values()):
+        if not folder.is_dir():
+            raise ValueError(f"init_from: no such folder {str(folder)!r}")
+    return value
+
+
+def _shares(text: str) -> dict[str, float]:
+    from specdecode.training.planning import parse_shares
+
+    return parse_shares(text)
+
+
 def _mix(text: str) -> Any:
     from specdecode.training.widen import PromptMix
 
@@ -155,7 +177,18 @@ def train_parser(sub: Any) -> argparse.ArgumentParser:
     t.add_argument("--max-steps", type=cli_args.int_at_least("max_steps", 1), default=None,
                    help="most optimizer steps (per kind)")
     t.add_argument("--batch-size", type=cli_args.int_at_least("batch_size", 1), default=None,
-                   help="examples per optimizer step (default: 64 on a GPU, 8 on the CPU)")
+                   help="examples per optimizer step (default: 8 on the CPU; on a GPU up to 64, as the memory "
+                        "left after the data stage allows)")
+    t.add_argument("--lr", type=_positive("lr"), default=None,
+                   help="peak learning rate (default 3e-3; a third of it for a drafter continued with --init-from)")
+    t.add_argument("--init-from", type=cli_args.checked(_init_from, "init_from"), default=None,
+                   help="continue saved drafters instead of starting anew: KIND=DIR pairs (eagle=DIR,medusa=DIR), or "
+                        "one DIR for one kind; each must be that kind, trained for this target (the options that fix "
+                        "its shape are read from it)")
+    t.add_argument("--shares", type=cli_args.checked(_shares, "shares"), default=None,
+                   help="each kind's share of the training time, naming every kind of the run, e.g. "
+                        "eagle=0.5,medusa=0.2,hydra=0.1,exit=0.1,draft=0.1 (weights; default: eagle 40%%, or twice "
+                        "each other kind's share when that is more, the others equal)")
     t.add_argument("--draft-vocab", type=cli_args.int_at_least("draft_vocab", 1), default=None,
                    help="eagle: a reduced head over the N most frequent tokens (default: the target's head)")
     t.add_argument("--unroll", type=int, choices=[1, 2], default=None,
@@ -233,11 +266,11 @@ def _kind_options(args: argparse.Namespace, kinds: list[str]) -> dict[str, dict[
 def _run_settings(args: argparse.Namespace) -> dict[str, Any]:
     """The keywords of ``train_drafter`` / ``train_drafters`` that the run flags set."""
     from specdecode.training.data import DataSettings
-    from specdecode.training.loop import LoopSettings
 
     settings: dict[str, Any] = {"minutes": args.minutes, "data": args.data, "seed": args.seed,
                                 "max_steps": args.max_steps, "num_prompts": getattr(args, "num_prompts", None)}
-    for name in ("device", "dtype", "data_minutes", "prompt_mix", "prompts", "export"):
+    for name in ("device", "dtype", "data_minutes", "prompt_mix", "prompts", "export", "init_from", "shares",
+                 "batch_size", "lr"):
         if getattr(args, name, None) is not None:
             settings[name] = getattr(args, name)
     data = {name: getattr(args, flag) for flag, name in (("data_batch_size", "batch_size"),
@@ -248,9 +281,6 @@ def _run_settings(args: argparse.Namespace) -> dict[str, Any]:
         settings["data_settings"] = DataSettings(**data)
         if settings["data_settings"].max_new_tokens >= settings["data_settings"].max_length:
             raise ValueError(f"max_new_tokens: must be less than max_length ({settings['data_settings'].max_length})")
-    if getattr(args, "batch_size", None) is not None:
-        cuda = str(getattr(args, "device", None) or "cpu").startswith("cuda")
-        settings["loop_settings"] = LoopSettings(batch_size=args.batch_size, warmup_steps=50 if cuda else 10)
     return settings
 
 
@@ -277,7 +307,14 @@ def _describe(kind_result: Any, out: Path) -> None:
           f"{after['loss']:.3f}; greedy acceptance {before['greedy_acceptance']:.2f} -> "
           f"{after['greedy_acceptance']:.2f}; sampled acceptance {before['sampled_acceptance']:.2f} -> "
           f"{after['sampled_acceptance']:.2f} (validation examples)")
-    print(f"total time: {t['total_seconds']:.0f} s; peak memory: {t['peak_memory_mib']:.0f} MiB")
+    memory = t.get("memory", {})
+    print(f"total time: {t['total_seconds']:.0f} s; peak memory: data stage {memory.get('data_peak_mib', 0):.0f} MiB, "
+          f"training {t['peak_memory_mib']:.0f} MiB; {t.get('batch_size')} examples per step "
+          f"(from {memory.get('batch_plan', {}).get('from', '?')})")
+    if t.get("init_from"):
+        totals = t["totals"]
+        print(f"continued from {t['init_from']}: {totals['runs']} runs in all, {totals['steps']} steps, "
+              f"{totals['tokens']} tokens, {totals['seconds']:.0f} s of training")
     print(f"use it: draft = specdecode.load_drafter({str(out)!r}, target)")
 
 

@@ -5,18 +5,28 @@ A GPU makes the target's data about 100 times faster than a small CPU (SmolLM2-1
 tokens/s at 512 prompts per batch on an H100 against ~150 on two CPU cores), but only when its
 batches are large: :func:`data_batch_size` picks the largest power of two up to 512 whose
 labelling forward fits in the free device memory, and :func:`loop_batch_size` 64 drafter
-examples per step on a GPU (8 on the CPU). An explicit batch size always wins over these.
+examples per step on a GPU (8 on the CPU), lowered by :func:`plan_batch_size` when a kind's
+measured step would not fit in what the data stage left free (:mod:`.planning`). An explicit
+batch size always wins over these.
+
+One process runs every stage on one device, so what a stage leaves behind is released before
+the next (:func:`release_memory`) and each stage's peak is measured on its own
+(:func:`reset_peak_memory`, :func:`peak_memory_mib`).
 """
 
 from __future__ import annotations
 
+import gc
+import resource
+import sys
 from contextlib import contextmanager
 from typing import Any, Iterator
 
 import torch
 
-__all__ = ["DTYPES", "OutOfDeviceMemory", "check_device", "check_dtype", "data_batch_size", "loop_batch_size",
-           "memory_error", "memory_errors", "place_target"]
+__all__ = ["DTYPES", "OutOfDeviceMemory", "check_device", "check_dtype", "data_batch_size", "free_memory_bytes",
+           "loop_batch_size", "memory_error", "memory_errors", "peak_memory_mib", "place_target", "plan_batch_size",
+           "release_memory", "reset_peak_memory"]
 
 #: ``dtype`` names a run accepts (the target is cast to it; drafters are built in it).
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -25,7 +35,8 @@ MAX_DATA_BATCH = 512
 GPU_LOOP_BATCH = 64
 CPU_DATA_BATCH = 8
 CPU_LOOP_BATCH = 8
-_MEMORY_SHARE = 0.8  # of the free device memory that a data batch may plan to use
+#: Share of the free device memory that a planned batch (data or training) may use.
+MEMORY_SHARE = 0.8
 
 
 class OutOfDeviceMemory(RuntimeError):
@@ -113,15 +124,65 @@ def data_batch_size(target: torch.nn.Module, max_length: int) -> int:
     item = next(target.parameters()).element_size()
     logits = item + 4 + (0 if item == 4 else 4)  # the logits, their float32 copy (unless float32), the log-softmax
     per_prompt = max_length * (vocab * logits + layers * hidden * item)
-    size = MAX_DATA_BATCH
-    while size > 1 and size * per_prompt > _MEMORY_SHARE * free:
-        size //= 2
-    return size
+    return plan_batch_size(free, 0, per_prompt, largest=MAX_DATA_BATCH)
 
 
 def loop_batch_size(device: torch.device) -> int:
     """Drafter examples per optimizer step: :data:`GPU_LOOP_BATCH` on a GPU, else :data:`CPU_LOOP_BATCH`."""
     return GPU_LOOP_BATCH if device.type == "cuda" else CPU_LOOP_BATCH
+
+
+def plan_batch_size(free_bytes: float, fixed_bytes: float, per_item_bytes: float, *, largest: int,
+                    share: float = MEMORY_SHARE) -> int:
+    """The largest power of two ``b <= largest`` with ``fixed_bytes + b * per_item_bytes`` at
+    most ``share`` of ``free_bytes`` (at least 1: a batch that cannot fit at all is left for
+    the out-of-memory error to name). Pure arithmetic, so a plan can be checked anywhere."""
+    for name, value in (("free_bytes", free_bytes), ("fixed_bytes", fixed_bytes), ("per_item_bytes", per_item_bytes)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+            raise ValueError(f"{name}: expected a number >= 0, got {value!r}")
+    if isinstance(largest, bool) or not isinstance(largest, int) or largest < 1:
+        raise ValueError(f"largest: expected an int >= 1, got {largest!r}")
+    size = 1 << (largest.bit_length() - 1)
+    while size > 1 and fixed_bytes + size * per_item_bytes > share * free_bytes:
+        size //= 2
+    return size
+
+
+def free_memory_bytes(device: torch.device) -> int | None:
+    """Free memory of a CUDA ``device`` in bytes (``torch.cuda.mem_get_info``), None elsewhere."""
+    if device.type != "cuda":
+        return None
+    return int(torch.cuda.mem_get_info(device)[0])
+
+
+def release_memory(device: torch.device) -> None:
+    """Give back what a finished stage left on ``device``: the static decode path's kept
+    layouts (caches, buffers, CUDA graphs), unreachable objects, and on a GPU the blocks the
+    caching allocator keeps (``torch.cuda.empty_cache``), so the next stage plans with them free."""
+    from specdecode.engine import clear_static_sessions
+
+    clear_static_sessions()
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
+
+
+def reset_peak_memory(device: torch.device) -> None:
+    """Start measuring a new stage's peak on a CUDA ``device`` (the host's peak, the process's
+    resident-set high-water mark, cannot be reset: on the CPU each stage reports the peak so far)."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def peak_memory_mib(device: torch.device | None = None) -> float:
+    """Peak memory in MiB: ``torch.cuda.max_memory_allocated`` for a CUDA device (since the
+    last :func:`reset_peak_memory`), else the resident set size of this process on the host
+    (``getrusage``)."""
+    if device is not None and device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return rss / 2**20 if sys.platform == "darwin" else rss / 2**10  # bytes on macOS, KiB on Linux
 
 
 def memory_error(exc: BaseException, stage: str, hint: str) -> OutOfDeviceMemory | None:

@@ -25,7 +25,8 @@ from torch import Tensor
 
 from specdecode.models import decoder_layers, decoder_layers_path
 
-__all__ = ["DESCRIPTION", "NAME", "Built", "build", "default_layers", "forward", "load", "save"]
+__all__ = ["DESCRIPTION", "NAME", "Built", "build", "default_layers", "forward", "load", "save", "saved_options",
+           "start_from"]
 
 NAME = "draft"
 DESCRIPTION = "a small draft model: the target's architecture with fewer layers, distilled from the target"
@@ -125,6 +126,33 @@ def save(model: torch.nn.Module, out_dir: Path) -> None:
         param.requires_grad_(True)
     with quiet_loading():
         model.save_pretrained(out_dir, safe_serialization=True)
+
+
+def saved_options(folder: Path, record: dict[str, Any]) -> dict[str, Any]:
+    """The build options a saved draft model fixes (continuing it, :mod:`.continuing`): the
+    target layers it was made of (``num_layers`` too, when they are the first ones, so
+    ``num_layers=N`` continues a model of the first ``N``)."""
+    layers = [int(i) for i in record["layers"]]
+    first = layers == list(range(len(layers)))
+    return {"layers": layers, "num_layers": len(layers) if first else None}
+
+
+def start_from(built: Built, folder: Path, record: dict[str, Any]) -> None:
+    """Continue the draft model saved in ``folder``: its weights (float16 ones cast to the
+    model's dtype) replace the ones taken from the target, except those a shipped copy left
+    out as the target's own (``"from_target"``: the built model has them from the target)."""
+    from safetensors.torch import load_file
+
+    file = Path(folder) / "model.safetensors"
+    state = load_file(str(file))
+    missing, unexpected = built.model.load_state_dict(state, strict=False)
+    model = built.model
+    present = set(state) | set(record.get("from_target") or [])  # saved, or the target's own
+    tied = {name for name, param in model.named_parameters(remove_duplicate=False)
+            if any(param is p for n, p in model.named_parameters(remove_duplicate=False) if n in present)}
+    absent = set(missing) - present - tied
+    if unexpected or absent:
+        raise RuntimeError(f"missing {sorted(absent)}, unexpected {sorted(unexpected)}")
 
 
 def load(folder: Path, target: torch.nn.Module, record: dict[str, Any]) -> torch.nn.Module:

@@ -41,7 +41,7 @@ from specdecode.models import check_feature_layers, vocab_rows
 from specdecode.training.artifacts import WEIGHTS_FILE
 
 __all__ = ["CONFIG_FILE", "DESCRIPTION", "NAME", "Built", "EagleTraining", "build", "drafter", "forward", "load",
-           "prepare", "save", "vocab_record"]
+           "prepare", "save", "saved_options", "start_from", "vocab_record"]
 
 NAME = "eagle"
 DESCRIPTION = "a feature drafter (EAGLE): one decoder layer on the target's hidden state and the next token"
@@ -147,6 +147,35 @@ def prepare(built: Built, examples: list[Any]) -> None:
     ids = draft_vocabulary(examples, vocab_rows(target), built.draft_vocab_size)
     built.model.eagle = _new_model(target, built.feature_layers, ids, built.options["init_from_target"],
                                    built.options["train_head"])
+    built.params.clear()
+    built.params.update(_trainable(built.model))
+
+
+def saved_options(folder: Path, record: dict[str, Any]) -> dict[str, Any]:
+    """The build options a saved drafter fixes (continuing it, :mod:`.continuing`): its feature
+    layers, its reduced head's size and, with one, whether that head is trained."""
+    config = json.loads((Path(folder) / CONFIG_FILE).read_text(encoding="utf-8"))
+    options: dict[str, Any] = {"feature_layers": list(config["feature_layers"]),
+                               "draft_vocab_size": config["draft_vocab_size"]}
+    if config["draft_vocab_size"] is not None:
+        options["train_head"] = not config.get("head_from_target", False)
+    return options
+
+
+def start_from(built: Built, folder: Path, record: dict[str, Any]) -> None:
+    """Continue the saved drafter in ``folder`` (instead of :func:`prepare`): its reduced
+    head keeps the saved vocabulary (the ``draft_to_target`` map), and its weights (float16 ones
+    cast to the drafter's dtype) replace the new ones; ``built.params`` is updated in place."""
+    from safetensors.torch import load_file
+
+    state = load_file(str(Path(folder) / WEIGHTS_FILE))
+    target = built.model.target
+    ids = state["draft_to_target"] if built.draft_vocab_size is not None else None
+    built.model.eagle = eagle = _new_model(target, built.feature_layers, ids, False, built.options["train_head"])
+    missing, unexpected = eagle.load_state_dict(state, strict=False)
+    allowed = ["lm_head.weight"] if not built.options["train_head"] else []  # a frozen head: the target's rows
+    if unexpected or sorted(missing) != allowed:
+        raise RuntimeError(f"missing {sorted(missing)}, unexpected {sorted(unexpected)}")
     built.params.clear()
     built.params.update(_trainable(built.model))
 

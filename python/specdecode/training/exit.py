@@ -35,8 +35,8 @@ from specdecode.models import decoder_layers
 from specdecode.models.layer_view import layer_subset_view
 from specdecode.training.losses import SubsetLogits
 
-__all__ = ["CONFIG_FILE", "DESCRIPTION", "NAME", "Built", "build", "default_exit_layer", "forward", "load",
-           "prepare", "record_extras", "save"]
+__all__ = ["CONFIG_FILE", "DESCRIPTION", "NAME", "Built", "build", "cached_bytes", "default_exit_layer", "forward",
+           "load", "prepare", "record_extras", "save", "saved_options", "start_from"]
 
 NAME = "exit"
 DESCRIPTION = "an early-exit adapter: the target's first k layers, one trained layer and norm, its own LM head"
@@ -197,9 +197,44 @@ def prepare(built: Built, examples: list[Any]) -> None:
         counts += torch.bincount(example.input_ids.long().clamp(0, size - 1), minlength=size)
         counts += torch.bincount(example.top_ids[:, 0].long().clamp(0, size - 1), minlength=size)
     keep = min(wanted, size)
-    model.adapter.set_head_tokens(counts.topk(keep).indices.sort().values)
+    _use_head_tokens(model, counts.topk(keep).indices.sort().values)
+
+
+def _use_head_tokens(model: TrainingModel, token_ids: Tensor) -> None:
+    """Draft (and train) over ``token_ids`` only: the adapter's reduced head and the training head."""
+    model.adapter.set_head_tokens(token_ids)
     head = next(m for m in model.view._modules.values() if isinstance(m, _TrainingHead))
     head.set_tokens(model.adapter.head_token_ids)
+
+
+def saved_options(folder: Path, record: dict[str, Any]) -> dict[str, Any]:
+    """The build options a saved adapter fixes (continuing it, :mod:`.continuing`): its exit
+    layer, its shape and the size of its reduced head (None: the whole head)."""
+    config = json.loads((Path(folder) / CONFIG_FILE).read_text())
+    return {"exit_layer": int(config["exit_layer"]), "adapter": config["adapter"],
+            "head_tokens": config.get("head_tokens")}
+
+
+def start_from(built: Built, folder: Path, record: dict[str, Any]) -> None:
+    """Continue the adapter saved in ``folder`` (instead of :func:`prepare`): a reduced head
+    keeps its saved tokens, and the saved weights (float16 ones cast to the adapter's dtype)
+    replace the new ones."""
+    from safetensors.torch import load_file
+
+    state = load_file(str(Path(folder) / "model.safetensors"))
+    head_ids = state.pop("head_token_ids", None)
+    if head_ids is not None:
+        _use_head_tokens(built.model, head_ids)
+        state["head_token_ids"] = built.model.adapter.head_token_ids
+    built.model.adapter.load_state_dict(state, strict=True)
+
+
+def cached_bytes(built: Built, examples: list[Any]) -> int:
+    """Bytes of the layer-``k`` features that training caches on the device, one per example
+    (:meth:`TrainingModel.layer_features`): a share of device memory the batch plan leaves
+    free (:mod:`.planning`)."""
+    norm = built.model.adapter.norm.weight
+    return sum(len(e.input_ids) for e in examples) * norm.shape[-1] * norm.element_size()
 
 
 def forward(model: TrainingModel, input_ids: Tensor, attention_mask: Tensor) -> Tensor | SubsetLogits:

@@ -40,9 +40,11 @@ from specdecode.training.medusa import (
     check_features,
     frozen_head,
     heads_forward,
+    load_heads,
 )
 
-__all__ = ["CONFIG_FILE", "DESCRIPTION", "NAME", "build", "drafter", "forward", "head_accuracies", "load", "save"]
+__all__ = ["CONFIG_FILE", "DESCRIPTION", "NAME", "build", "drafter", "forward", "head_accuracies", "load", "save",
+           "saved_options", "start_from"]
 
 NAME = "hydra"
 DESCRIPTION = ("Hydra heads: MLPs on the target's last hidden state and the embeddings of the tokens drafted "
@@ -126,6 +128,18 @@ def save(model: MedusaTraining, out_dir: Path) -> None:
         "num_heads": heads.num_heads, "head_layers": heads.head_layers, "hidden_size": heads.hidden_size,
         "target_vocab": heads.target_vocab, "feature_layers": list(heads.feature_layers),
         "head_decay": model.head_decay})
+
+
+def saved_options(folder: Path, record: dict[str, Any]) -> dict[str, Any]:
+    """The build options saved heads fix (continuing them, :mod:`.continuing`): their number
+    and MLP depth."""
+    config, _ = read_weights(folder, CONFIG_FILE)
+    return {"num_heads": int(config["num_heads"]), "head_layers": int(config["head_layers"])}
+
+
+def start_from(built: Built, folder: Path, record: dict[str, Any]) -> None:
+    """Continue the heads saved in ``folder``: their weights replace the new ones."""
+    load_heads(built, folder)
 
 
 def load(folder: Path, target: nn.Module, record: dict[str, Any]) -> HydraDrafter:

@@ -15,8 +15,6 @@ and stops there or when the budget is spent, whichever comes first.
 from __future__ import annotations
 
 import math
-import resource
-import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -27,9 +25,10 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from specdecode.training.data import Example
+from specdecode.training.device import peak_memory_mib
 from specdecode.training.losses import distill_loss
 
-__all__ = ["CHECKPOINT_FILE", "Batch", "LoopSettings", "StepInfo", "collate", "peak_memory_mib", "run_loop"]
+__all__ = ["CHECKPOINT_FILE", "Batch", "LoopSettings", "StepInfo", "collate", "run_loop", "step_metrics"]
 
 CHECKPOINT_FILE = "checkpoint.pt"
 _PROBE_STEPS = 3  # steps timed (after an untimed first one) before a time-bounded run's horizon is fixed
@@ -140,15 +139,6 @@ def _lr(step: int, horizon: int | None, settings: LoopSettings) -> float:
     return settings.lr * warm * cosine
 
 
-def peak_memory_mib(device: torch.device | None = None) -> float:
-    """Peak memory of this process in MiB: resident set size on the host (``getrusage``), or
-    ``torch.cuda.max_memory_allocated`` for a CUDA device."""
-    if device is not None and device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**20
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return rss / 2**20 if sys.platform == "darwin" else rss / 2**10  # bytes on macOS, KiB on Linux
-
-
 # (model, input_ids, attention_mask[, features=]) -> logits, or (logits, an extra loss term)
 Forward = Callable[..., Any]
 
@@ -158,6 +148,14 @@ def _run_forward(forward: Forward, model: torch.nn.Module, b: Batch) -> tuple[Te
     ``features=`` is passed only when the batch has them."""
     out = forward(model, b.input_ids, b.attention_mask, **({} if b.features is None else {"features": b.features}))
     return out if isinstance(out, tuple) else (out, None)
+
+
+def step_metrics(forward: Forward, model: torch.nn.Module, b: Batch, loss: str) -> tuple[Any, Tensor]:
+    """One training step's metrics on batch ``b`` (the distillation loss and the acceptance
+    estimates) and the loss to minimize (the distillation loss plus the kind's extra term)."""
+    logits, extra = _run_forward(forward, model, b)
+    metrics = distill_loss(logits, b.top_logp, b.top_ids, b.counted, loss)
+    return metrics, (metrics.loss if extra is None else metrics.loss + extra)
 
 
 @torch.no_grad()
@@ -232,10 +230,9 @@ def run_loop(model: torch.nn.Module, params: dict[str, torch.nn.Parameter], forw
                 group["lr"] = lr
             rows = _batch_indices(step, settings.batch_size, len(train), settings.seed)
             b = collate([train[i] for i in rows], device)
-            logits, extra = _run_forward(forward, model, b)
-            metrics = distill_loss(logits, b.top_logp, b.top_ids, b.counted, settings.loss)
+            metrics, total = step_metrics(forward, model, b, settings.loss)
             opt.zero_grad(set_to_none=True)
-            (metrics.loss if extra is None else metrics.loss + extra).backward()
+            total.backward()
             if settings.grad_clip > 0:
                 torch.nn.utils.clip_grad_norm_(list(params.values()), settings.grad_clip)
             opt.step()

@@ -32,11 +32,11 @@ from torch import Tensor, nn
 
 from specdecode.drafters.medusa import MedusaDrafter, MedusaHeads
 from specdecode.models import vocab_rows
-from specdecode.training.artifacts import read_weights, write_weights
+from specdecode.training.artifacts import WEIGHTS_FILE, read_weights, write_weights
 
 __all__ = ["CONFIG_FILE", "DESCRIPTION", "NAME", "Built", "MedusaTraining", "build", "check_decay", "check_features",
-           "drafter", "forward", "frozen_head", "head_accuracies", "heads_forward", "load", "save", "shifted_kl",
-           "target_log_probs"]
+           "drafter", "forward", "frozen_head", "head_accuracies", "heads_forward", "load", "load_heads", "save",
+           "saved_options", "shifted_kl", "start_from", "target_log_probs"]
 
 NAME = "medusa"
 DESCRIPTION = "Medusa-1 heads: residual blocks on the target's last hidden state, each a token further ahead"
@@ -196,6 +196,25 @@ def save(model: MedusaTraining, out_dir: Path) -> None:
     write_weights(out_dir, heads, CONFIG_FILE, {
         "num_heads": heads.num_heads, "hidden_size": heads.hidden_size, "target_vocab": heads.target_vocab,
         "feature_layers": list(heads.feature_layers), "head_decay": model.head_decay})
+
+
+def saved_options(folder: Path, record: dict[str, Any]) -> dict[str, Any]:
+    """The build options saved heads fix (continuing them, :mod:`.continuing`): their number."""
+    config, _ = read_weights(folder, CONFIG_FILE)
+    return {"num_heads": int(config["num_heads"])}
+
+
+def load_heads(built: Built, folder: Path) -> None:
+    """Load saved heads' weights (medusa's or hydra's) into ``built``'s heads (float16 ones cast
+    to their dtype)."""
+    from safetensors.torch import load_file
+
+    built.model.heads.load_state_dict(load_file(str(Path(folder) / WEIGHTS_FILE)))
+
+
+def start_from(built: Built, folder: Path, record: dict[str, Any]) -> None:
+    """Continue the heads saved in ``folder``: their weights replace the new ones."""
+    load_heads(built, folder)
 
 
 def load(folder: Path, target: nn.Module, record: dict[str, Any]) -> MedusaDrafter:
