@@ -41,7 +41,7 @@ def prompts_for(target_name: str, tokenizer: Any, prompt_set: str, n: int) -> li
         every = demo_prompts(93)
         texts = every[-8:] if prompt_set == "tune" else every[:n]
         return [tokenizer(t, return_tensors="pt").input_ids[:, -96:] for t in texts[:n]]
-    from specdecode.bench.prompt_sets import chat_prompt_set
+    from specdecode.prompt_sets import chat_prompt_set
     from specdecode.bench.real_pair import chat_prompts
 
     name = "tune" if prompt_set == "tune" else "report"

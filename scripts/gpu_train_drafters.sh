@@ -45,7 +45,9 @@
 #   DATA_MINUTES  the data stage's part of it [3]
 #   KINDS         kinds, in training order [eagle medusa hydra exit draft]
 #   NUM_PROMPTS   prompts the data stage may continue (it stops at its time) [40000]
-#   PROMPT_MIX    [templates=0.7,self-instruct=0.1,multi-turn=0.1,code=0.05,prose=0.05]
+#   PROMPT_MIX    [templates=0.7,self-instruct=0.1,multi-turn=0.1,code=0.05,prose=0.05]; for smollm2 the
+#                 self-instruct and multi-turn prompts come from the prompt file the kit ships (none
+#                 is written by the target during the run)
 #   KIND_ARGS     [--draft-vocab 8192 --freeze-head --unroll 2 --num-layers 2] (the reference EAGLE
 #                 run's head and unroll; a 2-layer draft model keeps its file under 16 MiB)
 #   EXTRA_ARGS    more `train` flags, e.g. "--dtype bfloat16" or "--data-batch-size 256" []

@@ -17,7 +17,7 @@ from test_generate_models import BOS, EOS, PAD, _one_thread, make_model  # noqa:
 
 import specdecode
 from specdecode.bench import real_pair
-from specdecode.bench.prompt_sets import chat_prompt_set
+from specdecode.prompt_sets import chat_prompt_set
 from specdecode.engine.stats import SpeculativeStats
 
 

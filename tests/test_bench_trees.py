@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from specdecode.bench.prompt_sets import PROMPT_SETS, prompt_set
+from specdecode.prompt_sets import PROMPT_SETS, prompt_set
 from specdecode.bench.trees import _builder, _configs
 from specdecode.trees.builders import DynamicTree, SequoiaTree
 

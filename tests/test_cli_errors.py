@@ -31,6 +31,17 @@ BAD = [
     (["info", "--bogus", "foo"], "unrecognized arguments: --bogus foo"),
     (["demo", "--gamma", "0"], "num_draft_tokens: expected an int >= 1, got 0"),
     (["nope"], "invalid choice: 'nope'"),
+    (["prompts", "--target", "demo", "--out", "p.json"], "out: a prompt file's name ends with .jsonl.gz, got 'p.json'"),
+    (["prompts", "--target", "demo", "--out", "p.jsonl.gz", "--mix", "templates=1,self-instruct=1"],
+     "mix: templates are made when a run starts and are not stored in a prompt file"),
+    (["prompts", "--target", "demo", "--out", "p.jsonl.gz", "--mix", "web=1"], "mix: expected SOURCE=SHARE"),
+    (["prompts", "--target", "demo", "--out", "p.jsonl.gz", "--count", "0"], "count: expected an int >= 1, got 0"),
+    (["prompts", "--target", "nowhere", "--out", "p.jsonl.gz"], "target: expected 'demo', 'smollm2' or a Hugging"),
+    (["prompts", "--target", "demo", "--out", "p.jsonl.gz", "--device", "nonsense"], "device: expected"),
+    (["prompts", "--target", "demo"], "the following arguments are required: --out"),
+    (["train", "draft", "--target", "demo", "--out", "D", "--prompts", "p.jsonl.gz"],
+     "prompts: no such file 'p.jsonl.gz'"),
+    (["train", "draft", "--target", "demo", "--out", "D", "--prompts", "p.txt"], "prompts: a prompt file"),
 ]
 
 
@@ -63,6 +74,28 @@ def test_train_refusing_an_option_leaves_no_folder(tmp_path: Path, monkeypatch: 
     lines = capsys.readouterr().err.splitlines()
     assert len(lines) == 1 and "exit_layer: expected an int in [1, 5]" in lines[0]
     assert not (tmp_path / "DIR").exists()
+
+
+def test_train_refuses_a_prompt_file_it_cannot_use_in_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """A prompt file as --data, or as --prompts without a --prompt-mix: refused before anything
+    is loaded or made."""
+    from specdecode.cli import main
+    from specdecode.training.prompt_file import held_out_record, write_prompt_file
+
+    monkeypatch.chdir(tmp_path)
+    header = {"target": {"name": "demo", "weights_hash": "sha256:0"}, "held_out": held_out_record()}
+    write_prompt_file("p.jsonl.gz", header, {"self-instruct": ["Plan a picnic for six people."]})
+    for extra, message in ((["--data", "p.jsonl.gz"], "data: 'p.jsonl.gz' is a prompt file"),
+                           (["--prompts", "p.jsonl.gz"], "prompts: a prompt file is drawn from by prompt_mix's"),
+                           (["--prompts", "p.jsonl.gz", "--prompt-mix", "multi-turn=1"],
+                            "prompts: 'p.jsonl.gz' holds no multi-turn prompts")):
+        with pytest.raises(SystemExit) as exit_info:
+            main(["train", "draft", "--target", "demo", "--out", "DIR", "--threads", "1", *extra])
+        assert exit_info.value.code == 2
+        lines = capsys.readouterr().err.splitlines()
+        assert len(lines) == 1 and message in lines[0], lines
+    assert [p.name for p in tmp_path.iterdir()] == ["p.jsonl.gz"]
 
 
 def test_a_folder_without_a_model_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
@@ -110,7 +143,7 @@ def _help(argv: list[str], capsys: pytest.CaptureFixture[str], flat: bool = True
 
 def test_help_texts_say_each_thing_once(capsys: pytest.CaptureFixture[str]) -> None:
     top = _help(["--help"], capsys, flat=False)
-    for command in ("demo", "bench", "train", "info"):  # once in the list of commands
+    for command in ("demo", "bench", "train", "prompts", "info"):  # once in the list of commands
         assert len(re.findall(rf"^ {{2,4}}{command} +\S", top, flags=re.MULTILINE)) == 1, (command, top)
     bench = _help(["bench", "--help"], capsys)
     assert "--trees" in bench and "--device" in bench

@@ -167,7 +167,7 @@ def test_default_demo_prompts_are_not_the_held_out_ones():
 
 
 def test_default_chat_prompts_are_many_and_not_the_benchmark_ones():
-    from specdecode.bench.prompt_sets import CHAT_PROMPT_SETS
+    from specdecode.prompt_sets import CHAT_PROMPT_SETS
     from specdecode.training.prompts import chat_prompts, num_chat_prompts
 
     prompts = default_prompts("smollm2", 1000, seed=2)

@@ -14,7 +14,7 @@ import torch
 
 import specdecode
 import specdecode.training.widen as widen
-from specdecode.bench.prompt_sets import CHAT_PROMPT_SETS, PROMPT_SETS
+from specdecode.prompt_sets import CHAT_PROMPT_SETS, PROMPT_SETS
 from specdecode.training.data import GENERAL_PROMPTS, DataSettings, default_prompts
 from specdecode.training.prompt_sources import (
     FOLLOW_UPS,

@@ -1,4 +1,5 @@
-"""``python -m specdecode``: the demo, the end-to-end benchmark and the build report."""
+"""``python -m specdecode``: the demo, the benchmarks, training (and its prompts, made ahead) and the build
+report."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import torch
 
 from specdecode import cli_args
 from specdecode.training.command import train_parser
+from specdecode.training.prompt_command import prompts_parser
 
 DESCRIPTION = """\
 Speculative decoding with specdecode, from the command line (python -m specdecode COMMAND
@@ -25,6 +27,7 @@ examples:
   python -m specdecode bench --pair smollm2 --drafter-dir DIR   (SmolLM2, chat prompts)
   python -m specdecode bench --device cuda                  (decode paths on a GPU)
   python -m specdecode train draft --target demo --out runs/demo-draft --minutes 2
+  python -m specdecode prompts --target smollm2 --out runs/smol-prompts.jsonl.gz   (a run's prompts, ahead)
   python -m specdecode info
 
 The words in the statistics (acceptance rate, alpha, block efficiency, cost ratio c) are
@@ -195,6 +198,21 @@ def train(parser: argparse.ArgumentParser, args: argparse.Namespace, rest: list[
         parser.exit(1, f"{parser.prog}: error: {exc}\n")
 
 
+def prompts(parser: argparse.ArgumentParser, args: argparse.Namespace, rest: list[str]) -> None:
+    """``python -m specdecode prompts``: :func:`specdecode.training.prompt_command.run_prompts`."""
+    from specdecode.training.device import OutOfDeviceMemory
+    from specdecode.training.prompt_command import run_prompts
+
+    if rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    try:
+        run_prompts(args)
+    except (ValueError, TypeError) as exc:  # what only the models can tell
+        parser.exit(2, f"{parser.prog}: error: {exc}\n")
+    except OutOfDeviceMemory as exc:
+        parser.exit(1, f"{parser.prog}: error: {exc}\n")
+
+
 def bench(parser: argparse.ArgumentParser, rest: list[str]) -> None:
     """``python -m specdecode bench``: the end-to-end benchmark, ``--trees`` or ``--device``."""
     prog = "python -m specdecode bench"
@@ -218,18 +236,21 @@ def bench(parser: argparse.ArgumentParser, rest: list[str]) -> None:
 def main(argv: list[str] | None = None) -> None:
     parser = cli_args.ArgumentParser(prog="python -m specdecode", description=DESCRIPTION,
                                      formatter_class=cli_args.HelpFormatter)
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{demo,bench,train,info}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{demo,bench,train,prompts,info}")
     d = demo_parser(sub)
     sub.add_parser("bench", add_help=False,
                    help="time the target alone, Hugging Face assisted generation and specdecode; --trees: token "
                         "trees by size; --device cuda: the decode paths on a GPU (bench --help)")
     t = train_parser(sub)
+    p = prompts_parser(sub)
     i = sub.add_parser("info", help="what was built: CPU code path, CUDA kernels, ops, rules")
     args, rest = parser.parse_known_args(argv)
     if args.command == "bench":
         bench(parser, rest)
     elif args.command == "train":
         train(t, args, rest)
+    elif args.command == "prompts":
+        prompts(p, args, rest)
     elif args.command == "info":
         if rest:
             i.error(f"unrecognized arguments: {' '.join(rest)}")

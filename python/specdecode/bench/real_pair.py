@@ -5,7 +5,7 @@ against Hugging Face prompt lookup and specdecode with prompt lookup and trained
     python -m specdecode bench --pair smollm2 --drafter-dir runs/smol-eagle runs/smol-medusa
     python -m specdecode bench --pair smollm2 --quick --threads 1 --clock cpu
 
-Prompts: the chat requests of ``specdecode.bench.prompt_sets.chat_prompt_set`` (``report``: 16
+Prompts: the chat requests of ``specdecode.prompt_sets.chat_prompt_set`` (``report``: 16
 never looked at while tuning; ``tune``: the 4 settings were chosen on), each wrapped in the
 tokenizer's chat template with the generation prompt, batch 1. EOS is off for every method, so
 each generates exactly max_new_tokens per prompt.
@@ -72,7 +72,7 @@ def chat_ids(tokenizer: Any, text: str) -> torch.Tensor:
 def chat_prompts(tokenizer: Any, prompt_set: str, num_prompts: int | None = None) -> list[torch.Tensor]:
     """The first ``num_prompts`` (default: all) chat requests of ``prompt_set`` (``"tune"`` or
     ``"report"``) as ids ``[1, L]``."""
-    from specdecode.bench.prompt_sets import chat_prompt_set
+    from specdecode.prompt_sets import chat_prompt_set
 
     texts = chat_prompt_set(prompt_set)
     if num_prompts is not None and not 1 <= num_prompts <= len(texts):
@@ -302,7 +302,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> list[dict[st
     write ``bench_smollm2.csv`` / ``.json`` to --out."""
     from tqdm.auto import tqdm
 
-    from specdecode.bench.prompt_sets import chat_prompt_set
+    from specdecode.prompt_sets import chat_prompt_set
     from specdecode.pairs import load_command_pair
 
     parser = build_parser(prog)

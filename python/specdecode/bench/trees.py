@@ -13,7 +13,7 @@ Sequoia (children drawn without replacement). Reported per configuration: tokens
 call (block efficiency), acceptance by depth and by child rank, tokens/s (median over
 repeats; ``--clock cpu``: this thread's CPU time), and the ratio of tokens per call to the
 chain's. ``--prompt-set`` picks the prompts: ``demo`` (the demo pair's held-out stdlib
-windows) or a set of :mod:`specdecode.bench.prompt_sets` (``tune`` / ``report``, code and
+windows) or a set of :mod:`specdecode.prompt_sets` (``tune`` / ``report``, code and
 prose). For Sequoia rows a second table gives the conditional acceptance by depth and rank that
 the builders counted (summed over prompts). A last table times the compiled ``verify_tree`` op
 at N = 32 against one target forward over the same 32 tree nodes.
@@ -42,7 +42,7 @@ def _prompts(tokenizer: Any, n: int, prompt_set: str = "demo", max_prompt_tokens
 
         texts = demo_prompts(n)
     else:
-        from specdecode.bench.prompt_sets import prompt_set as named_set
+        from specdecode.prompt_sets import prompt_set as named_set
 
         texts = named_set(prompt_set)
     return [tokenizer(t, return_tensors="pt").input_ids[:, -max_prompt_tokens:] for t in texts]
@@ -228,7 +228,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
     parser.add_argument("--prompt-set", default="demo",
                         choices=["demo", "tune", "tune-code", "tune-prose", "report", "report-code", "report-prose"],
                         help="demo: the demo pair's held-out stdlib windows; tune / report (and their -code / -prose "
-                             "halves): specdecode.bench.prompt_sets (tune on one, report on the other)")
+                             "halves): specdecode.prompt_sets (tune on one, report on the other)")
     parser.add_argument("--clock", choices=["wall", "cpu"], default="wall",
                         help="tokens/s from wall time or this thread's CPU time (cpu needs --threads 1)")
     args = parser.parse_args(argv)

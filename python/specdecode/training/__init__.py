@@ -25,8 +25,9 @@ the loop (``loop.py``), the losses (``losses.py``), the folder format and :func:
 data cache (``runner.py``, :func:`train_drafters`), the device and its batch sizes
 (``device.py``), the run's plan of time shares and memory (``planning.py``), training that
 continues a saved drafter (``continuing.py``: a kind's ``saved_options(folder, record)`` and
-``start_from(built, folder, record)``), prompts beyond the templates (``widen.py``) and
-half-precision copies for shipping (``export.py``).
+``start_from(built, folder, record)``), prompts beyond the templates (``widen.py``), made
+ahead into prompt files (``prompt_file.py``; the ``prompts`` command, ``prompt_command.py``),
+and half-precision copies for shipping (``export.py``).
 """
 
 from __future__ import annotations
@@ -56,9 +57,10 @@ def train_drafter(kind: str, target: Any, out_dir: str | Path, *, tokenizer: Any
                   data_settings: DataSettings | None = None, loop_settings: LoopSettings | None = None,
                   callback: Callable[[StepInfo], None] | None = None, progress: bool = True,
                   data_cache: str | Path | None = None, device: Any = None, dtype: Any = None,
-                  data_minutes: float | None = None, prompt_mix: Any = None, export: str | Path | None = None,
-                  init_from: str | Path | None = None, batch_size: int | None = None, lr: float | None = None,
-                  shares: Any = None, **kind_options: Any) -> TrainResult:
+                  data_minutes: float | None = None, prompt_mix: Any = None, prompts: str | Path | None = None,
+                  export: str | Path | None = None, init_from: str | Path | None = None,
+                  batch_size: int | None = None, lr: float | None = None, shares: Any = None,
+                  **kind_options: Any) -> TrainResult:
     """Train a drafter of kind ``kind`` for ``target`` and save it in ``out_dir``.
 
     Args:
@@ -98,6 +100,11 @@ def train_drafter(kind: str, target: Any, out_dir: str | Path, *, tokenizer: Any
         prompt_mix: a :class:`~specdecode.training.widen.PromptMix` (or its text,
             ``"templates=0.5,self-instruct=0.3,multi-turn=0.2"``): default prompts widened
             beyond the templates (:mod:`specdecode.training.widen`).
+        prompts: a prompt file made ahead (``python -m specdecode prompts``,
+            :mod:`specdecode.training.prompt_file`): the sources of ``prompt_mix`` it holds
+            are drawn from it and the target is asked for none. Default: for SmolLM2 (by name
+            or weights), the file the kit ships, when the mix names ``self-instruct`` or
+            ``multi-turn``; for other targets the target writes them in the data stage.
         export: also write the drafter's half-precision copy (float16, the target's own
             weights left out: :mod:`specdecode.training.export`) into this folder.
         init_from: a saved drafter of this kind for this target (a run's folder or its
@@ -122,7 +129,7 @@ def train_drafter(kind: str, target: Any, out_dir: str | Path, *, tokenizer: Any
     spec = RunSpec(tokenizer=tokenizer, minutes=minutes, data_minutes=data_minutes, data=data, seed=seed,
                    max_steps=max_steps, target_name=target_name, num_prompts=num_prompts, loss=loss,
                    data_settings=data_settings, loop_settings=loop_settings, callback=callback, progress=progress,
-                   device=device, dtype=dtype, prompt_mix=prompt_mix, init_from=init_from, batch_size=batch_size,
+                   device=device, dtype=dtype, prompt_mix=prompt_mix, prompts=prompts, init_from=init_from, batch_size=batch_size,
                    lr=lr, shares=shares)
     exports = None if export is None else {kind: _folder("export", export)}
     return run_kinds([kind], target, {kind: out}, cache, out, spec, {kind: kind_options}, exports)[kind]
@@ -154,7 +161,7 @@ def train_drafters(kinds: Sequence[str], target: Any, out_dir: str | Path, *,
         kind_options: per kind, the options of its ``build`` (as ``train_drafter``'s
             ``**kind_options``); a kind not named gets its defaults.
         **settings: :func:`train_drafter`'s keywords (``minutes``, ``data_minutes``, ``device``,
-            ``dtype``, ``data``, ``num_prompts``, ``prompt_mix``, ``data_settings``,
+            ``dtype``, ``data``, ``num_prompts``, ``prompt_mix``, ``prompts``, ``data_settings``,
             ``loop_settings``, ``batch_size``, ``lr``, ``seed``, ...; not ``data_cache``: the
             run's cache is ``out_dir/data``); ``export=DIR`` writes kind ``k``'s half-precision
             copy in ``DIR/k``; ``init_from`` continues saved drafters: a dict of kind -> folder

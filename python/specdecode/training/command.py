@@ -78,7 +78,17 @@ def _data(text: str) -> Path:
     path = Path(text)
     if not path.is_file():
         raise ValueError(f"data: no such file {text!r}")
+    if path.name.endswith(".jsonl.gz"):
+        raise ValueError(f"data: {text!r} is a prompt file (python -m specdecode prompts); pass it as --prompts "
+                         "with a --prompt-mix")
     return path
+
+
+def _prompts(text: str) -> Path:
+    from specdecode.training.prompt_file import read_header
+
+    read_header(text)
+    return Path(text)
 
 
 def _positive(name: str) -> Any:
@@ -159,6 +169,10 @@ def train_parser(sub: Any) -> argparse.ArgumentParser:
                    help="default prompts widened beyond the templates, shares by source: templates, "
                         "self-instruct (requests the target writes from seed topics), multi-turn, code, prose, "
                         "long; e.g. templates=0.5,self-instruct=0.3,multi-turn=0.2")
+    t.add_argument("--prompts", type=cli_args.checked(_prompts, "prompts"), default=None,
+                   help="a prompt file of `python -m specdecode prompts`: the --prompt-mix sources it holds are "
+                        "drawn from it, the target asked for none (default for --target smollm2: the file the kit "
+                        "ships, when the mix names self-instruct or multi-turn)")
     t.add_argument("--seed", type=cli_args.int_at_least("seed", 0), default=0, help="random seed")
     t.add_argument("--max-steps", type=cli_args.int_at_least("max_steps", 1), default=None,
                    help="most optimizer steps (per kind)")
@@ -255,7 +269,8 @@ def _run_settings(args: argparse.Namespace) -> dict[str, Any]:
 
     settings: dict[str, Any] = {"minutes": args.minutes, "data": args.data, "seed": args.seed,
                                 "max_steps": args.max_steps, "num_prompts": getattr(args, "num_prompts", None)}
-    for name in ("device", "dtype", "data_minutes", "prompt_mix", "export", "init_from", "shares", "batch_size", "lr"):
+    for name in ("device", "dtype", "data_minutes", "prompt_mix", "prompts", "export", "init_from", "shares",
+                 "batch_size", "lr"):
         if getattr(args, name, None) is not None:
             settings[name] = getattr(args, name)
     data = {name: getattr(args, flag) for flag, name in (("data_batch_size", "batch_size"),

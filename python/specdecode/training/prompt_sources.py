@@ -6,7 +6,7 @@ Every list here is written for this kit (nothing is downloaded). The sources tha
 target itself (self-instruct requests, multi-turn exchanges) are in
 :mod:`specdecode.training.widen`; it mixes them with these.
 
-The benchmark's prompts (:mod:`specdecode.bench.prompt_sets`: the chat sets and the code and
+The benchmark's prompts (:mod:`specdecode.prompt_sets`: the chat sets and the code and
 prose sets, both halves) stay out of training: :func:`is_held_out` says whether a text is one of
 them or a near-copy (the same content words, or most of one's content words in the same order:
 the longest common word subsequence, as ROUGE-L counts it), and every source drops such texts.
@@ -20,8 +20,10 @@ from functools import lru_cache
 
 import torch
 
-__all__ = ["FOLLOW_UPS", "SEED_TOPICS", "code_requests", "content_words", "is_held_out", "long_requests", "near_copy",
-           "prose_requests", "rouge_l", "static_source"]
+from specdecode.prompt_sets import CHAT_PROMPT_SETS, PROMPT_SETS
+
+__all__ = ["FOLLOW_UPS", "SEED_TOPICS", "code_requests", "content_words", "held_out_prompts", "is_held_out",
+           "long_requests", "near_copy", "prose_requests", "rouge_l", "static_source"]
 
 #: Topics the target writes its own requests about (self-instruct), one request per draw.
 SEED_TOPICS: tuple[str, ...] = (
@@ -198,9 +200,9 @@ def near_copy(text: str, other: str, threshold: float = 0.75) -> bool:
 
 
 @lru_cache(maxsize=1)
-def _held_out() -> tuple[str, ...]:
-    from specdecode.bench.prompt_sets import CHAT_PROMPT_SETS, PROMPT_SETS
-
+def held_out_prompts() -> tuple[str, ...]:
+    """The benchmark's prompts that training keeps out: every chat request and every code and
+    prose prompt of :mod:`specdecode.prompt_sets`, tune and report halves."""
     texts = [p for half in CHAT_PROMPT_SETS.values() for p in half]
     texts += [p for name, prompts in PROMPT_SETS.items() if "-" in name for p in prompts]
     return tuple(texts)
@@ -209,4 +211,4 @@ def _held_out() -> tuple[str, ...]:
 def is_held_out(text: str) -> bool:
     """Whether ``text`` is one of the benchmark's prompts (chat, code or prose, tune or report
     half) or a near-copy of one (:func:`near_copy`)."""
-    return any(near_copy(text, held) for held in _held_out())
+    return any(near_copy(text, held) for held in held_out_prompts())

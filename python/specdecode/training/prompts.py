@@ -4,7 +4,7 @@ A drafter trained on a few dozen prompts learns their topics, not the target. Th
 combines request templates with subjects (every list written for this kit, nothing
 downloaded) into :func:`chat_prompts`: explanations, how-tos, creative writing, lists,
 comparisons, code, messages and questions, in a seeded order. The benchmark's chat prompts
-(:mod:`specdecode.bench.prompt_sets`) are kept out: their subjects are not in these lists, and
+(:mod:`specdecode.prompt_sets`) are kept out: their subjects are not in these lists, and
 a test checks that no benchmark prompt is among them.
 """
 

@@ -92,6 +92,7 @@ class RunSpec:
     device: Any = None
     dtype: Any = None
     prompt_mix: Any = None
+    prompts: Any = None
     export: Any = None
     init_from: Any = None
     shares: Any = None
@@ -126,6 +127,10 @@ def _check(spec: RunSpec) -> None:
             raise ValueError(f"{name}: give {name} or loop_settings (which has a {name}), not both")
     if spec.shares is not None and spec.minutes is None:
         raise ValueError("shares: they split a time budget; give minutes too")
+    if spec.prompts is not None:
+        from specdecode.training.widen import check_prompts_option
+
+        check_prompts_option(spec.prompts, spec.data, spec.prompt_mix)
 
 
 def _target_name(target: Any, name: str | None) -> str:
@@ -214,8 +219,9 @@ def _loop_settings(module: Any, built: Any, train: list[Example], spec: RunSpec,
 
 def _default_data(target: torch.nn.Module, tokenizer: Any, name: str, spec: RunSpec, data_cfg: DataSettings,
                   cache_root: Path, data_deadline: float | None) -> list[Any]:
-    """The default prompts: the kit's own, or mixed from ``spec.prompt_mix``'s sources (the
-    target's own sources may take half of what is left of the data stage)."""
+    """The default prompts: the kit's own, or mixed from ``spec.prompt_mix``'s sources (drawn
+    from a prompt file, ``spec.prompts`` or the one shipped for the target, or else written by
+    the target, which may take half of what is left of the data stage)."""
     if tokenizer is None:
         raise ValueError("tokenizer: the default prompts are text; pass the target's tokenizer (or data=)")
     count = spec.num_prompts or DEFAULT_NUM_PROMPTS
@@ -225,7 +231,7 @@ def _default_data(target: torch.nn.Module, tokenizer: Any, name: str, spec: RunS
 
     now = time.monotonic()
     return mixed_prompts(target, tokenizer, name, count, spec.prompt_mix, data_cfg, cache_root, seed=spec.seed,
-                         progress=spec.progress,
+                         progress=spec.progress, prompts=spec.prompts,
                          deadline=None if data_deadline is None else now + 0.5 * (data_deadline - now))
 
 

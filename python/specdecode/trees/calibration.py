@@ -29,7 +29,7 @@ is measured; one number per rank is learned within the first steps and already m
 bucket (an underconfident draft gets ``g < 1``: 0.15 ** 0.3 = 0.57), and each bucket and depth
 then refines its own rate as its counts grow. ``A`` / ``N`` are accepted / offered counts;
 ``w0`` and ``w1`` are pseudo-counts. Rates are clamped to ``[1e-4, 1 - 1e-4]`` (a path value
-never reaches 0 or 1). Tuned on the tuning prompts of :mod:`specdecode.bench.prompt_sets` (demo
+never reaches 0 or 1). Tuned on the tuning prompts of :mod:`specdecode.prompt_sets` (demo
 pair, temperature 0): the power prior with ``w0 = 16`` built better trees than the raw centre as
 prior (``w0 = 2``) and than a Platt-scaled prior ``sigmoid(alpha * logit(centre) + beta)``.
 

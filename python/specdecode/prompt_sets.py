@@ -1,4 +1,11 @@
-"""Prompt sets for the tree benchmark that the demo pair's benchmark prompts do not cover.
+"""The benchmark's held-out prompt sets: data only, importing nothing from specdecode.
+
+They live here, below both :mod:`specdecode.bench` (which runs on them) and
+:mod:`specdecode.training` (which keeps them out of every training prompt,
+:func:`specdecode.training.prompt_sources.is_held_out`), so that neither imports the other.
+
+**Code and prose** sets for the tree benchmark, of kinds the demo pair's benchmark prompts do
+not cover.
 
 The default benchmark prompts (:func:`specdecode.demo.demo_prompts`) are windows of
 standard-library files starting at a ``def`` / ``class`` line. The sets here are of other kinds,
