@@ -14,7 +14,8 @@ from specdecode.drafters.static_trees import StaticTreeDraftState
 from specdecode.models import facts, kv_cache
 from specdecode.sampling import SamplingParams, sample_logits
 from specdecode.trees.builders import TreeBuilder
-from specdecode.trees.static_growth import StaticTreeDraft, StaticTreePlan, grow_static_tree, plan_static_tree
+from specdecode.trees.static_growth import (StaticLevel, StaticTreeDraft, StaticTreePlan, grow_static_tree,
+                                            plan_static_tree)
 
 
 class ModelDrafter(TreeBuilderDrafter, DrafterBase):
@@ -230,25 +231,17 @@ class ModelDrafter(TreeBuilderDrafter, DrafterBase):
         """Feed the last committed column and the pending token (the root), then one forward per
         level of the tree over its new nodes, written at columns ``lengths + offset`` of the
         draft's cache (:func:`~specdecode.trees.static_growth.grow_static_tree`)."""
-        from specdecode.models.static_cache import tree_inputs
-
         root_logits = self._static_forward(state, self._static_inputs(state, state.lengths - 1, 2), None)
         dtype = self.model.dtype if hasattr(self.model, "dtype") else torch.float32
-        slots = plan.span + 1
 
-        def expand(offsets: Tensor, tokens: Tensor, ancestors: Tensor, depth: int) -> Tensor:
-            B, n, _ = ancestors.shape
-            visible = torch.zeros((B, n, slots), dtype=torch.bool, device=state.device)
-            visible.scatter_(2, ancestors.clamp_min(0), True)  # -1 padding marks the root, visible anyway
-            mask, _ = tree_inputs(state.lengths, state.start, visible, state.capacity, dtype)
-            self._static_cache.columns = state.lengths[:, None] + offsets
-            positions = (state.lengths - state.start + depth)[:, None].expand(B, n)
-            logits = facts.forward(self.model, tokens, mask, positions, self._static_cache, last_only=False,
-                                   logits_to_keep_ok=False)
+        def expand(level: StaticLevel) -> Tensor:
+            self._static_cache.columns = level.columns
+            logits = facts.forward(self.model, level.tokens, level.mask, level.positions, self._static_cache,
+                                   last_only=False, logits_to_keep_ok=False)
             return logits[..., : state.vocab_size].float()
 
         root = state.tokens.gather(1, state.lengths[:, None])[:, 0]
-        return grow_static_tree(plan, state, root, root_logits, expand)
+        return grow_static_tree(plan, state, root, root_logits, expand, dtype)
 
     def static_accept_path(self, state: StaticTreeDraftState, draft: StaticTreeDraft, accepted_nodes: Tensor,
                            accepted_len: Tensor) -> None:

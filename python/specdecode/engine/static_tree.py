@@ -41,6 +41,7 @@ from torch import Tensor
 
 from specdecode._ops import ops
 from specdecode.drafters.static_trees import StaticTreeDrafter
+from specdecode.engine.accounting import FIXED_COUNTERS
 from specdecode.engine.settings import EngineSettings
 from specdecode.engine.static_features import move_columns as move_feature_columns
 from specdecode.engine.static_features import target_forward
@@ -179,6 +180,21 @@ def tree_phases(session: Any, scratch: dict[str, Any], setup: TreeSetup, target:
         scratch["drafted"], scratch["stopped_early"] = tree.num_nodes - 1, children > 0
 
     return draft, score, verify
+
+
+def record_tree_acceptance(drafter: Any, setup: TreeSetup, counters: list[int]) -> None:
+    """After a generation: hand the acceptance by depth it counted (``counters``, the
+    :func:`~specdecode.engine.accounting.step_counters` layout summed over its steps, read on
+    the host) to the drafter's tree builder when it drafted a dynamic plan and keeps a record
+    (``static_depths``: a :class:`~specdecode.trees.static_depth.DepthAcceptance`), from which
+    its next plans choose their depth."""
+    record = getattr(getattr(drafter, "tree", None), "static_depths", None)
+    if setup.plan.kind != "dynamic" or record is None:
+        return
+    D = setup.plan.max_depth
+    accepted = counters[FIXED_COUNTERS + D: FIXED_COUNTERS + 2 * D]
+    reached = counters[FIXED_COUNTERS + 2 * D: FIXED_COUNTERS + 3 * D]
+    record.add(D, reached, accepted)
 
 
 def tree_span(setup: TreeSetup | None, gamma: int) -> int:

@@ -1,0 +1,122 @@
+"""EAGLE-2 dynamic trees grown on the device, for the static decode path
+(:func:`~specdecode.trees.static_growth.grow_static_tree` with a ``"dynamic"`` plan): the same
+trees as the eager :class:`~specdecode.trees.builders.DynamicTree` with ``calibrated=False``.
+
+A plan of ``D`` levels, ``k = top_k`` and ``N = num_nodes`` grows per row:
+
+- level 1: the root's ``k`` most likely children; every later level: the ``k`` children of each
+  of the ``k`` *frontier* nodes, the candidates of the level before with the highest path
+  values (the sum of the draft's log-probabilities along the path), fed to the draft in one
+  forward. Level ``d``'s candidates are nodes ``first(d) .. first(d) + k^2 - 1`` (``k`` at
+  level 1), in the frontier's order, each frontier node's children by rank; the frontier fed
+  after level ``d`` sits at offsets ``1 + (d - 1) k .. d k`` after the root.
+- after the last level, the ``N`` nodes of highest path value (root first) form the tree, in
+  node order (topological).
+
+Per level: one ``topk`` over the frontier's logits, one add of the path values, one stable sort
+of the candidates (ties to the lower index, as the eager builder's), gathers of the chosen
+candidates' values and tokens, and the draft forward (its inputs:
+:class:`~specdecode.trees.static_growth.LevelInputs`). Node ids, parents and offsets are worked
+out once at the end, from the chosen candidates of every level and index tables made once per
+layout.
+
+Why the best ``N`` nodes need no pass over the ancestors (the eager
+:func:`~specdecode.trees.dynamic.prune_to_budget` ranks by the minimum value along each path
+to make the chosen set closed under ancestors): here a child's value is its parent's plus a
+log-probability, never more than its parent's, and a parent's index is lower than its
+children's. Non-finite values become ``-1e30`` and values are clamped there, which keeps that
+order; so in a stable sort by value every node comes after its parent, and any prefix of the
+order holds its nodes' ancestors. (The eager builder keeps finite values below ``-1e30`` as they
+are: the two may fill a budget larger than the finite candidates differently.)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from specdecode.trees.static_growth import LevelInputs, StaticExpand, StaticTreeDraft, StaticTreePlan
+
+#: Path values below this (and non-finite ones) count as this: see the module docstring.
+FLOOR = -1e30
+
+
+@dataclass
+class _DynamicConstants:
+    """Index tables of a dynamic plan, made once per layout (``W`` candidates, root included;
+    ``F = (D - 1) k`` frontier nodes fed after the root)."""
+
+    root_value: Tensor  # [B, 1] float32 zeros: the root's path value
+    root_id: Tensor  # [B, 1] int64 zeros: the root's node id
+    frontier_first: Tensor  # [1, F]: the node id of the first candidate of each frontier node's level
+    parent_slot: Tensor  # [W]: each candidate's parent in [root, frontier...] (the root's own: 0)
+    fed_offsets: Tensor  # [B, F]: the offset each frontier node is fed at
+    unfed: Tensor  # [1, W]: 0 at the root, -1 elsewhere
+    slot: Tensor  # [B, N]: 0 .. N - 1
+    num_nodes: Tensor  # [B]: N
+
+
+def _dynamic_constants(plan: StaticTreePlan, batch: int, device: torch.device) -> _DynamicConstants:
+    k, D = plan.top_k, plan.max_depth
+    first = [1] + [1 + k + (d - 2) * k * k for d in range(2, D + 1)]  # node id of level d's first candidate
+    frontier_first = [first[d - 1] for d in range(1, D) for _ in range(k)]  # frontier after level d
+    parent_slot = [0] + [0] * k  # the root, then level 1 (children of the root)
+    for d in range(2, D + 1):
+        parent_slot += [1 + (d - 2) * k + j // k for j in range(k * k)]
+    W = len(parent_slot)
+
+    def t(values: list[int]) -> Tensor:
+        return torch.tensor(values, dtype=torch.long, device=device)
+
+    return _DynamicConstants(torch.zeros((batch, 1), dtype=torch.float32, device=device),
+                             torch.zeros((batch, 1), dtype=torch.long, device=device), t(frontier_first)[None, :],
+                             t(parent_slot), t(list(range(1, (D - 1) * k + 1))).expand(batch, -1).contiguous(),
+                             t([0] + [-1] * (W - 1))[None, :], t(list(range(plan.num_nodes))).expand(batch, -1)
+                             .contiguous(), t([plan.num_nodes] * batch))
+
+
+def grow_dynamic(plan: StaticTreePlan, state: Any, root_tokens: Tensor, root_logits: Tensor, expand: StaticExpand,
+                 inputs: LevelInputs) -> StaticTreeDraft:
+    """One EAGLE-2 tree per row by the dynamic ``plan`` (module docstring).
+
+    Shape:
+        root_tokens: ``[B]`` int64; root_logits: ``[B, V]``; returns ``N = plan.num_nodes`` nodes.
+    """
+    B, k, D, N = root_tokens.shape[0], plan.top_k, plan.max_depth, plan.num_nodes
+    c = state.buffer(f"static_tree_dynamic:{plan.key}", lambda: _dynamic_constants(plan, B, root_tokens.device))
+    log_q = torch.log_softmax(root_logits.float(), -1)[:, None]  # [B, frontier, V]
+    base = c.root_value  # [B, frontier]: the frontier's path values
+    values, tokens, chosen_all = [base], [root_tokens[:, None]], []
+    for depth in range(1, D + 1):
+        top = log_q.topk(k, dim=-1)  # [B, f, k]
+        level_values = (base[:, :, None] + top.values).flatten(1)
+        level_tokens = top.indices.flatten(1)
+        values.append(level_values)
+        tokens.append(level_tokens)
+        if depth == D:
+            break
+        chosen = torch.sort(level_values, dim=1, descending=True, stable=True).indices[:, :k]  # the next frontier
+        chosen_all.append(chosen)
+        base = level_values.gather(1, chosen)
+        columns = inputs.columns[:, 1 + (depth - 1) * k: 1 + depth * k]
+        level = inputs.level(level_tokens.gather(1, chosen), torch.div(chosen, k, rounding_mode="floor"), columns,
+                             depth)
+        log_q = torch.log_softmax(expand(level).float(), -1)
+    key = torch.nan_to_num(torch.cat(values, 1), nan=FLOOR, posinf=FLOOR, neginf=FLOOR).clamp_min_(FLOOR)
+    keep = torch.sort(torch.sort(key, dim=1, descending=True, stable=True).indices[:, :N], dim=1).values
+    all_tokens = torch.cat(tokens, 1)
+    if chosen_all:
+        frontier = torch.cat(chosen_all, 1) + c.frontier_first  # node ids of the fed nodes
+        ids = torch.cat([c.root_id, frontier], 1)  # [root, frontier...]: parents' node ids
+        parents = ids.index_select(1, c.parent_slot)
+        offsets = c.unfed.expand(B, -1).scatter(1, frontier, c.fed_offsets)
+    else:  # one level: every node is a child of the root
+        parents = c.root_id.expand(B, c.parent_slot.shape[0])
+        offsets = c.unfed.expand(B, -1)
+    new_index = torch.zeros_like(all_tokens).scatter_(1, keep, c.slot)  # old node id -> new (kept ones)
+    new_parents = new_index.gather(1, parents.gather(1, keep))
+    new_parents[:, 0] = -1
+    return StaticTreeDraft(all_tokens.gather(1, keep), new_parents, c.num_nodes, None, offsets.gather(1, keep))
