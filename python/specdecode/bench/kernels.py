@@ -32,8 +32,10 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 #: Operations that allocate or describe memory without touching it (no kernel on a GPU).
+#: (``scalar_tensor``: a Python number wrapped for an operation, ``torch.where(c, x, 0)``, made
+#: on the host.)
 NO_KERNEL = {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "lift_fresh",
-             "detach", "alias", "_unsafe_view", "set_", "resize_", "is_same_size"}
+             "detach", "alias", "_unsafe_view", "set_", "resize_", "is_same_size", "scalar_tensor"}
 #: Operations that read a tensor's value on the host.
 HOST_READS = {"_local_scalar_dense", "item", "equal", "is_nonzero"}
 

@@ -246,18 +246,21 @@ class ModelDrafter(TreeBuilderDrafter, DrafterBase):
     def static_accept_path(self, state: StaticTreeDraftState, draft: StaticTreeDraft, accepted_nodes: Tensor,
                            accepted_len: Tensor) -> None:
         """Move the draft cache's entries of the accepted nodes that were fed (all but the last
-        one, which the next step re-feeds with the new pending token) next to the root.
+        one, which the next step re-feeds with the new pending token, and may move as well) next
+        to the root: one gather and one scatter over the draft's stacked layers.
 
         Shape:
             accepted_nodes: ``[B, D + 1]`` int64 (root first, ``-1`` padded); accepted_len: ``[B]``.
         """
         from specdecode.models.static_cache import move_columns
 
-        depth = torch.arange(1, accepted_nodes.shape[1], device=state.device)[None, :]
-        fed = depth < accepted_len[:, None]
+        D = accepted_nodes.shape[1] - 1
+        depth = state.buffer(f"tree_path_depths:{D}", lambda: torch.arange(1, D + 1, device=state.device)[None, :])
+        # A fed node of depth d sits at an offset >= d; past the path the root's offset 0 is
+        # gathered, and a node never fed has -1: the maximum with d then copies column d onto itself.
         offsets = draft.offsets.gather(1, accepted_nodes[:, 1:].clamp_min(0))
         columns = state.lengths[:, None] + depth
-        move_columns(self._static_cache, torch.where(fed, state.lengths[:, None] + offsets, columns), columns)
+        move_columns(self._static_cache, state.lengths[:, None] + torch.maximum(offsets, depth), columns)
 
 
 class _TreeSlots:

@@ -163,9 +163,10 @@ def tree_phases(session: Any, scratch: dict[str, Any], setup: TreeSetup, target:
         state.count_op_sync()
         tokens, nodes = tokens[:, : D + 1], nodes[:, : D + 1]
         lengths = state.lengths[:, None]
-        on_path = depth_index <= accepted[:, None]
         target_columns = lengths + depth_index
-        source = torch.where(on_path, lengths + nodes[:, 1:], target_columns)  # identity copies past the path
+        # The path's node at depth d has an index >= d (topological order) and nodes past the
+        # path are -1: the maximum is the path's node, or d itself (an identity copy) past it.
+        source = lengths + torch.maximum(nodes[:, 1:], depth_index)
         move_columns(session.cache, source, target_columns)
         if layers is not None:
             move_feature_columns(state.features, source, target_columns)
@@ -174,10 +175,9 @@ def tree_phases(session: Any, scratch: dict[str, Any], setup: TreeSetup, target:
         active = ~session.finished
         scratch["tokens"], scratch["accepted"] = tokens, accepted
         real = node_index[None, :] < tree.num_nodes[:, None]
-        stop = nodes.gather(1, accepted[:, None])  # the accepted path's last node
-        children = (real & (node_index[None, :] > 0) & (tree.parents == stop)).sum(1)
+        stop = nodes.gather(1, accepted[:, None])  # the accepted path's last node (the root has parent -1)
         scratch["verified"] = torch.where(active, torch.where(real, scratch["depths"], 0).amax(1), 0)
-        scratch["drafted"], scratch["stopped_early"] = tree.num_nodes - 1, children > 0
+        scratch["drafted"], scratch["stopped_early"] = tree.num_nodes - 1, ((tree.parents == stop) & real).any(1)
 
     return draft, score, verify
 

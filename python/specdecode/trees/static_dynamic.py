@@ -14,8 +14,9 @@ A plan of ``D`` levels, ``k = top_k`` and ``N = num_nodes`` grows per row:
   node order (topological).
 
 Per level: one ``topk`` over the frontier's logits, one add of the path values, one stable sort
-of the candidates (ties to the lower index, as the eager builder's), gathers of the chosen
-candidates' values and tokens, and the draft forward (its inputs:
+of the candidates (ties to the lower index, as the eager builder's; its first ``k`` values are
+the new frontier's), a gather of the chosen candidates' tokens, their parents' positions, their
+mask rows, and the draft forward (its inputs:
 :class:`~specdecode.trees.static_growth.LevelInputs`). Node ids, parents and offsets are worked
 out once at the end, from the chosen candidates of every level and index tables made once per
 layout.
@@ -98,9 +99,9 @@ def grow_dynamic(plan: StaticTreePlan, state: Any, root_tokens: Tensor, root_log
         tokens.append(level_tokens)
         if depth == D:
             break
-        chosen = torch.sort(level_values, dim=1, descending=True, stable=True).indices[:, :k]  # the next frontier
+        ranked = torch.sort(level_values, dim=1, descending=True, stable=True)
+        chosen, base = ranked.indices[:, :k], ranked.values[:, :k]  # the next frontier and its path values
         chosen_all.append(chosen)
-        base = level_values.gather(1, chosen)
         columns = inputs.columns[:, 1 + (depth - 1) * k: 1 + depth * k]
         level = inputs.level(level_tokens.gather(1, chosen), torch.div(chosen, k, rounding_mode="floor"), columns,
                              depth)

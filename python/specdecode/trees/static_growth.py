@@ -256,14 +256,15 @@ def grow_static_tree(plan: StaticTreePlan, state: Any, root_tokens: Tensor, root
 @dataclass
 class _ShapeConstants:
     """Device tensors of a fixed shape, made once per layout (a CUDA graph may not copy host
-    data): per level with children to draw, the nodes drawing, where each child's token comes
-    from in the ``[m, k]`` draws and which node it is, its parent, the nodes fed next and their
-    parents among the nodes fed before."""
+    data): per level with children to draw (the nodes of that depth with children, in node
+    order: the ones the last forward fed), how many each draws, where each child's token comes
+    from in the ``[m, k]`` draws (None: in order) and which node it is, its parent, the nodes
+    fed next and their parents among the nodes drawing."""
 
     parents: Tensor  # [B, N]
     offsets: Tensor  # [B, N]: node i is fed at offset i
     num_nodes: Tensor  # [B]: N
-    levels: list[tuple[Tensor, int, Tensor, Tensor, Tensor, Tensor | None, Tensor | None]]
+    levels: list[tuple[int, Tensor | None, Tensor, Tensor, Tensor | None, Tensor | None]]
 
 
 def _shape_constants(shape: TreeShape, batch: int, device: torch.device) -> _ShapeConstants:
@@ -272,7 +273,7 @@ def _shape_constants(shape: TreeShape, batch: int, device: torch.device) -> _Sha
     def t(values: list[int]) -> Tensor:
         return torch.tensor(values, dtype=torch.long, device=device)
 
-    levels, last_fed = [], [0]  # the root forward fed the root
+    levels = []
     for depth in range(D):
         drawing = [v for v in range(N) if shape.depth[v] == depth and shape.num_children[v] > 0]
         if not drawing:
@@ -285,10 +286,9 @@ def _shape_constants(shape: TreeShape, batch: int, device: torch.device) -> _Sha
                 child.append(c)
                 parent.append(v)
         fed = [c for c in range(N) if shape.depth[c] == depth + 1 and shape.num_children[c] > 0]
-        fed_parents = [last_fed.index(shape.parents[c]) for c in fed]
-        levels.append((t(drawing), k, t(source), t(child), t(parent), t(fed) if fed else None,
-                       t(fed_parents) if fed else None))
-        last_fed = fed
+        fed_parents = [drawing.index(shape.parents[c]) for c in fed]
+        levels.append((k, None if source == list(range(len(drawing) * k)) else t(source), t(child), t(parent),
+                       t(fed) if fed else None, t(fed_parents) if fed else None))
     return _ShapeConstants(t(list(shape.parents)).expand(batch, -1).contiguous(),
                            t(list(range(N))).expand(batch, -1).contiguous(), t([N] * batch), levels)
 
@@ -303,25 +303,29 @@ def _grow_shape(plan: StaticTreePlan, state: Any, root_tokens: Tensor, root_logi
     complete = plan.children == "iid" or (plan.children == "deterministic" and max(shape.num_children) <= V)
     tokens = root_tokens[:, None].repeat(1, N)
     valid = None if complete else torch.ones((B, N), dtype=torch.bool, device=root_tokens.device)
-    node_logits = root_logits.new_zeros((B, N, V))
-    node_logits[:, 0] = root_logits
-    for depth, (drawing, k, source, child, parent, fed, fed_parents) in enumerate(consts.levels):
-        kids = _draw(node_logits.index_select(1, drawing), k, plan.children, state)  # [B, m, k]
-        kids = kids.flatten(1).index_select(1, source)
-        tokens.index_copy_(1, child, kids.clamp_min(0))
+    node_logits = None
+    if plan.children != "deterministic":  # the rule reads the q each node's children were drawn from
+        node_logits = root_logits.new_zeros((B, N, V))
+        node_logits[:, 0] = root_logits
+    drawing_logits = root_logits[:, None]  # [B, m, V]: the nodes drawing children, fed by the last forward
+    for depth, (k, source, child, parent, fed, fed_parents) in enumerate(consts.levels):
+        kids = _draw(drawing_logits, k, plan.children, state).flatten(1)  # [B, m * k]
+        if source is not None:
+            kids = kids.index_select(1, source)
+        tokens.index_copy_(1, child, kids if valid is None else kids.clamp_min(0))
         if valid is not None:
             valid.index_copy_(1, child, (kids >= 0) & valid.index_select(1, parent))
         if fed is not None and fed_parents is not None:
             n = fed.shape[0]
             level = inputs.level(tokens.index_select(1, fed), fed_parents.expand(B, n),
                                  inputs.columns.index_select(1, fed), depth + 1)
-            node_logits.index_copy_(1, fed, expand(level).to(node_logits.dtype))
-    draft_logits = None if plan.children == "deterministic" else node_logits
+            drawing_logits = expand(level).to(root_logits.dtype)
+            if node_logits is not None:
+                node_logits.index_copy_(1, fed, drawing_logits)
     if valid is None:  # the layout's constants: nothing reads a tree in place
-        return StaticTreeDraft(tokens, consts.parents, consts.num_nodes, draft_logits, consts.offsets)
+        return StaticTreeDraft(tokens, consts.parents, consts.num_nodes, node_logits, consts.offsets)
     tree, keep = compact_tree(tokens, consts.parents, valid)  # rows whose draws ran out of mass have fewer nodes
-    if draft_logits is not None:
-        draft_logits = draft_logits.gather(1, keep[:, :, None].expand(-1, -1, V))
+    draft_logits = None if node_logits is None else node_logits.gather(1, keep[:, :, None].expand(-1, -1, V))
     return StaticTreeDraft(tree.tokens, tree.parents, tree.num_nodes, draft_logits, keep)
 
 
