@@ -171,6 +171,7 @@ def configurations(draft: torch.nn.Module, eagle: Any, nodes: int, gamma: int) -
     rows = []
     for name, base in (("model", ModelDrafter(draft)), ("eagle", eagle)):
         rows.append((f"{name} chain {gamma}", base, dict(num_draft_tokens=gamma)))
+        rows.append((f"{name} chain {nodes - 1}", base, dict(num_draft_tokens=nodes - 1)))
         rows.append((f"{name} static {nodes}", base.with_tree("static", num_nodes=nodes), {}))
         rows.append((f"{name} dynamic {nodes} d=6", base.with_tree(DynamicTree(nodes, 6)), {}))
         rows.append((f"{name} dynamic {nodes} d={nodes - 1}", base.with_tree(DynamicTree(nodes, nodes - 1)), {}))
@@ -197,9 +198,11 @@ def run(args: Any) -> list[dict[str, Any]]:
         seconds = seconds_per_step(generate, args.repeats)
         draft_fwd = counts.kernels.get("draft", {}).get("forward", 0.0)
         own = counts.total() - draft_fwd
-        family = label.split()[0]
-        if label.split()[1] == "chain":
+        family, method, size = label.split()[:3]
+        if method == "chain" and family not in base:  # the baseline: the first chain of the family
             base[family] = (own, seconds)
+        if method == "chain":
+            base[(family, "deep")] = (own, seconds)  # the last chain: as deep as the deepest tree
         chain_own, chain_seconds = base[family]
         rows.append({
             "step": label, "draft fwd": draft_fwd, "draft bk": counts.kernels.get("draft", {}).get("bookkeeping", 0.0),
@@ -207,14 +210,19 @@ def run(args: Any) -> list[dict[str, Any]]:
             "target bk": counts.kernels.get("target", {}).get("bookkeeping", 0.0),
             "verify": counts.total(phases=("verify",)), "commit": counts.total(phases=("bookkeeping",)),
             "total": counts.total(), "total - draft fwd": own, "x chain (ops)": own / chain_own,
+            "x deep chain (ops)": own / base[(family, "deep")][0],
             "x chain (CPU s/step)": seconds / chain_seconds, "host reads": counts.host_reads,
             "by_name": counts.by_name,
         })
     return rows
 
 
+def _count(value: float) -> str:
+    return f"{value:.0f}" if value == int(value) else f"{value:.1f}"
+
+
 def main(argv: list[str] | None = None, prog: str | None = None) -> None:
-    from specdecode.bench.harness import base_parser, format_table
+    from specdecode.bench.harness import Column, base_parser, format_table
     from specdecode.cli_args import int_at_least
 
     parser = base_parser("Kernels per phase of one static-path step: chains, fixed and dynamic trees", prog=prog)
@@ -228,11 +236,20 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
         args.repeats = 3 if args.quick else 7
     start = time.perf_counter()
     rows = run(args)
-    columns = ["step", "draft fwd", "draft bk", "target fwd", "target bk", "verify", "commit", "total",
-               "total - draft fwd", "x chain (ops)", "x chain (CPU s/step)", "host reads"]
-    print(format_table(rows, columns, title=f"Kernels per step (aten ops, CPU), demo pair and a 1-layer EAGLE; "
-                                              f"{args.max_new_tokens} new tokens, batch 1, greedy; CPU s/step: "
-                                              f"median of {args.repeats}"))
+    def ratio(value: float) -> str:
+        return f"{value:.2f}"
+
+    columns = [Column("step", wrap=True), Column("draft fwd", "draft\nfwd", _count), Column("draft bk", "draft\nbk", _count),
+               Column("target fwd", "target\nfwd", _count), Column("target bk", "target\nbk", _count),
+               Column("verify", fmt=_count), Column("commit", fmt=_count), Column("total", fmt=_count),
+               Column("total - draft fwd", "own", _count), Column("x chain (ops)", "own /\nchain", ratio),
+               Column("x deep chain (ops)", "own /\ndeep", ratio), Column("x chain (CPU s/step)", "s /\nchain", ratio),
+               Column("host reads", "host\nreads", _count)]
+    print(format_table(rows, columns, title=f"Kernels per static-path step (aten operations counted on the CPU); "
+                                              f"demo pair, {args.max_new_tokens} new tokens, batch 1, greedy"))
+    print(f"own: every kernel but the draft forwards'; own / chain, own / deep: against the chain of {args.gamma} "
+          f"and of {args.nodes - 1} drafts of the same drafter; s / chain: CPU seconds per step against the chain "
+          f"of {args.gamma}, median of {args.repeats} generations")
     if args.names:
         for row in rows:
             print(f"\n{row['step']}:")

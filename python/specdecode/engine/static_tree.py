@@ -132,6 +132,7 @@ def tree_phases(session: Any, scratch: dict[str, Any], setup: TreeSetup, target:
     device = state.device
     depth_index = torch.arange(1, D + 1, device=device)[None, :]
     node_index = torch.arange(N, device=device)
+    drafted_full = torch.full((state.batch_size,), N - 1, dtype=torch.long, device=device)
     no_prefix = torch.zeros((state.batch_size, 0), dtype=torch.bool, device=device)
 
     def draft() -> None:
@@ -174,10 +175,17 @@ def tree_phases(session: Any, scratch: dict[str, Any], setup: TreeSetup, target:
         state.tokens.scatter_(1, target_columns, tokens[:, :D].clamp_min(0))
         active = ~session.finished
         scratch["tokens"], scratch["accepted"] = tokens, accepted
-        real = node_index[None, :] < tree.num_nodes[:, None]
         stop = nodes.gather(1, accepted[:, None])  # the accepted path's last node (the root has parent -1)
-        scratch["verified"] = torch.where(active, torch.where(real, scratch["depths"], 0).amax(1), 0)
-        scratch["drafted"], scratch["stopped_early"] = tree.num_nodes - 1, ((tree.parents == stop) & real).any(1)
+        has_children = tree.parents == stop
+        depths = scratch["depths"]
+        if tree.full:  # no padding slots: every row drafted N - 1 nodes
+            scratch["drafted"] = drafted_full
+        else:
+            real = node_index[None, :] < tree.num_nodes[:, None]
+            has_children, depths = has_children & real, torch.where(real, depths, 0)
+            scratch["drafted"] = tree.num_nodes - 1
+        scratch["verified"] = torch.where(active, depths.amax(1), 0)
+        scratch["stopped_early"] = has_children.any(1)
 
     return draft, score, verify
 

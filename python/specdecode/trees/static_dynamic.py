@@ -29,6 +29,9 @@ children's. Non-finite values become ``-1e30`` and values are clamped there, whi
 order; so in a stable sort by value every node comes after its parent, and any prefix of the
 order holds its nodes' ancestors. (The eager builder keeps finite values below ``-1e30`` as they
 are: the two may fill a budget larger than the finite candidates differently.)
+
+About 8 kernels a level and 14 at the end, besides the draft forwards (``python
+benchmarks/bench_tree_kernels.py --names`` lists them).
 """
 
 from __future__ import annotations
@@ -48,14 +51,16 @@ FLOOR = -1e30
 @dataclass
 class _DynamicConstants:
     """Index tables of a dynamic plan, made once per layout (``W`` candidates, root included;
-    ``F = (D - 1) k`` frontier nodes fed after the root)."""
+    ``F = (D - 1) k`` frontier nodes fed after the root). The parents' table of a step is
+    ``[W (no parent), 0 (the root), the frontier's node ids...]``."""
 
     root_value: Tensor  # [B, 1] float32 zeros: the root's path value
-    root_id: Tensor  # [B, 1] int64 zeros: the root's node id
-    frontier_first: Tensor  # [1, F]: the node id of the first candidate of each frontier node's level
-    parent_slot: Tensor  # [W]: each candidate's parent in [root, frontier...] (the root's own: 0)
+    head: Tensor  # [B, 2] int64: W and 0, the parents' table before the frontier
+    id_offsets: Tensor  # [1, 2 + F]: 0, 0, then the node id of each frontier node's level's first candidate
+    parent_slot: Tensor  # [W]: each candidate's parent in the parents' table
     fed_offsets: Tensor  # [B, F]: the offset each frontier node is fed at
     unfed: Tensor  # [1, W]: 0 at the root, -1 elsewhere
+    no_index: Tensor  # [1, W + 1]: -1
     slot: Tensor  # [B, N]: 0 .. N - 1
     num_nodes: Tensor  # [B]: N
 
@@ -63,20 +68,20 @@ class _DynamicConstants:
 def _dynamic_constants(plan: StaticTreePlan, batch: int, device: torch.device) -> _DynamicConstants:
     k, D = plan.top_k, plan.max_depth
     first = [1] + [1 + k + (d - 2) * k * k for d in range(2, D + 1)]  # node id of level d's first candidate
-    frontier_first = [first[d - 1] for d in range(1, D) for _ in range(k)]  # frontier after level d
-    parent_slot = [0] + [0] * k  # the root, then level 1 (children of the root)
+    frontier_first = [first[d - 1] for d in range(1, D) for _ in range(k)]  # the frontier after level d
+    parent_slot = [0] + [1] * k  # the root (no parent), then level 1 (children of the root)
     for d in range(2, D + 1):
-        parent_slot += [1 + (d - 2) * k + j // k for j in range(k * k)]
+        parent_slot += [2 + (d - 2) * k + j // k for j in range(k * k)]
     W = len(parent_slot)
 
-    def t(values: list[int]) -> Tensor:
-        return torch.tensor(values, dtype=torch.long, device=device)
+    def t(values: list[int], rows: int | None = None) -> Tensor:
+        values = torch.tensor(values, dtype=torch.long, device=device)
+        return values[None, :] if rows is None else values.expand(rows, -1).contiguous()
 
-    return _DynamicConstants(torch.zeros((batch, 1), dtype=torch.float32, device=device),
-                             torch.zeros((batch, 1), dtype=torch.long, device=device), t(frontier_first)[None, :],
-                             t(parent_slot), t(list(range(1, (D - 1) * k + 1))).expand(batch, -1).contiguous(),
-                             t([0] + [-1] * (W - 1))[None, :], t(list(range(plan.num_nodes))).expand(batch, -1)
-                             .contiguous(), t([plan.num_nodes] * batch))
+    return _DynamicConstants(torch.zeros((batch, 1), dtype=torch.float32, device=device), t([W, 0], batch),
+                             t([0, 0] + frontier_first), t(parent_slot)[0], t(list(range(1, (D - 1) * k + 1)), batch),
+                             t([0] + [-1] * (W - 1)), t([-1] * (W + 1)), t(list(range(plan.num_nodes)), batch),
+                             t([plan.num_nodes] * batch)[0])
 
 
 def grow_dynamic(plan: StaticTreePlan, state: Any, root_tokens: Tensor, root_logits: Tensor, expand: StaticExpand,
@@ -106,18 +111,16 @@ def grow_dynamic(plan: StaticTreePlan, state: Any, root_tokens: Tensor, root_log
         level = inputs.level(level_tokens.gather(1, chosen), torch.div(chosen, k, rounding_mode="floor"), columns,
                              depth)
         log_q = torch.log_softmax(expand(level).float(), -1)
-    key = torch.nan_to_num(torch.cat(values, 1), nan=FLOOR, posinf=FLOOR, neginf=FLOOR).clamp_min_(FLOOR)
+    values_all = torch.cat(values, 1)
+    key = torch.where(values_all > FLOOR, values_all, FLOOR)  # NaN and -inf too (+inf cannot occur)
     keep = torch.sort(torch.sort(key, dim=1, descending=True, stable=True).indices[:, :N], dim=1).values
     all_tokens = torch.cat(tokens, 1)
+    ids = torch.cat([c.head, *chosen_all], 1) + c.id_offsets if chosen_all else c.head  # the parents' table
+    parents = ids.index_select(1, c.parent_slot)
+    offsets = c.unfed.expand(B, -1)
     if chosen_all:
-        frontier = torch.cat(chosen_all, 1) + c.frontier_first  # node ids of the fed nodes
-        ids = torch.cat([c.root_id, frontier], 1)  # [root, frontier...]: parents' node ids
-        parents = ids.index_select(1, c.parent_slot)
-        offsets = c.unfed.expand(B, -1).scatter(1, frontier, c.fed_offsets)
-    else:  # one level: every node is a child of the root
-        parents = c.root_id.expand(B, c.parent_slot.shape[0])
-        offsets = c.unfed.expand(B, -1)
-    new_index = torch.zeros_like(all_tokens).scatter_(1, keep, c.slot)  # old node id -> new (kept ones)
+        offsets = offsets.scatter(1, ids[:, 2:], c.fed_offsets)
+    new_index = c.no_index.expand(B, -1).scatter(1, keep, c.slot)  # old node id -> new; W (no parent) -> -1
     new_parents = new_index.gather(1, parents.gather(1, keep))
-    new_parents[:, 0] = -1
-    return StaticTreeDraft(all_tokens.gather(1, keep), new_parents, c.num_nodes, None, offsets.gather(1, keep))
+    return StaticTreeDraft(all_tokens.gather(1, keep), new_parents, c.num_nodes, None, offsets.gather(1, keep),
+                           full=True)

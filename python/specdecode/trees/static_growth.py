@@ -99,6 +99,9 @@ class StaticTreeDraft:
             from; zeros at leaves) or None (deterministic children: no rule reads them).
         offsets: ``[B, N]`` int64 — the offset after the root at which ``expand`` fed each node
             (only nodes with children were fed; ``-1`` for the others of a dynamic tree).
+
+    ``full``: every row has all ``N`` nodes, whatever the step (known from the plan: no
+    padding slots to mask; False when unknown).
     """
 
     tokens: Tensor
@@ -106,6 +109,7 @@ class StaticTreeDraft:
     num_nodes: Tensor
     draft_logits: Tensor | None
     offsets: Tensor
+    full: bool = False
 
 
 @dataclass
@@ -323,7 +327,7 @@ def _grow_shape(plan: StaticTreePlan, state: Any, root_tokens: Tensor, root_logi
             if node_logits is not None:
                 node_logits.index_copy_(1, fed, drawing_logits)
     if valid is None:  # the layout's constants: nothing reads a tree in place
-        return StaticTreeDraft(tokens, consts.parents, consts.num_nodes, node_logits, consts.offsets)
+        return StaticTreeDraft(tokens, consts.parents, consts.num_nodes, node_logits, consts.offsets, full=True)
     tree, keep = compact_tree(tokens, consts.parents, valid)  # rows whose draws ran out of mass have fewer nodes
     draft_logits = None if node_logits is None else node_logits.gather(1, keep[:, :, None].expand(-1, -1, V))
     return StaticTreeDraft(tree.tokens, tree.parents, tree.num_nodes, draft_logits, keep)
