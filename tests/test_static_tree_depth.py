@@ -15,7 +15,12 @@ tree level.
 - the draft side of a tree step (each level's mask rows built from its parents' rows, the draft
   cache moved along the path): every tree equals the eager path's, and two broken variants
   fail that check;
-- a level of a dynamic tree costs 8 kernels besides its draft forward, and no host read.
+- the calibration on the device: its fit is the host's, its counts are the path outcomes, and
+  a calibrated builder drafts the eager path's trees on the static path, step by step, over two
+  generations of a kept builder; counting nothing, or not loading the builder's counts, fails
+  that check;
+- a level of a dynamic tree costs 8 kernels besides its draft forward (11 calibrated), and no host
+  read.
 """
 
 from __future__ import annotations
@@ -24,8 +29,9 @@ import pytest
 import torch
 from test_generate_models import PAD, _one_thread, left_padded, make_pair  # noqa: F401
 from test_generate_sampling import chi_square_p
-from test_static_feature_trees import assert_trees_of_the_eager_path
+from test_static_feature_trees import assert_trees_of_the_eager_path, recorded_trees
 from test_static_feature_trees import hf_greedy as hf_greedy_16
+from test_static_feature_trees import run as run_16
 from test_static_trees import FAIL_P, PASS_P, hf_greedy, pair, run, sample_tree  # noqa: F401
 
 import specdecode.engine.static_layouts as static_layouts
@@ -35,6 +41,8 @@ from specdecode import ModelDrafter, generate
 from specdecode.models.static_cache import ColumnCache, move_columns
 from specdecode.sampling import SamplingParams
 from specdecode.trees.builders import DynamicTree
+from specdecode.trees.calibration import AcceptanceCalibration
+from specdecode.trees.static_calibration import DeviceCalibration, calibration_key
 from specdecode.trees.static_depth import STATIC_DYNAMIC_DEPTH, DepthAcceptance, best_depth
 from specdecode.trees.static_growth import LevelInputs, plan_static_tree
 
@@ -196,21 +204,106 @@ def test_draft_side_trees_are_the_eager_ones(broken, monkeypatch):
         check()
 
 
+# ------------------------------------------------------------------------ the calibration on the device
+
+
+def test_the_device_fit_is_the_calibrations():
+    torch.manual_seed(0)
+    calibration = AcceptanceCalibration(max_depth=4)
+    offered = torch.randint(0, 30, calibration.offered.shape).double()
+    calibration.add_counts(offered, (offered * torch.rand(offered.shape)).floor())
+    device = DeviceCalibration(calibration_key(calibration), 3, 4, torch.device("cpu"))
+    device.load(calibration)
+    assert torch.equal(device.refit(), calibration.rates().float().log().flatten())
+    with pytest.raises(ValueError, match="^accepted: "):
+        calibration.add_counts(offered, offered + 1)
+    with pytest.raises(ValueError, match="^offered: "):
+        calibration.add_counts(offered[:2], offered[:2])
+
+
+def test_device_counts_are_the_path_outcomes():
+    """A step's counts by cell are those of :func:`~specdecode.trees.outcomes.path_outcomes`,
+    active rows only."""
+    from specdecode.trees.outcomes import path_outcomes
+
+    parents = torch.tensor([[-1, 0, 0, 1, 1, 3], [-1, 0, 1, 2, 0, 4], [-1, 0, 0, 0, 1, 2]])
+    nodes = torch.tensor([[0, 1, 3, 5], [0, 4, -1, -1], [0, 2, 5, -1]])
+    cells = torch.randint(0, 40, parents.shape, generator=torch.Generator().manual_seed(1))
+    active = torch.tensor([True, True, False])
+    device = DeviceCalibration(calibration_key(AcceptanceCalibration(max_depth=2)), 2, 3, torch.device("cpu"))
+    device.count(cells, parents, nodes, active)
+    offered, accepted = path_outcomes(parents, torch.full((3,), 6), nodes)
+    offered, accepted = offered & active[:, None], accepted & active[:, None]
+    size = device.offered.numel()
+    assert torch.equal(device.offered.flatten(), torch.bincount(cells[offered], minlength=size).double())
+    assert torch.equal(device.accepted.flatten(), torch.bincount(cells[accepted], minlength=size).double())
+
+
+def assert_same_trees(target, pairs, ids, mask) -> None:
+    """For each ``(static drafter, eager drafter)`` of ``pairs`` (one generation each, in
+    order): the two draft the same trees, row by row and step by step."""
+    want = hf_greedy_16(target, ids, mask)
+    for static_drafter, eager_drafter in pairs:
+        _, steps = recorded_trees(static_drafter)
+        eager, _ = recorded_trees(eager_drafter)
+        assert torch.equal(run_16(target, static_drafter, ids, mask).sequences, want)
+        assert torch.equal(run_16(target, eager_drafter, ids, mask, decode_path="eager").sequences, want)
+        for r in range(ids.shape[0]):
+            mine = [(tokens[rows.index(r)], parents[rows.index(r)]) for rows, tokens, parents in eager if r in rows]
+            assert mine and len(steps) >= len(mine)
+            for step, ((tokens, parents), (got_tokens, got_parents)) in enumerate(zip(mine, steps)):
+                assert torch.equal(got_tokens[r], tokens) and torch.equal(got_parents[r], parents), (r, step)
+        for drafter in (static_drafter, eager_drafter):
+            del drafter.propose, drafter.static_propose_tree
+
+
+@pytest.mark.parametrize("broken", [None, "not_counted", "not_loaded"])
+def test_calibrated_static_trees_are_the_eager_ones(broken, monkeypatch):
+    """The calibrated builder on both paths drafts the same trees: counts updated after every
+    step, carried to the next generation by a kept builder, and a fresh builder starting from
+    nothing on a layout kept from another builder's generations. A device calibration that
+    counts nothing, or that does not load the builder's counts, fails the check."""
+    target, draft = make_pair("llama", init=0.1)
+    ids, mask = left_padded([6, 3, 8], seed=2)
+    if broken == "not_counted":
+        monkeypatch.setattr(DeviceCalibration, "count", lambda *args: None)
+    elif broken == "not_loaded":
+        monkeypatch.setattr(DeviceCalibration, "load", lambda *args: None)
+
+    def check() -> None:
+        for top_k in (3, 2):
+            def drafters() -> tuple:
+                return tuple(ModelDrafter(draft, tree=DynamicTree(8, 4, top_k=top_k)) for _ in range(2))
+
+            kept = drafters()
+            assert_same_trees(target, [kept, kept, drafters()], ids, mask)
+
+    if broken is None:
+        check()
+        return
+    with pytest.raises(AssertionError):
+        check()
+
+
 # ------------------------------------------------------------------------ kernels
 
 
-def test_a_dynamic_level_costs_eight_kernels_and_no_host_read():
+@pytest.mark.parametrize("calibrated, per_level", [(False, 8), (True, 11)])
+def test_a_dynamic_level_costs_a_few_kernels_and_no_host_read(calibrated, per_level):
+    """Besides its draft forward, a level costs 8 kernels (11 calibrated: a bucket, a cell and a
+    table look-up per candidate)."""
     from specdecode.bench.kernels import count_step
 
     target, draft = make_pair("llama")
     ids = left_padded([6], seed=3)[0]
 
     def step(depth: int):
-        return count_step(lambda: generate(target, ModelDrafter(draft, tree=DynamicTree(16, depth)), ids,
-                                           max_new_tokens=12, eos_token_id=[], pad_token_id=PAD,
-                                           decode_path="static"), target, [target, draft])
+        builder = DynamicTree(16, depth, calibrated=calibrated)
+        return count_step(lambda: generate(target, ModelDrafter(draft, tree=builder), ids, max_new_tokens=12,
+                                           eos_token_id=[], pad_token_id=PAD, decode_path="static"),
+                          target, [target, draft])
 
     shallow, deep = step(3), step(7)
     assert shallow.host_reads == deep.host_reads == 0
     assert (deep.total("forward") - shallow.total("forward")) / 4 == shallow.kernels["draft"]["forward"] / 3
-    assert (deep.total("bookkeeping") - shallow.total("bookkeeping")) / 4 <= 8
+    assert (deep.total("bookkeeping") - shallow.total("bookkeeping")) / 4 == per_level

@@ -16,8 +16,9 @@ to a chain (expansion and re-ranking, masks, the accepted path's moves).
 
 Counts are per step: one generation is run to build the layout, then a second one counted, and
 its totals divided by the steps it ran (every step of a static generation runs the same
-operations). A CPU time per step (median over ``--repeats`` generations, phase clocks of the
-static path) is given as a ratio to the chain's, measured in the same run.
+operations). A time per step on the CPU (the static path's phase clocks; median over
+``--repeats`` generations of each configuration, run in interleaved rounds per drafter) is given as a ratio
+to the chain's, measured in the same run: on the CPU it is mostly the forwards' arithmetic.
 """
 
 from __future__ import annotations
@@ -142,15 +143,11 @@ def count_step(run: Callable[[], Any], target: torch.nn.Module, models: list[tor
     return StepCounts(kernels, reads, {k: n / steps for k, n in counter.names.items()})
 
 
-def seconds_per_step(run: Callable[[], Any], repeats: int) -> float:
-    """Median over ``repeats`` generations of the static path's phase seconds per step."""
-    times = []
-    for _ in range(repeats):
-        out = run()
-        s = out.stats
-        times.append((s.draft_time - s.draft_prefill_time + s.target_time + s.verify_time + s.bookkeeping_time)
-                     / max(s.decode_steps_run, 1))
-    return statistics.median(times)
+def step_seconds(out: Any) -> float:
+    """The static path's phase seconds per decoding step of one generation's output."""
+    s = out.stats
+    return (s.draft_time - s.draft_prefill_time + s.target_time + s.verify_time + s.bookkeeping_time) / max(
+        s.decode_steps_run, 1)
 
 
 def _eagle(target: torch.nn.Module) -> Any:
@@ -163,8 +160,9 @@ def _eagle(target: torch.nn.Module) -> Any:
 
 
 def configurations(draft: torch.nn.Module, eagle: Any, nodes: int, gamma: int) -> list[tuple[str, Any, dict]]:
-    """``(label, drafter, generate kwargs)``: chain, fixed tree and dynamic tree, for the draft
-    model and the EAGLE drafter."""
+    """``(label, drafter, generate kwargs)``: chains of ``gamma`` and ``nodes - 1`` drafts, the
+    fixed tree ``tree="static"`` and EAGLE-2 dynamic trees (calibrated, the default, at depths 6
+    and ``nodes - 1``; raw values at ``nodes - 1``), for the draft model and the EAGLE drafter."""
     from specdecode import ModelDrafter
     from specdecode.trees.builders import DynamicTree
 
@@ -175,6 +173,8 @@ def configurations(draft: torch.nn.Module, eagle: Any, nodes: int, gamma: int) -
         rows.append((f"{name} static {nodes}", base.with_tree("static", num_nodes=nodes), {}))
         rows.append((f"{name} dynamic {nodes} d=6", base.with_tree(DynamicTree(nodes, 6)), {}))
         rows.append((f"{name} dynamic {nodes} d={nodes - 1}", base.with_tree(DynamicTree(nodes, nodes - 1)), {}))
+        rows.append((f"{name} dynamic raw {nodes} d={nodes - 1}",
+                     base.with_tree(DynamicTree(nodes, nodes - 1, calibrated=False)), {}))
     return rows
 
 
@@ -187,7 +187,7 @@ def run(args: Any) -> list[dict[str, Any]]:
     ids = tokenizer(demo_prompts(1)[0], return_tensors="pt").input_ids[:, -64:]
     eagle = _eagle(target)
     rows: list[dict[str, Any]] = []
-    base: dict[str, tuple[float, float]] = {}
+    runs: list[Callable[[], Any]] = []
     for label, drafter, kwargs in configurations(draft, eagle, args.nodes, args.gamma):
         def generate(drafter: Any = drafter, kwargs: dict = kwargs) -> Any:
             return specdecode.generate(target, drafter, ids, max_new_tokens=args.max_new_tokens, eos_token_id=[],
@@ -195,25 +195,36 @@ def run(args: Any) -> list[dict[str, Any]]:
 
         networks = [target] + [m for m in (getattr(drafter, "model", None),) if isinstance(m, torch.nn.Module)]
         counts = count_step(generate, target, networks)
-        seconds = seconds_per_step(generate, args.repeats)
         draft_fwd = counts.kernels.get("draft", {}).get("forward", 0.0)
-        own = counts.total() - draft_fwd
-        family, method, size = label.split()[:3]
-        if method == "chain" and family not in base:  # the baseline: the first chain of the family
-            base[family] = (own, seconds)
-        if method == "chain":
-            base[(family, "deep")] = (own, seconds)  # the last chain: as deep as the deepest tree
-        chain_own, chain_seconds = base[family]
         rows.append({
             "step": label, "draft fwd": draft_fwd, "draft bk": counts.kernels.get("draft", {}).get("bookkeeping", 0.0),
             "target fwd": counts.kernels.get("target", {}).get("forward", 0.0),
             "target bk": counts.kernels.get("target", {}).get("bookkeeping", 0.0),
             "verify": counts.total(phases=("verify",)), "commit": counts.total(phases=("bookkeeping",)),
-            "total": counts.total(), "total - draft fwd": own, "x chain (ops)": own / chain_own,
-            "x deep chain (ops)": own / base[(family, "deep")][0],
-            "x chain (CPU s/step)": seconds / chain_seconds, "host reads": counts.host_reads,
-            "by_name": counts.by_name,
+            "total": counts.total(), "total - draft fwd": counts.total() - draft_fwd,
+            "host reads": counts.host_reads, "by_name": counts.by_name,
         })
+        runs.append(generate)
+    seconds: list[list[float]] = [[] for _ in runs]
+    families = {row["step"].split()[0]: [] for row in rows}
+    for i, row in enumerate(rows):
+        families[row["step"].split()[0]].append(i)
+    for members in families.values():  # interleaved rounds per family (its layouts all stay kept)
+        for _ in range(args.repeats):
+            for i in members:
+                seconds[i].append(step_seconds(runs[i]()))
+    base: dict[Any, dict[str, Any]] = {}
+    for row, times in zip(rows, seconds):
+        row["seconds"] = statistics.median(times)
+        family, method = row["step"].split()[:2]
+        if method == "chain":  # the first chain of a family is the baseline, the last one as deep as the trees
+            base.setdefault(family, row)
+            base[(family, "deep")] = row
+    for row in rows:
+        family = row["step"].split()[0]
+        row["x chain (ops)"] = row["total - draft fwd"] / base[family]["total - draft fwd"]
+        row["x deep chain (ops)"] = row["total - draft fwd"] / base[(family, "deep")]["total - draft fwd"]
+        row["x chain (CPU s/step)"] = row["seconds"] / base[family]["seconds"]
     return rows
 
 
@@ -248,8 +259,9 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
     print(format_table(rows, columns, title=f"Kernels per static-path step (aten operations counted on the CPU); "
                                               f"demo pair, {args.max_new_tokens} new tokens, batch 1, greedy"))
     print(f"own: every kernel but the draft forwards'; own / chain, own / deep: against the chain of {args.gamma} "
-          f"and of {args.nodes - 1} drafts of the same drafter; s / chain: CPU seconds per step against the chain "
-          f"of {args.gamma}, median of {args.repeats} generations")
+          f"and of {args.nodes - 1} drafts of the same drafter; s / chain: seconds per step (the static "
+          f"path's phase clocks) against the chain of {args.gamma}, medians of {args.repeats} generations, "
+          "interleaved")
     if args.names:
         for row in rows:
             print(f"\n{row['step']}:")

@@ -46,6 +46,7 @@ from specdecode.drafters.model import _TreeSlots
 from specdecode.models import cache_kwargs, check_feature_layers, input_device, kv_cache, vocab_rows
 from specdecode.sampling import SamplingParams, sample_logits
 from specdecode.trees.builders import TreeBuilder
+from specdecode.trees.static_calibration import prepare_static_tree
 from specdecode.trees.static_growth import (StaticLevel, StaticTreeDraft, StaticTreePlan, grow_static_tree,
                                             plan_static_tree)
 
@@ -394,6 +395,7 @@ class EagleDrafter(TreeBuilderDrafter, DrafterBase):
         from specdecode.models.static_cache import ColumnCache, prefill_inputs
 
         self._static_cache = state.buffer("eagle_cache", lambda: ColumnCache(state.capacity))
+        prepare_static_tree(state, self.tree)
         width = state.prompt_columns - num_tokens
         if width > 0:
             with prefill_inputs(self._static_cache, state.start, width, self.model.fc.weight.dtype) as inputs:

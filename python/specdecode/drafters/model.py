@@ -14,6 +14,7 @@ from specdecode.drafters.static_trees import StaticTreeDraftState
 from specdecode.models import facts, kv_cache
 from specdecode.sampling import SamplingParams, sample_logits
 from specdecode.trees.builders import TreeBuilder
+from specdecode.trees.static_calibration import prepare_static_tree
 from specdecode.trees.static_growth import (StaticLevel, StaticTreeDraft, StaticTreePlan, grow_static_tree,
                                             plan_static_tree)
 
@@ -202,6 +203,7 @@ class ModelDrafter(TreeBuilderDrafter, DrafterBase):
         from specdecode.models.static_cache import ColumnCache, prefill_inputs
 
         self._static_cache = state.buffer("draft_cache", lambda: ColumnCache(state.capacity))
+        prepare_static_tree(state, self.tree)
         width = state.prompt_columns - 1  # the first step feeds the last prompt column with the pending token
         if width > 0:
             dtype = self.model.dtype if hasattr(self.model, "dtype") else torch.float32

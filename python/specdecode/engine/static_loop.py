@@ -394,7 +394,7 @@ class StaticEngine:
                   decode_path=self.decode_path, settings=self.settings)
         listed = gamma
         if self.tree is not None:  # as the eager path, depths that no tree reached are not listed
-            record_tree_acceptance(self.drafter, self.tree, c)  # a dynamic tree's next depth follows these
+            record_tree_acceptance(self.drafter, self.tree, session.state, c)  # what a dynamic tree learns
             stats.tree_rule = self.tree.rule
             listed = sum(1 for n in c[FIXED_COUNTERS: FIXED_COUNTERS + gamma] if n > 0)
             c = c[:FIXED_COUNTERS] + [c[FIXED_COUNTERS + i * gamma + d] for i in range(3) for d in range(listed)]

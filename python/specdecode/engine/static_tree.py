@@ -47,6 +47,7 @@ from specdecode.engine.static_features import move_columns as move_feature_colum
 from specdecode.engine.static_features import target_forward
 from specdecode.engine.step_phases import scored_logits, tree_rule_for
 from specdecode.trees.rules import get_tree_rule, tree_rule_params
+from specdecode.trees.static_calibration import device_calibration
 from specdecode.trees.static_growth import StaticTreePlan, needs_processed_probs
 
 
@@ -175,6 +176,11 @@ def tree_phases(session: Any, scratch: dict[str, Any], setup: TreeSetup, target:
         state.tokens.scatter_(1, target_columns, tokens[:, :D].clamp_min(0))
         active = ~session.finished
         scratch["tokens"], scratch["accepted"] = tokens, accepted
+        if tree.cells is not None:  # a calibrated dynamic tree learns from every step that drafts
+            calibration = device_calibration(state, plan)
+            if calibration is not None:  # (the eager loop drafts nothing once no row has two tokens left)
+                drafting = (active & (session.generated <= settings.max_new_tokens - 2)).any()
+                calibration.count(tree.cells, tree.parents, nodes, active & drafting)
         stop = nodes.gather(1, accepted[:, None])  # the accepted path's last node (the root has parent -1)
         has_children = tree.parents == stop
         depths = scratch["depths"]
@@ -190,19 +196,24 @@ def tree_phases(session: Any, scratch: dict[str, Any], setup: TreeSetup, target:
     return draft, score, verify
 
 
-def record_tree_acceptance(drafter: Any, setup: TreeSetup, counters: list[int]) -> None:
-    """After a generation: hand the acceptance by depth it counted (``counters``, the
-    :func:`~specdecode.engine.accounting.step_counters` layout summed over its steps, read on
-    the host) to the drafter's tree builder when it drafted a dynamic plan and keeps a record
-    (``static_depths``: a :class:`~specdecode.trees.static_depth.DepthAcceptance`), from which
-    its next plans choose their depth."""
-    record = getattr(getattr(drafter, "tree", None), "static_depths", None)
+def record_tree_acceptance(drafter: Any, setup: TreeSetup, state: Any, counters: list[int]) -> None:
+    """After a generation (outside the steps): hand what it measured to the drafter's tree
+    builder when it drafted a dynamic plan: the acceptance by depth (``counters``, the
+    :func:`~specdecode.engine.accounting.step_counters` layout summed over the steps, read on
+    the host) to its ``static_depths`` (:class:`~specdecode.trees.static_depth.DepthAcceptance`:
+    its next plans' depth), and for a calibrated one the calibration counts the steps added on
+    the device to its ``calibration`` (one more read: :mod:`specdecode.trees.static_calibration`)."""
+    builder = getattr(drafter, "tree", None)
+    record = getattr(builder, "static_depths", None)
     if setup.plan.kind != "dynamic" or record is None:
         return
     D = setup.plan.max_depth
     accepted = counters[FIXED_COUNTERS + D: FIXED_COUNTERS + 2 * D]
     reached = counters[FIXED_COUNTERS + 2 * D: FIXED_COUNTERS + 3 * D]
     record.add(D, reached, accepted)
+    calibration = device_calibration(state, setup.plan)
+    if calibration is not None:
+        calibration.save(builder.calibration, state.syncs)
 
 
 def tree_span(setup: TreeSetup | None, gamma: int) -> int:

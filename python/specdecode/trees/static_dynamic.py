@@ -42,6 +42,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from specdecode.trees.static_calibration import device_calibration
 from specdecode.trees.static_growth import LevelInputs, StaticExpand, StaticTreeDraft, StaticTreePlan
 
 #: Path values below this (and non-finite ones) count as this: see the module docstring.
@@ -93,12 +94,19 @@ def grow_dynamic(plan: StaticTreePlan, state: Any, root_tokens: Tensor, root_log
     """
     B, k, D, N = root_tokens.shape[0], plan.top_k, plan.max_depth, plan.num_nodes
     c = state.buffer(f"static_tree_dynamic:{plan.key}", lambda: _dynamic_constants(plan, B, root_tokens.device))
+    calibration = device_calibration(state, plan)
+    table = None if calibration is None else calibration.refit()  # the log rates of this step
     log_q = torch.log_softmax(root_logits.float(), -1)[:, None]  # [B, frontier, V]
     base = c.root_value  # [B, frontier]: the frontier's path values
-    values, tokens, chosen_all = [base], [root_tokens[:, None]], []
+    values, tokens, chosen_all, cells = [base], [root_tokens[:, None]], [], [c.head[:, 1:]]  # the root: cell 0
     for depth in range(1, D + 1):
         top = log_q.topk(k, dim=-1)  # [B, f, k]
-        level_values = (base[:, :, None] + top.values).flatten(1)
+        if calibration is not None and table is not None:
+            factors, level_cells = calibration.log_factors(table, top.values, depth)
+            level_values = (base[:, :, None] + factors.view_as(top.values)).flatten(1)
+            cells.append(level_cells)
+        else:
+            level_values = (base[:, :, None] + top.values).flatten(1)
         level_tokens = top.indices.flatten(1)
         values.append(level_values)
         tokens.append(level_tokens)
@@ -122,5 +130,6 @@ def grow_dynamic(plan: StaticTreePlan, state: Any, root_tokens: Tensor, root_log
         offsets = offsets.scatter(1, ids[:, 2:], c.fed_offsets)
     new_index = c.no_index.expand(B, -1).scatter(1, keep, c.slot)  # old node id -> new; W (no parent) -> -1
     new_parents = new_index.gather(1, parents.gather(1, keep))
+    kept_cells = torch.cat(cells, 1).gather(1, keep) if calibration is not None else None
     return StaticTreeDraft(all_tokens.gather(1, keep), new_parents, c.num_nodes, None, offsets.gather(1, keep),
-                           full=True)
+                           full=True, cells=kept_cells)

@@ -21,14 +21,15 @@ are produced. It comes from the drafter's :class:`~specdecode.trees.builders.Tre
   or at any temperature with ``sampled_children=None``: ``max_depth`` levels, each expanding the
   ``top_k`` frontier nodes of highest path value (the product of the draft's probabilities
   along the path) by their ``top_k`` most likely children; then the ``num_nodes`` best nodes
-  overall form the tree (:mod:`specdecode.trees.static_dynamic`). A builder given no
+  overall form the tree (:mod:`specdecode.trees.static_dynamic`). A calibrated builder values
+  nodes by the acceptance measured while generating, counted and re-fitted on the device
+  (:mod:`specdecode.trees.static_calibration`), as on the eager path. A builder given no
   ``max_depth`` grows as deep as the acceptance it measured in its earlier generations makes
   worth its draft forwards (:mod:`specdecode.trees.static_depth`; before any measurement
   :data:`~specdecode.trees.static_depth.STATIC_DYNAMIC_DEPTH` levels). Every level is expanded
-  (the eager builder may stop early when no deeper node can enter: the same tree) and nodes are
-  ranked by the draft's own probabilities (the eager builder's measured calibration needs the
-  host). When sampling with sampled children, a dynamic tree drafts the Sequoia shape of the
-  fixed sampled profile (``SAMPLED_PROFILE``) with those children, as the eager builder does.
+  (the eager builder may stop early when no deeper node can enter: the same tree). When
+  sampling with sampled children, a dynamic tree drafts the Sequoia shape of the fixed sampled
+  profile (``SAMPLED_PROFILE``) with those children, as the eager builder does.
 
 The drafter provides ``expand``: one draft forward over the new nodes of one level, given as a
 :class:`StaticLevel` (their tokens, cache columns, positions and attention mask, built here:
@@ -63,8 +64,10 @@ class StaticTreePlan:
     """What every tree of a static-path generation looks like (see the module docstring).
 
     ``kind`` is ``"shape"`` (``shape`` drawn with ``children``) or ``"dynamic"`` (EAGLE-2 with
-    ``top_k``, deterministic children); ``num_nodes`` counts the root; ``span`` is how many
-    columns after the root the draft forwards write (offsets ``1 .. span``).
+    ``top_k``, deterministic children; ``calibration``: the configuration of the calibration its
+    nodes are valued by, :mod:`specdecode.trees.static_calibration`, or None for the draft's
+    own probabilities); ``num_nodes`` counts the root; ``span`` is how many columns after the
+    root the draft forwards write (offsets ``1 .. span``).
     """
 
     kind: str
@@ -73,12 +76,13 @@ class StaticTreePlan:
     children: str
     shape: TreeShape | None = None
     top_k: int = 0
+    calibration: tuple | None = None
 
     @property
     def key(self) -> tuple:
         """Hashable and equal for equal plans (the layout key of the static path)."""
         return (self.kind, self.num_nodes, self.max_depth, self.children,
-                None if self.shape is None else self.shape.parents, self.top_k)
+                None if self.shape is None else self.shape.parents, self.top_k, self.calibration)
 
     @property
     def span(self) -> int:
@@ -99,6 +103,8 @@ class StaticTreeDraft:
             from; zeros at leaves) or None (deterministic children: no rule reads them).
         offsets: ``[B, N]`` int64 — the offset after the root at which ``expand`` fed each node
             (only nodes with children were fed; ``-1`` for the others of a dynamic tree).
+        cells: ``[B, N]`` int64 or None — for a calibrated dynamic tree, each node's calibration
+            cell (depth, rank, confidence bucket), counted after verification.
 
     ``full``: every row has all ``N`` nodes, whatever the step (known from the plan: no
     padding slots to mask; False when unknown).
@@ -110,6 +116,7 @@ class StaticTreeDraft:
     draft_logits: Tensor | None
     offsets: Tensor
     full: bool = False
+    cells: Tensor | None = None
 
 
 @dataclass
@@ -145,6 +152,7 @@ def plan_static_tree(builder: Any, sampling: SamplingParams, vocab_size: int) ->
     builders the static path cannot run. The builder is not modified. A dynamic tree given no
     depth takes the one its measured acceptance chooses (:mod:`specdecode.trees.static_depth`)."""
     from specdecode.trees.builders import DynamicTree, SequoiaTree
+    from specdecode.trees.static_calibration import calibration_key
 
     greedy = sampling.is_greedy
     if type(builder) is DynamicTree:  # subclasses may build otherwise: refused below
@@ -154,7 +162,9 @@ def plan_static_tree(builder: Any, sampling: SamplingParams, vocab_size: int) ->
             if not getattr(builder, "depth_given", True):  # the eager default relies on stopping early
                 depth = builder.static_depths.choose(depth)
             total = 1 + k + (depth - 1) * k * k
-            return StaticTreePlan("dynamic", min(builder.num_nodes, total), depth, "deterministic", top_k=k)
+            calibration = calibration_key(builder.calibration) if builder.calibrated else None
+            return StaticTreePlan("dynamic", min(builder.num_nodes, total), depth, "deterministic", top_k=k,
+                                  calibration=calibration)
         sampled = builder.sampled
         shape = _sampled_profile_shape(sampled.num_nodes, sampled.max_depth)
         return _shape_plan(shape, sampled.children)
