@@ -2,7 +2,7 @@
 that step replays, counted on the CPU.
 
     python benchmarks/bench_tree_kernels.py            # demo pair and a small EAGLE drafter
-    python benchmarks/bench_tree_kernels.py --quick    # fewer timed runs
+    python benchmarks/bench_tree_kernels.py --quick    # fewer timed runs, a short acceptance table
 
 Every aten operation that runs while a phase of the step runs (draft, target, verify,
 bookkeeping: :class:`~specdecode.engine.graphs.StepProgram`'s phases) is counted by a
@@ -19,6 +19,11 @@ its totals divided by the steps it ran (every step of a static generation runs t
 operations). A time per step on the CPU (the static path's phase clocks; median over
 ``--repeats`` generations of each configuration, run in interleaved rounds per drafter) is given as a ratio
 to the chain's, measured in the same run: on the CPU it is mostly the forwards' arithmetic.
+
+A second table (:func:`acceptance`) gives what the kernels buy: tokens per step of dynamic
+trees on the static path, raw values against calibrated ones (:mod:`specdecode.trees.static_calibration`),
+at a fixed depth and at the depth a kept builder chose (:mod:`specdecode.trees.static_depth`),
+with the eager calibrated builder and the chain for reference.
 """
 
 from __future__ import annotations
@@ -228,6 +233,51 @@ def run(args: Any) -> list[dict[str, Any]]:
     return rows
 
 
+def acceptance(args: Any) -> list[dict[str, Any]]:
+    """Tokens per step (target call) of dynamic trees of ``args.nodes`` nodes on the static path,
+    raw and calibrated, against the eager calibrated builder and the chain: the demo pair,
+    ``args.acceptance_prompts`` held-out prompts one at a time, ``args.acceptance_tokens`` new
+    tokens, greedy, EOS off. ``depth``: the deepest tree drafted (the plan's depth for the
+    static path)."""
+    import specdecode
+    from specdecode.demo import demo_prompts, load_demo_pair
+    from specdecode.trees.builders import DynamicTree
+
+    target, draft, tokenizer = load_demo_pair()
+    N = args.nodes
+    kept: dict[int, Any] = {}
+
+    def kept_drafter(i: int) -> Any:  # one builder per prompt, kept for its second generation
+        return kept.setdefault(i, specdecode.ModelDrafter(draft, tree=DynamicTree(N)))
+
+    methods: list[tuple[str, Callable[[int], Any], dict]] = [
+        (f"chain {args.gamma}, static", lambda i: draft, dict(num_draft_tokens=args.gamma, decode_path="static")),
+        (f"dynamic raw d={N - 1}, static",
+         lambda i: specdecode.ModelDrafter(draft, tree=DynamicTree(N, N - 1, calibrated=False)),
+         dict(decode_path="static")),
+        ("dynamic d=6, static", lambda i: specdecode.ModelDrafter(draft, tree=DynamicTree(N, 6)),
+         dict(decode_path="static")),
+        (f"dynamic d={N - 1}, static", lambda i: specdecode.ModelDrafter(draft, tree=DynamicTree(N, N - 1)),
+         dict(decode_path="static")),
+        ("dynamic kept, 1st generation, static", kept_drafter, dict(decode_path="static")),
+        ("dynamic kept, 2nd generation, static", kept_drafter, dict(decode_path="static")),
+        ("dynamic, eager", lambda i: draft, dict(tree="dynamic", num_nodes=N)),
+    ]
+    prompts = [tokenizer(t, return_tensors="pt").input_ids[:, -96:]
+               for t in demo_prompts()[: args.acceptance_prompts]]
+    rows = []
+    for label, drafter_for, kwargs in methods:
+        per_step, depths = [], []
+        for i, ids in enumerate(prompts):
+            out = specdecode.generate(target, drafter_for(i), ids, max_new_tokens=args.acceptance_tokens,
+                                      eos_token_id=[], **kwargs)
+            per_step.append(out.stats.block_efficiency)
+            depths.append(len(out.stats.position_drafted))
+        rows.append({"method": label, "tokens per step": statistics.mean(per_step),
+                     "by prompt": " ".join(f"{v:.2f}" for v in per_step), "depth": max(depths)})
+    return rows
+
+
 def _count(value: float) -> str:
     return f"{value:.0f}" if value == int(value) else f"{value:.1f}"
 
@@ -242,9 +292,17 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
     parser.add_argument("--max-new-tokens", type=int_at_least("max_new_tokens", 2), default=48)
     parser.add_argument("--threads", type=int_at_least("threads", 1), default=1)
     parser.add_argument("--names", action="store_true", help="also list the bookkeeping kernels of each step by name")
+    parser.add_argument("--acceptance-prompts", type=int_at_least("acceptance_prompts", 0), default=None,
+                        help="prompts of the tokens-per-step table (0: no table; default 2, --quick 1)")
+    parser.add_argument("--acceptance-tokens", type=int_at_least("acceptance_tokens", 2), default=None,
+                        help="new tokens per prompt of that table (default 512, --quick 96)")
     args = parser.parse_args(argv)
     if args.repeats is None:
         args.repeats = 3 if args.quick else 7
+    if args.acceptance_prompts is None:
+        args.acceptance_prompts = 1 if args.quick else 2
+    if args.acceptance_tokens is None:
+        args.acceptance_tokens = 96 if args.quick else 512
     start = time.perf_counter()
     rows = run(args)
     def ratio(value: float) -> str:
@@ -262,6 +320,13 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
           f"and of {args.nodes - 1} drafts of the same drafter; s / chain: seconds per step (the static "
           f"path's phase clocks) against the chain of {args.gamma}, medians of {args.repeats} generations, "
           "interleaved")
+    if args.acceptance_prompts:
+        table = acceptance(args)
+        print()
+        print(format_table(table, ["method", Column("tokens per step", "tokens /\nstep", ratio),
+                                   Column("by prompt", wrap=True), Column("depth", fmt=_count)],
+                           title=f"Tokens per step, {args.nodes}-node trees: demo pair, {args.acceptance_prompts} "
+                                 f"held-out prompts, {args.acceptance_tokens} new tokens, greedy"))
     if args.names:
         for row in rows:
             print(f"\n{row['step']}:")
