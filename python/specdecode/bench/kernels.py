@@ -305,11 +305,13 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
         args.acceptance_tokens = 96 if args.quick else 512
     start = time.perf_counter()
     rows = run(args)
+
     def ratio(value: float) -> str:
         return f"{value:.2f}"
 
-    columns = [Column("step", wrap=True), Column("draft fwd", "draft\nfwd", _count), Column("draft bk", "draft\nbk", _count),
-               Column("target fwd", "target\nfwd", _count), Column("target bk", "target\nbk", _count),
+    columns = [Column("step", wrap=True), Column("draft fwd", "draft\nfwd", _count),
+               Column("draft bk", "draft\nbk", _count), Column("target fwd", "target\nfwd", _count),
+               Column("target bk", "target\nbk", _count),
                Column("verify", fmt=_count), Column("commit", fmt=_count), Column("total", fmt=_count),
                Column("total - draft fwd", "own", _count), Column("x chain (ops)", "own /\nchain", ratio),
                Column("x deep chain (ops)", "own /\ndeep", ratio), Column("x chain (CPU s/step)", "s /\nchain", ratio),
