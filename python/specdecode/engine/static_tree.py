@@ -18,9 +18,11 @@ cache's (:mod:`specdecode.models.static_cache`): row ``b``'s committed tokens ar
   generation's Philox counter (the offset advanced on the device), trimmed to ``D + 1``
   columns. Then the accepted path moves into place: for ``j = 1 .. accepted_len[b]`` the
   target's keys/values at column ``lengths[b] + accepted_nodes[b, j]`` are copied to column
-  ``lengths[b] + j`` (:func:`~specdecode.models.static_cache.move_columns`), so are the
-  target's features (``state.features``, for a feature drafter), the drafter moves its own
-  columns (``static_accept_path``), and the path's tokens are written at those columns.
+  ``lengths[b] + j`` (:func:`~specdecode.models.static_cache.move_columns`: one gather and one
+  scatter over every layer, stacked), so are the target's features (``state.features``, for a
+  feature drafter), the drafter moves its own columns (``static_accept_path``), and the path's
+  tokens are written at those columns. A calibrated dynamic tree's nodes are counted into its
+  device calibration (:mod:`specdecode.trees.static_calibration`).
   The chain step's *commit* phase then does the rest unchanged (output, EOS, lengths moved
   past the path, the bonus token as the next pending token, counters).
 
