@@ -7,7 +7,10 @@ runs); tests/test_static_trees.py runs the same phases eagerly on the CPU.
 - graphs recorded once per layout and replayed; no host synchronisation inside the replayed
   loop (CUDA's sync debug mode raises on one);
 - the exact whole-loop sampling test on the GPU for the children schemes that run in a graph
-  (i.i.d., without replacement at temperature only, top-k).
+  (i.i.d., without replacement at temperature only, top-k);
+- a dynamic tree whose depth follows its measured acceptance: a kept builder's second
+  generation records a deeper tree (a new layout), its third replays it without host
+  synchronisation, greedy output the target's throughout; the caches' layers are stacked.
 """
 
 from __future__ import annotations
@@ -18,8 +21,9 @@ from test_generate_models import PAD, _one_thread, left_padded, make_pair  # noq
 from test_cuda_static import gpu_pair, strict_decode  # noqa: F401 (a fixture)
 from test_generate_sampling import K, PROMPT, chi_square_p
 
+import specdecode.engine.static_layouts as static_layouts
 import specdecode.engine.static_loop as static_loop
-from specdecode import generate
+from specdecode import ModelDrafter, generate
 from specdecode.trees.builders import DynamicTree
 
 pytestmark = pytest.mark.cuda
@@ -82,3 +86,27 @@ def test_graphed_tree_sampling_is_lossless(cuda, gpu_pair, children, rule):
                    generator=torch.Generator("cuda").manual_seed(0), decode_path="graphed")
     assert out.stats.graph_captures == 1 and out.stats.tree_rule == rule
     assert chi_square_p(out.sequences[:, len(PROMPT):].cpu(), joint) > 1e-4
+
+
+def test_graphed_dynamic_depth_follows_acceptance(cuda, monkeypatch):
+    target, _ = make_pair("llama")
+    target.config.eos_token_id = target.generation_config.eos_token_id = None
+    with torch.no_grad():  # a confident model: its own tree is a chain, accepted whole
+        target.get_output_embeddings().weight.mul_(100)
+    target = target.to(cuda)
+    ids, mask = _on(cuda, *left_padded([5, 9, 2], seed=1))
+    ref = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=MAX_NEW, pad_token_id=PAD)
+    builder = DynamicTree(10)
+    drafter = ModelDrafter(target, tree=builder)
+    kwargs = dict(max_new_tokens=MAX_NEW, pad_token_id=PAD, decode_path="graphed", stop_check_every=MAX_NEW)
+    depths, captures = [], []
+    for i in range(3):
+        if i == 2:
+            strict_decode(monkeypatch)
+        out = generate(target, drafter, ids, mask, **kwargs)
+        assert torch.equal(out.sequences, ref), i
+        depths.append(builder.static_depths.depth)
+        captures.append(out.stats.graph_captures)
+    assert depths == [6, 9, 9] and captures == [1, 1, 0] and out.stats.step_host_syncs == 0
+    session = static_layouts.kept_layouts(target)[-1]
+    assert session.cache.stacked is not None and session.cache.stacked.is_cuda

@@ -46,7 +46,9 @@ from specdecode.drafters.model import _TreeSlots
 from specdecode.models import cache_kwargs, check_feature_layers, input_device, kv_cache, vocab_rows
 from specdecode.sampling import SamplingParams, sample_logits
 from specdecode.trees.builders import TreeBuilder
-from specdecode.trees.static_growth import StaticTreeDraft, StaticTreePlan, grow_static_tree, plan_static_tree
+from specdecode.trees.static_calibration import prepare_static_tree
+from specdecode.trees.static_growth import (StaticLevel, StaticTreeDraft, StaticTreePlan, grow_static_tree,
+                                            plan_static_tree)
 
 __all__ = ["EagleDrafter", "EagleModel", "decoder_config"]
 
@@ -393,6 +395,7 @@ class EagleDrafter(TreeBuilderDrafter, DrafterBase):
         from specdecode.models.static_cache import ColumnCache, prefill_inputs
 
         self._static_cache = state.buffer("eagle_cache", lambda: ColumnCache(state.capacity))
+        prepare_static_tree(state, self.tree)
         width = state.prompt_columns - num_tokens
         if width > 0:
             with prefill_inputs(self._static_cache, state.start, width, self.model.fc.weight.dtype) as inputs:
@@ -458,30 +461,20 @@ class EagleDrafter(TreeBuilderDrafter, DrafterBase):
         Shape: returns a :class:`~specdecode.trees.static_growth.StaticTreeDraft` of
         ``plan.num_nodes`` nodes.
         """
-        from specdecode.models.static_cache import tree_inputs
-
         root_hidden = self._static_root(state, plan.max_depth)
         B, H = root_hidden.shape
-        slots = plan.span + 1
-        predicted = root_hidden.new_zeros((B, slots, H))  # this step's predicted features, by offset
-        predicted[:, 0] = root_hidden
-        dtype = self.model.fc.weight.dtype
-        root_position = state.lengths - state.start
+        fed = [root_hidden[:, None]]  # the predicted features of the nodes of the last forward
 
-        def expand(offsets: Tensor, tokens: Tensor, ancestors: Tensor, depth: int) -> Tensor:
-            n = tokens.shape[1]
-            visible = torch.zeros((B, n, slots), dtype=torch.bool, device=state.device)
-            visible.scatter_(2, ancestors.clamp_min(0), True)  # -1 padding marks the root, visible anyway
-            mask, _ = tree_inputs(state.lengths, state.start, visible, state.capacity, dtype)
-            parents = ancestors[:, :, depth - 1, None].expand(B, n, H)  # the parent's offset (the root's: 0)
-            self._static_cache.columns = state.lengths[:, None] + offsets
-            positions = (root_position + depth)[:, None].expand(B, n)
-            hidden = self.model(predicted.gather(1, parents), self._embed(tokens), mask, positions, self._static_cache)
-            predicted.scatter_(1, offsets[:, :, None].expand(B, n, H), hidden)
-            return self._logits(state, hidden)
+        def expand(level: StaticLevel) -> Tensor:
+            n = level.tokens.shape[1]
+            parents = fed[0].gather(1, level.parent_index[:, :, None].expand(B, n, H))
+            self._static_cache.columns = level.columns
+            fed[0] = self.model(parents, self._embed(level.tokens), level.mask, level.positions, self._static_cache)
+            return self._logits(state, fed[0])
 
         root = state.tokens.gather(1, state.lengths[:, None])[:, 0]
-        return grow_static_tree(plan, state, root, self._logits(state, root_hidden), expand)
+        return grow_static_tree(plan, state, root, self._logits(state, root_hidden), expand,
+                                self.model.fc.weight.dtype)
 
     def static_accept_path(self, state: StaticTreeDraftState, draft: StaticTreeDraft, accepted_nodes: Tensor,
                            accepted_len: Tensor) -> None:

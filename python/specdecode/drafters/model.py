@@ -14,7 +14,9 @@ from specdecode.drafters.static_trees import StaticTreeDraftState
 from specdecode.models import facts, kv_cache
 from specdecode.sampling import SamplingParams, sample_logits
 from specdecode.trees.builders import TreeBuilder
-from specdecode.trees.static_growth import StaticTreeDraft, StaticTreePlan, grow_static_tree, plan_static_tree
+from specdecode.trees.static_calibration import prepare_static_tree
+from specdecode.trees.static_growth import (StaticLevel, StaticTreeDraft, StaticTreePlan, grow_static_tree,
+                                            plan_static_tree)
 
 
 class ModelDrafter(TreeBuilderDrafter, DrafterBase):
@@ -201,6 +203,7 @@ class ModelDrafter(TreeBuilderDrafter, DrafterBase):
         from specdecode.models.static_cache import ColumnCache, prefill_inputs
 
         self._static_cache = state.buffer("draft_cache", lambda: ColumnCache(state.capacity))
+        prepare_static_tree(state, self.tree)
         width = state.prompt_columns - 1  # the first step feeds the last prompt column with the pending token
         if width > 0:
             dtype = self.model.dtype if hasattr(self.model, "dtype") else torch.float32
@@ -230,41 +233,36 @@ class ModelDrafter(TreeBuilderDrafter, DrafterBase):
         """Feed the last committed column and the pending token (the root), then one forward per
         level of the tree over its new nodes, written at columns ``lengths + offset`` of the
         draft's cache (:func:`~specdecode.trees.static_growth.grow_static_tree`)."""
-        from specdecode.models.static_cache import tree_inputs
-
         root_logits = self._static_forward(state, self._static_inputs(state, state.lengths - 1, 2), None)
         dtype = self.model.dtype if hasattr(self.model, "dtype") else torch.float32
-        slots = plan.span + 1
 
-        def expand(offsets: Tensor, tokens: Tensor, ancestors: Tensor, depth: int) -> Tensor:
-            B, n, _ = ancestors.shape
-            visible = torch.zeros((B, n, slots), dtype=torch.bool, device=state.device)
-            visible.scatter_(2, ancestors.clamp_min(0), True)  # -1 padding marks the root, visible anyway
-            mask, _ = tree_inputs(state.lengths, state.start, visible, state.capacity, dtype)
-            self._static_cache.columns = state.lengths[:, None] + offsets
-            positions = (state.lengths - state.start + depth)[:, None].expand(B, n)
-            logits = facts.forward(self.model, tokens, mask, positions, self._static_cache, last_only=False,
-                                   logits_to_keep_ok=False)
+        def expand(level: StaticLevel) -> Tensor:
+            self._static_cache.columns = level.columns
+            logits = facts.forward(self.model, level.tokens, level.mask, level.positions, self._static_cache,
+                                   last_only=False, logits_to_keep_ok=False)
             return logits[..., : state.vocab_size].float()
 
         root = state.tokens.gather(1, state.lengths[:, None])[:, 0]
-        return grow_static_tree(plan, state, root, root_logits, expand)
+        return grow_static_tree(plan, state, root, root_logits, expand, dtype)
 
     def static_accept_path(self, state: StaticTreeDraftState, draft: StaticTreeDraft, accepted_nodes: Tensor,
                            accepted_len: Tensor) -> None:
         """Move the draft cache's entries of the accepted nodes that were fed (all but the last
-        one, which the next step re-feeds with the new pending token) next to the root.
+        one, which the next step re-feeds with the new pending token, and may move as well) next
+        to the root: one gather and one scatter over the draft's stacked layers.
 
         Shape:
             accepted_nodes: ``[B, D + 1]`` int64 (root first, ``-1`` padded); accepted_len: ``[B]``.
         """
         from specdecode.models.static_cache import move_columns
 
-        depth = torch.arange(1, accepted_nodes.shape[1], device=state.device)[None, :]
-        fed = depth < accepted_len[:, None]
+        D = accepted_nodes.shape[1] - 1
+        depth = state.buffer(f"tree_path_depths:{D}", lambda: torch.arange(1, D + 1, device=state.device)[None, :])
+        # A fed node of depth d sits at an offset >= d; past the path the root's offset 0 is
+        # gathered, and a node never fed has -1: the maximum with d then copies column d onto itself.
         offsets = draft.offsets.gather(1, accepted_nodes[:, 1:].clamp_min(0))
         columns = state.lengths[:, None] + depth
-        move_columns(self._static_cache, torch.where(fed, state.lengths[:, None] + offsets, columns), columns)
+        move_columns(self._static_cache, state.lengths[:, None] + torch.maximum(offsets, depth), columns)
 
 
 class _TreeSlots:

@@ -30,22 +30,27 @@ def num_counters(num_drafts: int) -> int:
     return FIXED_COUNTERS + 3 * num_drafts
 
 
-def step_counters(active: Tensor, accepted: Tensor, verified: Tensor, keep: Tensor, positions: Tensor) -> Tensor:
+def step_counters(active: Tensor, accepted: Tensor, verified: Tensor, keep: Tensor, positions: Tensor,
+                  drafted: Tensor | None = None, rejected: Tensor | None = None) -> Tensor:
     """One chain step's counts, as ``[num_counters(k)]`` int64 on the tensors' device.
 
     ``active`` rows count; a row verified ``verified`` drafts, accepted ``accepted`` of them and
     kept ``keep`` new tokens (0 for inactive rows). ``positions`` is ``arange(k)``: the last
     ``3 k`` counters say how often each draft position was verified, then accepted, then
-    reached (verified with every draft before it accepted).
+    reached (verified with every draft before it accepted). ``drafted`` / ``rejected``, when
+    given, are the rows' verified drafts / rejections instead of ``verified`` and ``accepted <
+    verified`` (for token trees: :func:`tree_step_counters`).
 
     Shape:
-        active: ``[b]`` bool; accepted, verified, keep: ``[b]`` int64.
+        active: ``[b]`` bool; accepted, verified, keep: ``[b]`` int64; drafted: ``[b]`` int64;
+        rejected: ``[b]`` bool.
     """
     accepted = torch.where(active, accepted, 0)
     position = positions[None, :]
+    drafted = verified if drafted is None else drafted
+    rejected = active & (accepted < verified) if rejected is None else rejected
     return torch.cat([
-        torch.stack([active.any().long(), active.sum(), keep.sum(), verified.sum(), accepted.sum(),
-                     (active & (accepted < verified)).sum()]),
+        torch.stack([active.any().long(), active.sum(), keep.sum(), drafted.sum(), accepted.sum(), rejected.sum()]),
         (verified[:, None] > position).sum(0), (accepted[:, None] > position).sum(0),
         ((verified[:, None] > position) & (accepted[:, None] >= position)).sum(0),
     ])
@@ -62,10 +67,9 @@ def tree_step_counters(active: Tensor, accepted: Tensor, depth: Tensor, keep: Te
     Shape:
         active, stopped_early: ``[b]`` bool; accepted, depth, keep, drafted: ``[b]`` int64.
     """
-    counters = step_counters(active, accepted, depth, keep, positions)
     counted = active & (depth > 0)
-    return torch.cat([counters[:3], torch.stack([torch.where(counted, drafted, 0).sum(), counters[4],
-                                                 (counted & stopped_early).sum()]), counters[FIXED_COUNTERS:]])
+    return step_counters(active, accepted, depth, keep, positions, drafted=torch.where(counted, drafted, 0),
+                         rejected=counted & stopped_early)
 
 
 def counted_drafts(active: Tensor, remaining: Tensor, accepted: Tensor, verified: Tensor) -> tuple[Tensor, Tensor]:

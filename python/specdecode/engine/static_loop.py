@@ -68,7 +68,7 @@ from specdecode.engine.static_features import drafter_modules, feature_layers_of
 from specdecode.engine.static_layouts import SESSION_CACHE_SIZE, clear_static_sessions  # noqa: F401 (re-exported)
 from specdecode.engine.static_layouts import keep_layout, kept_layout
 from specdecode.engine.static_state import StaticState
-from specdecode.engine.static_tree import tree_phases, tree_span
+from specdecode.engine.static_tree import record_tree_acceptance, tree_phases, tree_span
 from specdecode.engine.stats import SpeculativeStats
 from specdecode.engine.step_phases import scored_logits, verify_chain
 from specdecode.engine.stopping import emitted_lengths, finished_rows, output_columns, verify_budget
@@ -394,6 +394,7 @@ class StaticEngine:
                   decode_path=self.decode_path, settings=self.settings)
         listed = gamma
         if self.tree is not None:  # as the eager path, depths that no tree reached are not listed
+            record_tree_acceptance(self.drafter, self.tree, session.state, c)  # what a dynamic tree learns
             stats.tree_rule = self.tree.rule
             listed = sum(1 for n in c[FIXED_COUNTERS: FIXED_COUNTERS + gamma] if n > 0)
             c = c[:FIXED_COUNTERS] + [c[FIXED_COUNTERS + i * gamma + d] for i in range(3) for d in range(listed)]

@@ -18,9 +18,11 @@ cache's (:mod:`specdecode.models.static_cache`): row ``b``'s committed tokens ar
   generation's Philox counter (the offset advanced on the device), trimmed to ``D + 1``
   columns. Then the accepted path moves into place: for ``j = 1 .. accepted_len[b]`` the
   target's keys/values at column ``lengths[b] + accepted_nodes[b, j]`` are copied to column
-  ``lengths[b] + j`` (:func:`~specdecode.models.static_cache.move_columns`), so are the
-  target's features (``state.features``, for a feature drafter), the drafter moves its own
-  columns (``static_accept_path``), and the path's tokens are written at those columns.
+  ``lengths[b] + j`` (:func:`~specdecode.models.static_cache.move_columns`: one gather and one
+  scatter over every layer, stacked), so are the target's features (``state.features``, for a
+  feature drafter), the drafter moves its own columns (``static_accept_path``), and the path's
+  tokens are written at those columns. A calibrated dynamic tree's nodes are counted into its
+  device calibration (:mod:`specdecode.trees.static_calibration`).
   The chain step's *commit* phase then does the rest unchanged (output, EOS, lengths moved
   past the path, the bonus token as the next pending token, counters).
 
@@ -41,11 +43,13 @@ from torch import Tensor
 
 from specdecode._ops import ops
 from specdecode.drafters.static_trees import StaticTreeDrafter
+from specdecode.engine.accounting import FIXED_COUNTERS
 from specdecode.engine.settings import EngineSettings
 from specdecode.engine.static_features import move_columns as move_feature_columns
 from specdecode.engine.static_features import target_forward
 from specdecode.engine.step_phases import scored_logits, tree_rule_for
 from specdecode.trees.rules import get_tree_rule, tree_rule_params
+from specdecode.trees.static_calibration import device_calibration
 from specdecode.trees.static_growth import StaticTreePlan, needs_processed_probs
 
 
@@ -131,6 +135,7 @@ def tree_phases(session: Any, scratch: dict[str, Any], setup: TreeSetup, target:
     device = state.device
     depth_index = torch.arange(1, D + 1, device=device)[None, :]
     node_index = torch.arange(N, device=device)
+    drafted_full = torch.full((state.batch_size,), N - 1, dtype=torch.long, device=device)
     no_prefix = torch.zeros((state.batch_size, 0), dtype=torch.bool, device=device)
 
     def draft() -> None:
@@ -162,9 +167,10 @@ def tree_phases(session: Any, scratch: dict[str, Any], setup: TreeSetup, target:
         state.count_op_sync()
         tokens, nodes = tokens[:, : D + 1], nodes[:, : D + 1]
         lengths = state.lengths[:, None]
-        on_path = depth_index <= accepted[:, None]
         target_columns = lengths + depth_index
-        source = torch.where(on_path, lengths + nodes[:, 1:], target_columns)  # identity copies past the path
+        # The path's node at depth d has an index >= d (topological order) and nodes past the
+        # path are -1: the maximum is the path's node, or d itself (an identity copy) past it.
+        source = lengths + torch.maximum(nodes[:, 1:], depth_index)
         move_columns(session.cache, source, target_columns)
         if layers is not None:
             move_feature_columns(state.features, source, target_columns)
@@ -172,13 +178,44 @@ def tree_phases(session: Any, scratch: dict[str, Any], setup: TreeSetup, target:
         state.tokens.scatter_(1, target_columns, tokens[:, :D].clamp_min(0))
         active = ~session.finished
         scratch["tokens"], scratch["accepted"] = tokens, accepted
-        real = node_index[None, :] < tree.num_nodes[:, None]
-        stop = nodes.gather(1, accepted[:, None])  # the accepted path's last node
-        children = (real & (node_index[None, :] > 0) & (tree.parents == stop)).sum(1)
-        scratch["verified"] = torch.where(active, torch.where(real, scratch["depths"], 0).amax(1), 0)
-        scratch["drafted"], scratch["stopped_early"] = tree.num_nodes - 1, children > 0
+        if tree.cells is not None:  # a calibrated dynamic tree learns from every step that drafts
+            calibration = device_calibration(state, plan)
+            if calibration is not None:  # (the eager loop drafts nothing once no row has two tokens left)
+                drafting = (active & (session.generated <= settings.max_new_tokens - 2)).any()
+                calibration.count(tree.cells, tree.parents, nodes, active & drafting)
+        stop = nodes.gather(1, accepted[:, None])  # the accepted path's last node (the root has parent -1)
+        has_children = tree.parents == stop
+        depths = scratch["depths"]
+        if tree.full:  # no padding slots: every row drafted N - 1 nodes
+            scratch["drafted"] = drafted_full
+        else:
+            real = node_index[None, :] < tree.num_nodes[:, None]
+            has_children, depths = has_children & real, torch.where(real, depths, 0)
+            scratch["drafted"] = tree.num_nodes - 1
+        scratch["verified"] = torch.where(active, depths.amax(1), 0)
+        scratch["stopped_early"] = has_children.any(1)
 
     return draft, score, verify
+
+
+def record_tree_acceptance(drafter: Any, setup: TreeSetup, state: Any, counters: list[int]) -> None:
+    """After a generation (outside the steps): hand what it measured to the drafter's tree
+    builder when it drafted a dynamic plan: the acceptance by depth (``counters``, the
+    :func:`~specdecode.engine.accounting.step_counters` layout summed over the steps, read on
+    the host) to its ``static_depths`` (:class:`~specdecode.trees.static_depth.DepthAcceptance`:
+    its next plans' depth), and for a calibrated one the calibration counts the steps added on
+    the device to its ``calibration`` (one more read: :mod:`specdecode.trees.static_calibration`)."""
+    builder = getattr(drafter, "tree", None)
+    record = getattr(builder, "static_depths", None)
+    if setup.plan.kind != "dynamic" or record is None:
+        return
+    D = setup.plan.max_depth
+    accepted = counters[FIXED_COUNTERS + D: FIXED_COUNTERS + 2 * D]
+    reached = counters[FIXED_COUNTERS + 2 * D: FIXED_COUNTERS + 3 * D]
+    record.add(D, reached, accepted)
+    calibration = device_calibration(state, setup.plan)
+    if calibration is not None:
+        calibration.save(builder.calibration, state.syncs)
 
 
 def tree_span(setup: TreeSetup | None, gamma: int) -> int:

@@ -36,8 +36,9 @@ class ColumnCache(Cache):
     Before each forward set :attr:`columns` (``[B, n]`` int64: the column of every fed token);
     every layer's ``update`` then scatters its new keys/values there and returns the whole
     ``[B, H, capacity, D]`` tensors (the first :attr:`visible` columns only while it is set:
-    :func:`prefill_inputs`). Layers are allocated on their first update (prefill) and keep their
-    addresses afterwards.
+    :func:`prefill_inputs`). Layers are allocated on their first update (prefill); at the end of
+    the prefill they are moved into one tensor, every layer's keys and values a view of it
+    (:meth:`stack_layers`), and keep their addresses afterwards.
 
     Shape:
         columns: ``[B, n]`` int64, each in ``[0, capacity)``.
@@ -50,6 +51,7 @@ class ColumnCache(Cache):
         self.visible: int | None = None
         self.keys: list[Tensor | None] = []
         self.values: list[Tensor | None] = []
+        self.stacked: Tensor | None = None  # [2 * layers, B, H, capacity, D]: see stack_layers
 
     # --- the interface decoder layers call --------------------------------------------------
     def update(self, key_states: Tensor, value_states: Tensor, layer_idx: int, *args: Any, **kwargs: Any
@@ -62,6 +64,7 @@ class ColumnCache(Cache):
         keys, values = self.keys[layer_idx], self.values[layer_idx]
         B, H, n, _ = key_states.shape
         if keys is None or values is None or keys.shape[0] != B:
+            self.stacked = None  # a layer outside the stack: moves go layer by layer again
             keys = self.keys[layer_idx] = _allocate(key_states, self.capacity)
             values = self.values[layer_idx] = _allocate(value_states, self.capacity)
         index = self.columns.to(keys.device)[:, None, :, None]
@@ -98,6 +101,29 @@ class ColumnCache(Cache):
 
     def __repr__(self) -> str:
         return f"ColumnCache(capacity={self.capacity}, layers={len(self.keys)})"
+
+    def stack_layers(self) -> None:
+        """Move every allocated layer's keys and values into one tensor, :attr:`stacked`
+        (``[2 * layers, B, H, capacity, D]``; keys first, in layer order), each layer's keys and
+        values becoming a view of it, so that :func:`move_columns` moves a column of every
+        layer with one gather and one scatter. A no-op once stacked, and for layers of
+        different shapes, dtypes or devices (they stay apart). Copies the cache once: call it
+        outside CUDA graphs, before any graph records the layers' addresses
+        (:func:`prefill_inputs` does, after the prefill)."""
+        if self.stacked is not None:
+            return
+        layers = [t for t in (*self.keys, *self.values) if t is not None]
+        first = layers[0] if layers else None
+        if first is None or len(layers) < 2 or any(
+                t.shape != first.shape or t.dtype != first.dtype or t.device != first.device for t in layers):
+            return
+        stacked = torch.stack(layers)
+        views = iter(stacked.unbind(0))
+        for store in (self.keys, self.values):
+            for i, tensor in enumerate(store):
+                if tensor is not None:
+                    store[i] = next(views)
+        self.stacked = stacked
 
     def nbytes(self) -> int:
         """Bytes held by the allocated keys and values."""
@@ -153,6 +179,7 @@ def prefill_inputs(cache: ColumnCache, start: Tensor, width: int, dtype: torch.d
         yield columns, positions, mask
     finally:
         cache.visible = None
+    cache.stack_layers()
 
 
 def tree_inputs(lengths: Tensor, start: Tensor, visible: Tensor, capacity: int, dtype: torch.dtype
@@ -180,11 +207,19 @@ def tree_inputs(lengths: Tensor, start: Tensor, visible: Tensor, capacity: int, 
 
 def move_columns(cache: ColumnCache, source: Tensor, target: Tensor) -> None:
     """Copy every layer's keys and values of row ``b`` from columns ``source[b, j]`` to columns
-    ``target[b, j]`` (all read before any is written, so the two may overlap).
+    ``target[b, j]`` (all read before any is written, so the two may overlap): one gather and
+    one scatter over :attr:`ColumnCache.stacked` when the layers are stacked, else two per
+    layer's keys and values.
 
     Shape:
         source, target: ``[B, m]`` int64 in ``[0, capacity)``.
     """
+    if cache.stacked is not None:
+        S, B, H, _, D = cache.stacked.shape
+        m = source.shape[1]
+        moved = cache.stacked.gather(3, source[None, :, None, :, None].expand(S, B, H, m, D))
+        cache.stacked.scatter_(3, target[None, :, None, :, None].expand(S, B, H, m, D), moved)
+        return
     for store in (cache.keys, cache.values):
         for tensor in store:
             if tensor is None:

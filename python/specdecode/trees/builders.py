@@ -54,6 +54,7 @@ from specdecode.trees.dynamic import prune_to_budget, select_frontier
 from specdecode.trees.outcomes import NodeRecord, RankDepthCounts, path_outcomes
 from specdecode.trees.sequoia import acceptance_from_conditional, sequoia_shape, sequoia_shape_by_depth
 from specdecode.trees.shapes import TreeShape
+from specdecode.trees.static_depth import DepthAcceptance
 from specdecode.trees.tree import TokenTree
 
 __all__ = ["CHILDREN_SCHEMES", "LOSSLESS_RULE", "SAMPLED_PROFILE", "BuiltTree", "Coins", "DynamicTree", "Expand",
@@ -205,8 +206,11 @@ class DynamicTree(TreeBuilder):
     draft's own probability (EAGLE-2 as published). Growing stops early once no deeper node can
     enter the best ``num_nodes`` (path values only fall along a path), which saves draft forwards
     and changes nothing else. ``max_depth`` defaults to ``min(num_nodes - 1, 16)`` calibrated, 6 raw
-    (``depth_given`` says whether it was given; the static decode path, which cannot stop early,
-    bounds a default depth by 6: :func:`~specdecode.trees.static_growth.plan_static_tree`).
+    (``depth_given`` says whether it was given). The static decode path, which cannot stop early,
+    drafts a default depth chosen, up to ``max_depth``, from the acceptance by depth it measured
+    in this builder's earlier generations (``static_depths``, a
+    :class:`~specdecode.trees.static_depth.DepthAcceptance`; 6 before any:
+    :mod:`specdecode.trees.static_depth`).
 
     At temperature > 0 top-k children verified by the ``deterministic`` rule are accepted with
     probability ``p(child)`` only, and a shape that depends on the draws' own probabilities is
@@ -244,6 +248,7 @@ class DynamicTree(TreeBuilder):
             schemes = [c for c in CHILDREN_SCHEMES if c != "deterministic"]
             raise ValueError(f"sampled_children: expected one of {', '.join(schemes)} or None, got {sampled_children!r}")
         self.sampled = None if sampled_children is None else SequoiaTree(num_nodes, max_depth, children=sampled_children)
+        self.static_depths = DepthAcceptance()  # the static path's acceptance by depth: its depth follows it
         self._last: NodeRecord | None = None
         self._last_sampled = False
 

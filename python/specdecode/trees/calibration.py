@@ -57,12 +57,20 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-__all__ = ["AcceptanceCalibration", "DEFAULT_CONFIDENCE_EDGES"]
+__all__ = ["AcceptanceCalibration", "DEFAULT_CONFIDENCE_EDGES", "POWER_PRIOR_SD", "RATE_CLAMP", "power_grid"]
 
 #: Upper edges of the confidence buckets (the last bucket ends at 1).
 DEFAULT_CONFIDENCE_EDGES = (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99)
-_CLAMP = 1e-4
-_POWER_PRIOR_SD = 0.5
+#: Rates are clamped to ``[RATE_CLAMP, 1 - RATE_CLAMP]``.
+RATE_CLAMP = 1e-4
+#: The standard deviation of the Gaussian penalty on ``log g`` (:meth:`AcceptanceCalibration.powers`).
+POWER_PRIOR_SD = 0.5
+
+
+def power_grid() -> Tensor:
+    """The exponents ``g`` :meth:`AcceptanceCalibration.powers` tries: 81 values in ``[0.05, 2.7]``
+    (float64, log-spaced)."""
+    return torch.exp(torch.linspace(-3.0, 1.0, 81, dtype=torch.float64))
 
 
 def _check_weight(value: float, name: str) -> float:
@@ -127,11 +135,11 @@ class AcceptanceCalibration:
         """``[max_rank + 1]`` float64: per rank, the exponent ``g`` for which ``centre ** g`` best
         explains every measurement of that rank (maximum likelihood over a grid, with a
         Gaussian penalty ``(log g)^2 / (2 * 0.5^2)`` that keeps ``g`` near 1 while data is scarce)."""
-        grid = torch.exp(torch.linspace(-3.0, 1.0, 81, dtype=torch.float64))          # g in [0.05, 2.7]
+        grid = power_grid()
         rate = self.centres[None, :] ** grid[:, None]                                   # [G, C]
         offered, accepted = self.offered.sum(0), self.accepted.sum(0)                   # [R, C]
         loglik = accepted @ torch.log(rate).T + (offered - accepted) @ torch.log1p(-rate.clamp(max=1 - 1e-12)).T
-        loglik = loglik - torch.log(grid)[None, :] ** 2 / (2 * _POWER_PRIOR_SD ** 2)      # [R, G]
+        loglik = loglik - torch.log(grid)[None, :] ** 2 / (2 * POWER_PRIOR_SD ** 2)      # [R, G]
         return grid[loglik.argmax(1)]
 
     def rates(self) -> Tensor:
@@ -140,7 +148,7 @@ class AcceptanceCalibration:
             prior = self.centres[None, :] ** self.powers()[:, None]
             pooled = (self.accepted.sum(0) + self.pooled_weight * prior) / (self.offered.sum(0) + self.pooled_weight)
             rate = (self.accepted + self.depth_weight * pooled) / (self.offered + self.depth_weight)
-            self._rates = rate.clamp(_CLAMP, 1.0 - _CLAMP)
+            self._rates = rate.clamp(RATE_CLAMP, 1.0 - RATE_CLAMP)
         return self._rates
 
     def predict(self, probs: Tensor, depth: Tensor, rank: Tensor) -> Tensor:
@@ -152,6 +160,19 @@ class AcceptanceCalibration:
         """
         d, r, bucket = self._cells(probs, depth, rank)
         return self.rates()[d, r, bucket].to(device=probs.device, dtype=torch.float32)
+
+    def add_counts(self, offered: Tensor, accepted: Tensor) -> None:
+        """Add counts measured elsewhere (the static decode path counts on the device), in the
+        cells' layout ``[max_depth, max_rank + 1, buckets]``."""
+        shape = tuple(self.offered.shape)
+        for name, t in (("offered", offered), ("accepted", accepted)):
+            if not isinstance(t, Tensor) or tuple(t.shape) != shape:
+                raise ValueError(f"{name}: expected a tensor of shape {shape}, got {getattr(t, 'shape', t)!r}")
+        if bool((accepted > offered).any()) or bool((accepted < 0).any()):
+            raise ValueError("accepted: expected 0 <= accepted <= offered in every cell")
+        self.offered += offered.to(self.offered)
+        self.accepted += accepted.to(self.accepted)
+        self._rates = None
 
     def update(self, probs: Tensor, depth: Tensor, rank: Tensor, accepted: Tensor, offered: Tensor) -> None:
         """Add the nodes where ``offered`` (their parent was accepted); ``accepted`` says which

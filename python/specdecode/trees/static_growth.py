@@ -21,17 +21,27 @@ are produced. It comes from the drafter's :class:`~specdecode.trees.builders.Tre
   or at any temperature with ``sampled_children=None``: ``max_depth`` levels, each expanding the
   ``top_k`` frontier nodes of highest path value (the product of the draft's probabilities
   along the path) by their ``top_k`` most likely children; then the ``num_nodes`` best nodes
-  overall form the tree (:func:`~specdecode.trees.dynamic.prune_on_device`). A builder given
-  no ``max_depth`` grows at most :data:`STATIC_DYNAMIC_DEPTH` levels. Every level is
-  expanded (the eager builder may stop early when no deeper node can enter: the same tree) and
-  nodes are ranked by the draft's own probabilities (the eager builder's measured calibration
-  needs the host). When sampling with sampled children, a dynamic tree drafts the Sequoia shape
-  of the fixed sampled profile (``SAMPLED_PROFILE``) with those children, as the eager builder
-  does.
+  overall form the tree (:mod:`specdecode.trees.static_dynamic`). A calibrated builder values
+  nodes by the acceptance measured while generating, counted and re-fitted on the device
+  (:mod:`specdecode.trees.static_calibration`), as on the eager path. A builder given no
+  ``max_depth`` grows as deep as the acceptance it measured in its earlier generations makes
+  worth its draft forwards (:mod:`specdecode.trees.static_depth`; before any measurement
+  :data:`~specdecode.trees.static_depth.STATIC_DYNAMIC_DEPTH` levels). Every level is expanded
+  (the eager builder may stop early when no deeper node can enter: the same tree). When
+  sampling with sampled children, a dynamic tree drafts the Sequoia shape of the fixed sampled
+  profile (``SAMPLED_PROFILE``) with those children, as the eager builder does.
 
-The drafter provides ``expand``: one draft forward over new nodes, which writes their keys and
-values at their *offset* columns after the root (``lengths[b] + offset``) and returns their
+The drafter provides ``expand``: one draft forward over the new nodes of one level, given as a
+:class:`StaticLevel` (their tokens, cache columns, positions and attention mask, built here:
+:class:`LevelInputs`), which writes their keys and values at those columns and returns their
 logits. :func:`grow_static_tree` calls it once per level that has children to draw.
+
+Kernels: what depends only on the layout (index tables, offsets, the key columns) is made once
+per layout and kept in the drafter's state buffers; what depends on the step's lengths (each
+row's columns, positions and its root's mask row) once per step; a level then costs the
+draft's forward plus a few kernels (for a dynamic tree: one top-k over the frontier's
+children, one stable sort of the candidates, gathers of the chosen ones, and its mask rows
+gathered from their parents' rows with their own column opened).
 """
 
 from __future__ import annotations
@@ -44,21 +54,9 @@ from torch import Tensor
 
 from specdecode.sampling import SamplingParams, processed_probs
 from specdecode.trees.builder_base import SAMPLED_PROFILE, StaticTree, TreeBuilder, compact_tree
-from specdecode.trees.dynamic import best_first, prune_on_device
 from specdecode.trees.sequoia import acceptance_from_conditional, sequoia_shape
 from specdecode.trees.shapes import TreeShape
-
-#: The depth of a :class:`~specdecode.trees.builders.DynamicTree` given no ``max_depth``, on the
-#: static path (at most): EAGLE-2's depth, the eager builder's default without calibration. The
-#: eager calibrated default (``num_nodes - 1``, up to 16) relies on stopping once no deeper node
-#: can enter the tree, a host decision; on the static path every level costs a draft forward.
-STATIC_DYNAMIC_DEPTH = 6
-
-#: ``expand(offsets [B, n], tokens [B, n], ancestors [B, n, D + 1], depth) -> logits [B, n, V]``:
-#: score ``n`` new nodes of depth ``depth`` per row, writing them at columns
-#: ``lengths + offsets``; ``ancestors[b, i]`` lists the offsets node ``i`` may attend to after
-#: the committed prefix (its ancestors-or-self, the root's offset 0 included), ``-1`` padded.
-StaticExpand = Callable[[Tensor, Tensor, Tensor, int], Tensor]
+from specdecode.trees.static_depth import STATIC_DYNAMIC_DEPTH  # noqa: F401 (re-exported)
 
 
 @dataclass(frozen=True)
@@ -66,8 +64,10 @@ class StaticTreePlan:
     """What every tree of a static-path generation looks like (see the module docstring).
 
     ``kind`` is ``"shape"`` (``shape`` drawn with ``children``) or ``"dynamic"`` (EAGLE-2 with
-    ``top_k``, deterministic children); ``num_nodes`` counts the root; ``span`` is how many
-    columns after the root the draft forwards write (offsets ``1 .. span``).
+    ``top_k``, deterministic children; ``calibration``: the configuration of the calibration its
+    nodes are valued by, :mod:`specdecode.trees.static_calibration`, or None for the draft's
+    own probabilities); ``num_nodes`` counts the root; ``span`` is how many columns after the
+    root the draft forwards write (offsets ``1 .. span``).
     """
 
     kind: str
@@ -76,12 +76,13 @@ class StaticTreePlan:
     children: str
     shape: TreeShape | None = None
     top_k: int = 0
+    calibration: tuple | None = None
 
     @property
     def key(self) -> tuple:
         """Hashable and equal for equal plans (the layout key of the static path)."""
         return (self.kind, self.num_nodes, self.max_depth, self.children,
-                None if self.shape is None else self.shape.parents, self.top_k)
+                None if self.shape is None else self.shape.parents, self.top_k, self.calibration)
 
     @property
     def span(self) -> int:
@@ -101,7 +102,12 @@ class StaticTreeDraft:
         draft_logits: ``[B, N, V]`` float32 (at node v, the logits v's children were drawn
             from; zeros at leaves) or None (deterministic children: no rule reads them).
         offsets: ``[B, N]`` int64 — the offset after the root at which ``expand`` fed each node
-            (only nodes with children were fed).
+            (only nodes with children were fed; ``-1`` for the others of a dynamic tree).
+        cells: ``[B, N]`` int64 or None — for a calibrated dynamic tree, each node's calibration
+            cell (depth, rank, confidence bucket), counted after verification.
+
+    ``full``: every row has all ``N`` nodes, whatever the step (known from the plan: no
+    padding slots to mask; False when unknown).
     """
 
     tokens: Tensor
@@ -109,13 +115,44 @@ class StaticTreeDraft:
     num_nodes: Tensor
     draft_logits: Tensor | None
     offsets: Tensor
+    full: bool = False
+    cells: Tensor | None = None
+
+
+@dataclass
+class StaticLevel:
+    """The ``n`` new nodes per row of one draft forward of a tree step (``depth`` below the root).
+
+    Shape:
+        tokens: ``[B, n]`` int64.
+        parent_index: ``[B, n]`` int64 — each node's parent among the nodes of the previous
+            draft forward of this step (at depth 1: the root forward's one node, 0).
+        columns: ``[B, n]`` int64 — the cache columns the forward writes (``lengths + offset``).
+        positions: ``[B, n]`` int64 — the root's position plus ``depth``.
+        mask: ``[B, 1, n, capacity]`` additive (0 = attend, the dtype's minimum = masked): the
+            row's committed columns and the node's ancestors-or-self.
+    """
+
+    tokens: Tensor
+    parent_index: Tensor
+    columns: Tensor
+    positions: Tensor
+    mask: Tensor
+    depth: int
+
+
+#: ``expand(level) -> logits [B, n, V]``: one draft forward over ``level``'s nodes
+#: (:class:`StaticLevel`), writing their keys and values at ``level.columns``.
+StaticExpand = Callable[[StaticLevel], Tensor]
 
 
 def plan_static_tree(builder: Any, sampling: SamplingParams, vocab_size: int) -> StaticTreePlan:
     """The fixed plan of ``builder`` (a :class:`~specdecode.trees.builders.TreeBuilder`) for a
     generation with ``sampling`` over ``vocab_size`` tokens; ``ValueError`` naming ``tree`` for
-    builders the static path cannot run. The builder is not modified."""
+    builders the static path cannot run. The builder is not modified. A dynamic tree given no
+    depth takes the one its measured acceptance chooses (:mod:`specdecode.trees.static_depth`)."""
     from specdecode.trees.builders import DynamicTree, SequoiaTree
+    from specdecode.trees.static_calibration import calibration_key
 
     greedy = sampling.is_greedy
     if type(builder) is DynamicTree:  # subclasses may build otherwise: refused below
@@ -123,9 +160,11 @@ def plan_static_tree(builder: Any, sampling: SamplingParams, vocab_size: int) ->
             k = min(builder.top_k, vocab_size)
             depth = builder.max_depth
             if not getattr(builder, "depth_given", True):  # the eager default relies on stopping early
-                depth = min(depth, STATIC_DYNAMIC_DEPTH)
+                depth = builder.static_depths.choose(depth)
             total = 1 + k + (depth - 1) * k * k
-            return StaticTreePlan("dynamic", min(builder.num_nodes, total), depth, "deterministic", top_k=k)
+            calibration = calibration_key(builder.calibration) if builder.calibrated else None
+            return StaticTreePlan("dynamic", min(builder.num_nodes, total), depth, "deterministic", top_k=k,
+                                  calibration=calibration)
         sampled = builder.sampled
         shape = _sampled_profile_shape(sampled.num_nodes, sampled.max_depth)
         return _shape_plan(shape, sampled.children)
@@ -151,44 +190,103 @@ def _shape_plan(shape: TreeShape, children: str) -> StaticTreePlan:
     return StaticTreePlan("shape", shape.num_nodes, shape.max_depth, children, shape=shape)
 
 
+# ---------------------------------------------------------------------------- level inputs
+
+
+@dataclass
+class _InputConstants:
+    slots: Tensor  # [1, span + 1] offsets 0 .. span
+    depths: Tensor  # [1, D + 1] depths 0 .. D
+    keys: Tensor  # [1, 1, 1, capacity] column indices
+    attend: Tensor  # 0-dim, the mask dtype: 0
+    masked: Tensor  # 0-dim, the mask dtype: its minimum
+
+
+class LevelInputs:
+    """The inputs of one step's draft forwards over tree nodes, for a plan of ``span`` columns
+    after the root and ``max_depth`` levels, masks of ``dtype``: each row's slot columns
+    (``lengths + offset``) and positions by depth, computed once per step, and the mask rows of
+    the last level fed (:meth:`level`), starting with the root's row (the committed columns
+    and the root's). Constants are kept in ``state``'s buffers, once per layout.
+
+    Shape:
+        columns: ``[B, span + 1]`` int64; positions: ``[B, max_depth + 1]`` int64.
+    """
+
+    def __init__(self, state: Any, span: int, max_depth: int, dtype: torch.dtype) -> None:
+        device, capacity = state.device, state.capacity
+
+        def constants() -> _InputConstants:
+            return _InputConstants(torch.arange(span + 1, device=device)[None, :],
+                                   torch.arange(max_depth + 1, device=device)[None, :],
+                                   torch.arange(capacity, device=device)[None, None, None, :],
+                                   torch.zeros((), dtype=dtype, device=device),
+                                   torch.full((), torch.finfo(dtype).min, dtype=dtype, device=device))
+
+        c = state.buffer(f"static_tree_inputs:{span}:{max_depth}:{dtype}", constants)
+        lengths, start = state.lengths, state.start
+        self.columns = lengths[:, None] + c.slots
+        self.positions = (lengths - start)[:, None] + c.depths
+        allowed = (c.keys >= start[:, None, None, None]) & (c.keys <= lengths[:, None, None, None])
+        self._rows = torch.where(allowed, c.attend, c.masked)  # [B, 1, 1, capacity]: the root's
+
+    def level(self, tokens: Tensor, parent_index: Tensor, columns: Tensor, depth: int) -> StaticLevel:
+        """The next level's :class:`StaticLevel`: each node's mask row is its parent's (among the
+        last level's, ``parent_index``) with its own column opened.
+
+        Shape:
+            tokens, parent_index, columns: ``[B, n]`` int64.
+        """
+        B, n = tokens.shape
+        rows = self._rows.gather(2, parent_index[:, None, :, None].expand(B, 1, n, self._rows.shape[-1]))
+        rows.scatter_(3, columns[:, None, :, None], 0.0)
+        self._rows = rows
+        return StaticLevel(tokens, parent_index, columns, self.positions[:, depth: depth + 1].expand(B, n), rows,
+                           depth)
+
+
 # ---------------------------------------------------------------------------- growing
 
 
 def grow_static_tree(plan: StaticTreePlan, state: Any, root_tokens: Tensor, root_logits: Tensor,
-                     expand: StaticExpand) -> StaticTreeDraft:
+                     expand: StaticExpand, mask_dtype: torch.dtype) -> StaticTreeDraft:
     """Draft one tree per row by ``plan``: tensor operations only, coins from ``state``
-    (a :class:`~specdecode.drafters.StaticDraftState`), constants kept in its buffers.
+    (a :class:`~specdecode.drafters.StaticDraftState`), constants kept in its buffers; the
+    draft forwards' masks of ``mask_dtype`` (the draft's dtype).
 
     Shape:
         root_tokens: ``[B]`` int64 (each row's pending token); root_logits: ``[B, V]`` float32
             (the draft's logits at the root).
         returns: :class:`StaticTreeDraft` with ``N = plan.num_nodes``.
     """
+    inputs = LevelInputs(state, plan.span, plan.max_depth, mask_dtype)
     if plan.kind == "dynamic":
-        return _grow_dynamic(plan, root_tokens, root_logits, expand)
-    return _grow_shape(plan, state, root_tokens, root_logits, expand)
+        from specdecode.trees.static_dynamic import grow_dynamic
+
+        return grow_dynamic(plan, state, root_tokens, root_logits, expand, inputs)
+    return _grow_shape(plan, state, root_tokens, root_logits, expand, inputs)
 
 
 @dataclass
 class _ShapeConstants:
     """Device tensors of a fixed shape, made once per layout (a CUDA graph may not copy host
-    data): per level with children to draw, the nodes drawing, where each child's token comes
-    from in the ``[m, k]`` draws and which node it is, its parent, and the nodes fed next."""
+    data): per level with children to draw (the nodes of that depth with children, in node
+    order: the ones the last forward fed), how many each draws, where each child's token comes
+    from in the ``[m, k]`` draws (None: in order) and which node it is, its parent, the nodes
+    fed next and their parents among the nodes drawing."""
 
-    ancestors: Tensor  # [N, D + 1] ancestor-or-self of each node by depth, -1 padded
-    parents: Tensor  # [N]
-    levels: list[tuple[Tensor, int, Tensor, Tensor, Tensor, Tensor | None]]
+    parents: Tensor  # [B, N]
+    offsets: Tensor  # [B, N]: node i is fed at offset i
+    num_nodes: Tensor  # [B]: N
+    levels: list[tuple[int, Tensor | None, Tensor, Tensor, Tensor | None, Tensor | None]]
 
 
-def _shape_constants(shape: TreeShape, device: torch.device) -> _ShapeConstants:
+def _shape_constants(shape: TreeShape, batch: int, device: torch.device) -> _ShapeConstants:
     N, D = shape.num_nodes, shape.max_depth
-    rows = []
-    for v in range(N):
-        path, u = [], v
-        while u >= 0:
-            path.append(u)
-            u = shape.parents[u]
-        rows.append(list(reversed(path)) + [-1] * (D + 1 - len(path)))
+
+    def t(values: list[int]) -> Tensor:
+        return torch.tensor(values, dtype=torch.long, device=device)
+
     levels = []
     for depth in range(D):
         drawing = [v for v in range(N) if shape.depth[v] == depth and shape.num_children[v] > 0]
@@ -202,44 +300,46 @@ def _shape_constants(shape: TreeShape, device: torch.device) -> _ShapeConstants:
                 child.append(c)
                 parent.append(v)
         fed = [c for c in range(N) if shape.depth[c] == depth + 1 and shape.num_children[c] > 0]
-
-        def t(values: list[int]) -> Tensor:
-            return torch.tensor(values, dtype=torch.long, device=device)
-
-        levels.append((t(drawing), k, t(source), t(child), t(parent), t(fed) if fed else None))
-    return _ShapeConstants(torch.tensor(rows, dtype=torch.long, device=device),
-                           torch.tensor(shape.parents, dtype=torch.long, device=device), levels)
+        fed_parents = [drawing.index(shape.parents[c]) for c in fed]
+        levels.append((k, None if source == list(range(len(drawing) * k)) else t(source), t(child), t(parent),
+                       t(fed) if fed else None, t(fed_parents) if fed else None))
+    return _ShapeConstants(t(list(shape.parents)).expand(batch, -1).contiguous(),
+                           t(list(range(N))).expand(batch, -1).contiguous(), t([N] * batch), levels)
 
 
 def _grow_shape(plan: StaticTreePlan, state: Any, root_tokens: Tensor, root_logits: Tensor,
-                expand: StaticExpand) -> StaticTreeDraft:
+                expand: StaticExpand, inputs: LevelInputs) -> StaticTreeDraft:
     shape = plan.shape
     assert shape is not None
-    consts = state.buffer(f"static_tree_shape:{plan.key}", lambda: _shape_constants(shape, root_tokens.device))
     B, V, N = root_tokens.shape[0], root_logits.shape[-1], shape.num_nodes
+    consts = state.buffer(f"static_tree_shape:{plan.key}", lambda: _shape_constants(shape, B, root_tokens.device))
+    # every child is a node unless draws can run out of mass (then the tree is compacted)
+    complete = plan.children == "iid" or (plan.children == "deterministic" and max(shape.num_children) <= V)
     tokens = root_tokens[:, None].repeat(1, N)
-    valid = torch.ones((B, N), dtype=torch.bool, device=root_tokens.device)
-    node_logits = root_logits.new_zeros((B, N, V))
-    node_logits[:, 0] = root_logits
-    for depth, (drawing, k, source, child, parent, fed) in enumerate(consts.levels):
-        kids = _draw(node_logits.index_select(1, drawing), k, plan.children, state)  # [B, m, k]
-        kids = kids.flatten(1).index_select(1, source)
-        tokens.index_copy_(1, child, kids.clamp_min(0))
-        valid.index_copy_(1, child, (kids >= 0) & valid.index_select(1, parent))
-        if fed is not None:
+    valid = None if complete else torch.ones((B, N), dtype=torch.bool, device=root_tokens.device)
+    node_logits = None
+    if plan.children != "deterministic":  # the rule reads the q each node's children were drawn from
+        node_logits = root_logits.new_zeros((B, N, V))
+        node_logits[:, 0] = root_logits
+    drawing_logits = root_logits[:, None]  # [B, m, V]: the nodes drawing children, fed by the last forward
+    for depth, (k, source, child, parent, fed, fed_parents) in enumerate(consts.levels):
+        kids = _draw(drawing_logits, k, plan.children, state).flatten(1)  # [B, m * k]
+        if source is not None:
+            kids = kids.index_select(1, source)
+        tokens.index_copy_(1, child, kids if valid is None else kids.clamp_min(0))
+        if valid is not None:
+            valid.index_copy_(1, child, (kids >= 0) & valid.index_select(1, parent))
+        if fed is not None and fed_parents is not None:
             n = fed.shape[0]
-            logits = expand(fed.expand(B, n), tokens.index_select(1, fed), consts.ancestors.index_select(0, fed)
-                            .expand(B, -1, -1), depth + 1)
-            node_logits.index_copy_(1, fed, logits.to(node_logits.dtype))
-    draft_logits = None if plan.children == "deterministic" else node_logits
-    parents = consts.parents.expand(B, -1)
-    offsets = torch.arange(N, device=tokens.device).expand(B, -1)
-    if plan.children == "iid" or (plan.children == "deterministic" and max(shape.num_children) <= V):
-        num = torch.full((B,), N, dtype=torch.long, device=tokens.device)
-        return StaticTreeDraft(tokens, parents.contiguous(), num, draft_logits, offsets.contiguous())
-    tree, keep = compact_tree(tokens, parents, valid)  # rows whose draws ran out of mass have fewer nodes
-    if draft_logits is not None:
-        draft_logits = draft_logits.gather(1, keep[:, :, None].expand(-1, -1, V))
+            level = inputs.level(tokens.index_select(1, fed), fed_parents.expand(B, n),
+                                 inputs.columns.index_select(1, fed), depth + 1)
+            drawing_logits = expand(level).to(root_logits.dtype)
+            if node_logits is not None:
+                node_logits.index_copy_(1, fed, drawing_logits)
+    if valid is None:  # the layout's constants: nothing reads a tree in place
+        return StaticTreeDraft(tokens, consts.parents, consts.num_nodes, node_logits, consts.offsets, full=True)
+    tree, keep = compact_tree(tokens, consts.parents, valid)  # rows whose draws ran out of mass have fewer nodes
+    draft_logits = None if node_logits is None else node_logits.gather(1, keep[:, :, None].expand(-1, -1, V))
     return StaticTreeDraft(tree.tokens, tree.parents, tree.num_nodes, draft_logits, keep)
 
 
@@ -327,44 +427,3 @@ def _without_replacement(weights: Tensor, k: int, state: Any) -> Tensor:
     return torch.stack(out, 1)
 
 
-def _grow_dynamic(plan: StaticTreePlan, root_tokens: Tensor, root_logits: Tensor,
-                  expand: StaticExpand) -> StaticTreeDraft:
-    B, device = root_tokens.shape[0], root_tokens.device
-    k, D = plan.top_k, plan.max_depth
-    tokens = [root_tokens[:, None]]
-    parents = [torch.full((B, 1), -1, dtype=torch.long, device=device)]
-    values = [torch.zeros((B, 1), dtype=torch.float32, device=device)]
-    offsets = [torch.zeros((B, 1), dtype=torch.long, device=device)]
-    frontier = torch.zeros((B, 1), dtype=torch.long, device=device)  # node ids
-    ancestors = torch.full((B, 1, D + 1), -1, dtype=torch.long, device=device)
-    ancestors[:, :, 0] = 0
-    log_q = torch.log_softmax(root_logits.float(), -1)[:, None]
-    size = 1
-    for depth in range(1, D + 1):
-        top = log_q.topk(k, dim=-1)  # [B, f, k]
-        base = torch.cat(values, 1).gather(1, frontier)
-        cand_values = (base[:, :, None] + top.values).flatten(1)
-        cand_tokens, cand_parents = top.indices.flatten(1), frontier[:, :, None].expand(-1, -1, k).flatten(1)
-        tokens.append(cand_tokens)
-        parents.append(cand_parents)
-        values.append(cand_values)
-        cand_offsets = torch.full_like(cand_tokens, -1)
-        offsets.append(cand_offsets)
-        first, size = size, size + cand_tokens.shape[1]
-        if depth == D:
-            break
-        chosen = best_first(cand_values, k)  # [B, k] candidate positions
-        fed_offsets = (1 + (depth - 1) * k + torch.arange(k, device=device)).expand(B, -1)
-        cand_offsets.scatter_(1, chosen, fed_offsets)
-        ancestors = ancestors.gather(1, (chosen // k)[:, :, None].expand(-1, -1, D + 1)).clone()
-        ancestors[:, :, depth] = fed_offsets
-        frontier = first + chosen
-        logits = expand(fed_offsets, cand_tokens.gather(1, chosen), ancestors, depth)
-        log_q = torch.log_softmax(logits.float(), -1)
-    all_values = torch.cat(values, 1)
-    all_values = torch.where(torch.isfinite(all_values), all_values, torch.full_like(all_values, -1e30))
-    num_valid = torch.full((B,), size, dtype=torch.long, device=device)
-    pruned = prune_on_device(torch.cat(parents, 1), all_values, num_valid, plan.num_nodes)
-    keep = pruned.keep
-    return StaticTreeDraft(torch.cat(tokens, 1).gather(1, keep), pruned.parents, pruned.num_nodes, None,
-                           torch.cat(offsets, 1).gather(1, keep))
