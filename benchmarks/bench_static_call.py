@@ -1,0 +1,162 @@
+"""Where a static-path call's time goes outside its decoding steps: per ``specdecode.generate``
+call, the host time spent on the arguments, the engine's checks, the layout lookup, the setup of
+the buffers, the prefill, the steps themselves and the final reads, as medians over interleaved
+repeats of each configuration (the demo pair, batch 1, greedy).
+
+    python benchmarks/bench_static_call.py --threads 1 --clock cpu
+    python benchmarks/bench_static_call.py --decode-paths static compiled --new-tokens 16 64
+
+Rows: the target alone (``draft=None``) and a chain of the demo draft (``--gamma`` drafts per
+step) on each ``--decode-paths`` path (``static`` eagerly; ``compiled`` with its phases and its
+prefill compiled by ``torch.compile``; ``graphed`` / ``compiled`` on CUDA also record CUDA
+graphs). Every configuration runs once before it is timed (its layout, and its compiled code or
+graphs, are then reused, as in a serving loop). The prompts cycle through ``--num-prompts`` held-out demo
+prompts of different lengths, so that the prompt-dependent work is measured.
+
+Columns (milliseconds per call): ``args`` (``specdecode.generate``'s own work around the engine:
+arguments, Hugging Face generation config, drafter), ``checks`` (what the static path refuses,
+checked when the engine is built), ``layout`` (finding the kept layout), ``setup`` (writing the
+prompt into the buffers), ``prefill`` (the target's and the drafter's prompt forwards),
+``steps`` (the decoding loop), ``final`` (reading the results and the statistics) and
+``outside`` = total - steps: the per-call cost this benchmark is about. ``x_outside`` divides
+each row's ``outside`` by the ``static`` row of the same configuration.
+
+The split is measured by timing the engine's methods from outside (this script wraps them), so it
+measures the code as it is.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections import defaultdict
+from typing import Any, Callable
+
+import torch
+
+from specdecode.bench.harness import CLOCKS, base_parser, format_table, write_results
+
+PARTS = ("args", "checks", "layout", "setup", "prefill", "steps", "final")
+
+
+class SplitTimer:
+    """Times the static engine's methods, wrapped in place for the life of this object's
+    ``with`` block; :meth:`take` returns and clears the seconds per part since the last take."""
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self.clock = clock
+        self.seconds: dict[str, float] = defaultdict(float)
+        self._saved: list[tuple[Any, str, Any]] = []
+
+    def _wrap(self, owner: Any, name: str, part: str) -> None:
+        original = getattr(owner, name)
+        timer = self
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            t0 = timer.clock()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                timer.seconds[part] += timer.clock() - t0
+
+        self._saved.append((owner, name, original))
+        setattr(owner, name, timed)
+
+    def __enter__(self) -> "SplitTimer":
+        import specdecode.engine.static_loop as static_loop
+
+        engine = static_loop.StaticEngine
+        self._wrap(static_loop, "run_static_engine", "engine")
+        self._wrap(engine, "__init__", "checks")
+        self._wrap(engine, "generate", "generate")
+        for name, part in (("_session", "layout"), ("_reset", "setup"), ("_prefill", "prefill"),
+                           ("_decode", "steps")):
+            if hasattr(engine, name):
+                self._wrap(engine, name, part)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for owner, name, original in reversed(self._saved):
+            setattr(owner, name, original)
+        self._saved = []
+
+    def take(self, total: float) -> dict[str, float]:
+        s = self.seconds
+        split = {part: s.get(part, 0.0) for part in ("checks", "layout", "setup", "prefill", "steps")}
+        split["final"] = s.get("generate", 0.0) - sum(s.get(p, 0.0) for p in ("layout", "setup", "prefill", "steps"))
+        split["args"] = total - s.get("engine", 0.0)
+        split["total"] = total
+        split["outside"] = total - split["steps"]
+        self.seconds = defaultdict(float)
+        return split
+
+
+def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
+    parser = base_parser(__doc__.splitlines()[0])
+    parser.add_argument("--decode-paths", nargs="+", default=["static", "compiled"],
+                        help="static, compiled, graphed (CUDA); default: static compiled")
+    parser.add_argument("--new-tokens", type=int, nargs="+", default=[16, 64])
+    parser.add_argument("--gamma", type=int, default=4)
+    parser.add_argument("--num-prompts", type=int, default=4)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
+                        help="wall, or cpu (this thread's CPU time: less noisy on a busy machine, CPU work only)")
+    args = parser.parse_args(argv)
+    repeats = args.repeats or (2 if args.quick else 7)
+    if args.quick:
+        args.new_tokens, args.num_prompts = [min(args.new_tokens)], 2
+    torch.set_num_threads(args.threads)
+    import specdecode
+    from specdecode.demo import demo_prompts
+
+    device = torch.device(args.device)
+    target, draft, tok = specdecode.load_demo_pair(device=device)
+    for model in (target, draft):
+        model.generation_config.eos_token_id = None
+    texts = demo_prompts()
+    prompts = [tok(texts[i], return_tensors="pt").input_ids[:, -(24 + 7 * i):].to(device)
+               for i in range(args.num_prompts)]
+    clock = CLOCKS[args.clock]
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+    configs = [(path, name, new) for new in args.new_tokens for name in ("target alone", "chain")
+               for path in args.decode_paths]
+
+    def call(path: str, name: str, new: int, ids: torch.Tensor) -> None:
+        specdecode.generate(target, draft if name == "chain" else None, ids, max_new_tokens=new,
+                            num_draft_tokens=args.gamma, eos_token_id=[], pad_token_id=0, decode_path=path)
+
+    samples: dict[tuple, list[dict[str, float]]] = defaultdict(list)
+    with SplitTimer(clock) as timer:
+        for config in configs:  # warm-up: layouts, compiled code and graphs are made here
+            for ids in prompts:
+                call(*config, ids)
+        timer.take(0.0)
+        for _ in range(repeats):
+            for config in configs:  # interleaved, so that a busy spell of the machine hits every row alike
+                for ids in prompts:
+                    sync()
+                    t0 = clock()
+                    call(*config, ids)
+                    sync()
+                    samples[config].append(timer.take(clock() - t0))
+    rows = []
+    for (path, name, new), split in samples.items():
+        row: dict[str, Any] = {"path": path, "method": name, "new_tokens": new}
+        for part in (*PARTS, "outside", "total"):
+            row[part] = 1000 * statistics.median(s[part] for s in split)
+        rows.append(row)
+    for row in rows:
+        base = next((r for r in rows if r["path"] == "static" and r["method"] == row["method"]
+                     and r["new_tokens"] == row["new_tokens"]), None)
+        row["x_outside"] = row["outside"] / base["outside"] if base and base["outside"] else float("nan")
+    print(f"ms per call, median of {repeats} x {len(prompts)} prompts, {args.clock} clock, "
+          f"{torch.get_num_threads()} thread(s), {device}")
+    print(format_table(rows, ["path", "method", "new_tokens", *PARTS, "outside", "x_outside", "total"]))
+    csv_path, _ = write_results(args.out, "bench_static_call", rows, {"args": vars(args), "time": time.time()})
+    print(f"wrote {csv_path}")
+    return rows
+
+
+if __name__ == "__main__":
+    main()
