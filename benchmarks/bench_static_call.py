@@ -10,15 +10,17 @@ Rows: the target alone (``draft=None``) and a chain of the demo draft (``--gamma
 step) on each ``--decode-paths`` path (``static`` eagerly; ``compiled`` with its phases and its
 prefill compiled by ``torch.compile``; ``graphed`` / ``compiled`` on CUDA also record CUDA
 graphs). Every configuration runs once before it is timed (its layout, and its compiled code or
-graphs, are then reused, as in a serving loop). The prompts cycle through ``--num-prompts`` held-out demo
+graphs, are then reused, as in a serving loop); the paths of one method and length are timed
+together, interleaved. The prompts cycle through ``--num-prompts`` held-out demo
 prompts of different lengths, so that the prompt-dependent work is measured.
 
 Columns (milliseconds per call): ``args`` (``specdecode.generate``'s own work around the engine:
 arguments, Hugging Face generation config, drafter), ``checks`` (what the static path refuses,
 checked when the engine is built), ``layout`` (finding the kept layout), ``setup`` (writing the
 prompt into the buffers), ``prefill`` (the target's and the drafter's prompt forwards),
-``steps`` (the decoding loop), ``final`` (reading the results and the statistics) and
-``outside`` = total - steps: the per-call cost this benchmark is about. ``x_outside`` divides
+``steps`` (the decoding loop; ``per_step`` divides it by the steps run), ``final`` (reading the
+results and the statistics) and ``outside`` = total - steps: the per-call cost this benchmark is
+about. ``x_outside`` divides
 each row's ``outside`` by the ``static`` row of the same configuration.
 
 The split is measured by timing the engine's methods from outside (this script wraps them), so it
@@ -119,31 +121,37 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
                for i in range(args.num_prompts)]
     clock = CLOCKS[args.clock]
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
-    configs = [(path, name, new) for new in args.new_tokens for name in ("target alone", "chain")
-               for path in args.decode_paths]
+    # groups of configurations timed together: the paths of one (method, new tokens), whose layouts all
+    # stay kept (at most SESSION_CACHE_SIZE per target; an evicted compiled layout compiles again)
+    groups = [[(path, name, new) for path in args.decode_paths] for new in args.new_tokens
+              for name in ("target alone", "chain")]
 
-    def call(path: str, name: str, new: int, ids: torch.Tensor) -> None:
-        specdecode.generate(target, draft if name == "chain" else None, ids, max_new_tokens=new,
-                            num_draft_tokens=args.gamma, eos_token_id=[], pad_token_id=0, decode_path=path)
+    def call(path: str, name: str, new: int, ids: torch.Tensor) -> int:
+        out = specdecode.generate(target, draft if name == "chain" else None, ids, max_new_tokens=new,
+                                  num_draft_tokens=args.gamma, eos_token_id=[], pad_token_id=0, decode_path=path)
+        return out.stats.decode_steps_run
 
     samples: dict[tuple, list[dict[str, float]]] = defaultdict(list)
     with SplitTimer(clock) as timer:
-        for config in configs:  # warm-up: layouts, compiled code and graphs are made here
-            for ids in prompts:
-                call(*config, ids)
-        timer.take(0.0)
-        for _ in range(repeats):
-            for config in configs:  # interleaved, so that a busy spell of the machine hits every row alike
+        for configs in groups:
+            for config in configs:  # warm-up: layouts, compiled code and graphs are made here
                 for ids in prompts:
-                    sync()
-                    t0 = clock()
                     call(*config, ids)
-                    sync()
-                    samples[config].append(timer.take(clock() - t0))
+            timer.take(0.0)
+            for _ in range(repeats):
+                for config in configs:  # interleaved, so that a busy spell of the machine hits every path alike
+                    for ids in prompts:
+                        sync()
+                        t0 = clock()
+                        steps = call(*config, ids)
+                        sync()
+                        split = timer.take(clock() - t0)
+                        split["per_step"] = split["steps"] / max(steps, 1)
+                        samples[config].append(split)
     rows = []
     for (path, name, new), split in samples.items():
         row: dict[str, Any] = {"path": path, "method": name, "new_tokens": new}
-        for part in (*PARTS, "outside", "total"):
+        for part in (*PARTS, "per_step", "outside", "total"):
             row[part] = 1000 * statistics.median(s[part] for s in split)
         rows.append(row)
     for row in rows:
@@ -152,7 +160,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         row["x_outside"] = row["outside"] / base["outside"] if base and base["outside"] else float("nan")
     print(f"ms per call, median of {repeats} x {len(prompts)} prompts, {args.clock} clock, "
           f"{torch.get_num_threads()} thread(s), {device}")
-    print(format_table(rows, ["path", "method", "new_tokens", *PARTS, "outside", "x_outside", "total"]))
+    print(format_table(rows, ["path", "method", "new_tokens", *PARTS, "per_step", "outside", "x_outside", "total"]))
     csv_path, _ = write_results(args.out, "bench_static_call", rows, {"args": vars(args), "time": time.time()})
     print(f"wrote {csv_path}")
     return rows

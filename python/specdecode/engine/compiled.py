@@ -33,6 +33,12 @@ from typing import Callable
 import torch
 
 
+#: The ``torch.compile`` backend: Inductor. (``"aot_eager"`` traces the same graphs, with the same
+#: guards and the same functionalised mutations, and runs them without generating code: the tests
+#: check how each drafter kind traces with it, without a C++ compiler.)
+BACKEND = "inductor"
+
+
 class CompiledPhase:
     """A phase compiled by Inductor from its own copy of the function's code (see the module
     docstring). Calling it runs the compiled code, compiling it on the first call; a first call
@@ -43,7 +49,7 @@ class CompiledPhase:
         self.name = name
         code = fn.__code__.replace(co_name=f"{fn.__code__.co_name}_phase")
         own = types.FunctionType(code, fn.__globals__, code.co_name, fn.__defaults__, fn.__closure__)
-        self._compiled = torch.compile(own, fullgraph=True, dynamic=False, backend="inductor")
+        self._compiled = torch.compile(own, fullgraph=True, dynamic=False, backend=BACKEND)
         self._ready = False
 
     def __call__(self) -> object:

@@ -39,7 +39,7 @@ def _single_device(model: torch.nn.Module, name: str) -> torch.device:
                              "use decode_path='eager'")
         devices.add(param.device)
     for module in model.modules():
-        if getattr(module, "_hf_hook", None) is not None:
+        if vars(module).get("_hf_hook") is not None:  # accelerate sets it as a plain attribute (cheaper than getattr)
             raise ValueError(f"{name}: models dispatched by accelerate (device_map, offload) are not supported on "
                              "the static decode path; use decode_path='eager'")
     if len(devices) != 1:

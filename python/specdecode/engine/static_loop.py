@@ -36,9 +36,9 @@ generation with the same shapes (:mod:`specdecode.engine.static_layouts`: the
 
 On the graphed and compiled paths the prompt block is rounded up to a multiple of
 :data:`PROMPT_MULTIPLE` columns (more left padding, never attended), so that every prompt of a
-*bucket* shares one layout, and the target's prefill is one more program of that layout:
-compiled, or recorded as a CUDA graph and replayed, like the steps
-(:mod:`specdecode.engine.static_prefill`).
+*bucket* shares one layout, and the target's prefill is one more program of that layout
+(a :class:`~specdecode.engine.graphs.StepProgram`): compiled, or recorded as a CUDA graph and
+replayed, like the steps. The drafter's own prefill runs eagerly.
 
 Token trees run here too, with a node budget fixed before the generation: their draft, score
 and verify phases are :mod:`specdecode.engine.static_tree`'s, the commit phase is the chain's
