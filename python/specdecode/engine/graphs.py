@@ -16,8 +16,9 @@ phase when per-phase timings are wanted. Later calls replay. Compiled, the first
 phases eagerly (it makes whatever buffers they create on first use), the second compiles them
 (and on CUDA, runs them on a side stream and records them); later calls run the compiled code
 (CPU) or replay (CUDA). A program whose second run changes nothing (``idempotent``: the
-prefill) compiles in its first call, right after the eager run. Phase times come from CUDA events recorded between replays (no
-synchronisation) and are read once at the end; on the CPU they come from the host clock.
+prefill) compiles in its first call, right after the eager run. Phase times come from CUDA
+events recorded between replays (no synchronisation) and are read once at the end; on the CPU
+they come from the host clock.
 """
 
 from __future__ import annotations
@@ -37,9 +38,9 @@ class StepProgram:
     (:func:`~specdecode.engine.compiled.compile_phase`): the whole step as one function, or each
     phase alone with ``phase_timing``; ``phase_timing`` keeps one timing per phase (on CUDA: one
     graph per phase with an event between them; without it a graphed or compiled step is one
-    graph or one compiled function and only the step's total is timed). ``idempotent``: running the phases twice
-    in a row leaves what running them once does (a prefill, not a step), so a compiled program
-    compiles in its first call. ``runs`` counts the calls of :meth:`run`.
+    graph or one compiled function and only the step's total is timed). ``idempotent``: running
+    the phases twice in a row leaves what running them once does (a prefill, not a step), so a
+    compiled program compiles in its first call. ``runs`` counts the calls of :meth:`run`.
     """
 
     def __init__(self, phases: list[tuple[str, Callable[[], None]]], device: torch.device, *, graphed: bool,
