@@ -19,6 +19,7 @@ from specdecode.drafters.base import StaticDrafter
 from specdecode.engine.schedules import ConstantSchedule, DraftSchedule
 from specdecode.engine.settings import EngineSettings
 from specdecode.engine.static_features import drafter_modules
+from specdecode.engine.static_layouts import modules_of
 from specdecode.engine.static_tree import TreeSetup, check_static_tree, drafts_tree
 from specdecode.models import facts
 from specdecode.rules import get_rule, is_chain_rule
@@ -32,16 +33,21 @@ def _has_cuda_kernel(op: str) -> bool:
 
 
 def _single_device(model: torch.nn.Module, name: str) -> torch.device:
+    """The one device of ``model``'s parameters, or ``ValueError`` naming ``name`` (tensor
+    parallelism, accelerate's dispatch, several devices). One walk over the modules, reading
+    their own tables (it runs at every call: a 30-layer model has ~400 modules)."""
     devices = set()
-    for param in model.parameters():
-        if type(param).__name__ == "DTensor" or hasattr(param, "to_local"):
-            raise ValueError(f"{name}: tensor-parallel (DTensor) models are not supported on the static decode path; "
-                             "use decode_path='eager'")
-        devices.add(param.device)
-    for module in model.modules():
-        if vars(module).get("_hf_hook") is not None:  # accelerate sets it as a plain attribute (cheaper than getattr)
+    for module in modules_of(model):
+        if vars(module).get("_hf_hook") is not None:  # accelerate sets it as a plain attribute
             raise ValueError(f"{name}: models dispatched by accelerate (device_map, offload) are not supported on "
                              "the static decode path; use decode_path='eager'")
+        for param in module._parameters.values():
+            if param is None:
+                continue
+            if type(param).__name__ == "DTensor" or hasattr(param, "to_local"):
+                raise ValueError(f"{name}: tensor-parallel (DTensor) models are not supported on the static decode "
+                                 "path; use decode_path='eager'")
+            devices.add(param.device)
     if len(devices) != 1:
         raise ValueError(f"{name}: the static decode path needs every parameter on one device, got "
                          f"{sorted(str(d) for d in devices)}; use decode_path='eager'")
