@@ -26,7 +26,9 @@ about. ``x_outside`` divides each row's ``outside`` by the row of the first ``--
 path with the same method and length.
 
 The split is measured by timing the engine's methods from outside (this script wraps them), so it
-measures the code as it is.
+measures the code as it is. On CUDA the host runs ahead of the device: ``steps`` is the host's
+time in the loop (which waits for each stop check) and ``final`` includes waiting for the last
+step or two the loop left queued; ``total`` is the call's wall time.
 """
 
 from __future__ import annotations

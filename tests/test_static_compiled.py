@@ -36,9 +36,9 @@ import specdecode.engine.compiled as compiled
 import specdecode.engine.static_loop as static_loop
 from specdecode import ModelDrafter, generate
 from specdecode.drafters import HydraDrafter, MedusaDrafter
-from specdecode.trees.builders import DynamicTree
 from specdecode.engine.launch_count import step_launches
 from specdecode.engine.static_layouts import kept_layouts
+from specdecode.trees.builders import DynamicTree
 
 MAX_NEW = 12
 SHAPE = [[0], [1], [0, 0], [0, 1], [1, 0]]
@@ -142,9 +142,12 @@ N = 6000  # tests/test_static_trees.py's size: the broken step below gives p = 0
 
 
 def sample(target, draft, n=N, **kwargs):
+    """The second generation of a layout: the first compiles (its first step runs eagerly), the
+    second runs the compiled step at every step."""
     ids = torch.tensor([PROMPT]).expand(n, -1)
-    out = run(target, draft, ids, do_sample=True, max_new_tokens=K, eos_token_id=[],
-              generator=torch.Generator().manual_seed(0), **kwargs)
+    for seed in (1, 0):
+        out = run(target, draft, ids, do_sample=True, max_new_tokens=K, eos_token_id=[],
+                  generator=torch.Generator().manual_seed(seed), **kwargs)
     return out.sequences[:, len(PROMPT):], out.stats
 
 
