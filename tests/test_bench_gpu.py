@@ -1,6 +1,8 @@
 """``python -m specdecode bench --device ...`` (specdecode.bench.gpu): the CPU smoke run of the
-GPU benchmark exercises every method, the static path and the greedy check, and writes its
-CSV/JSON; ``--device cuda`` without a GPU is refused with a clear message."""
+GPU benchmark exercises every method but the compiled ones (``--quick`` leaves them out: a C++
+compiler runs per layout; tests/test_static_compiled.py covers that path), the static path with
+its kernels per step, and the greedy check, and writes its CSV/JSON; ``--device cuda`` without
+a GPU is refused with a clear message."""
 
 from __future__ import annotations
 
@@ -36,6 +38,7 @@ def test_quick_cpu_run_covers_every_method(tmp_path: Path) -> None:
             assert r["path"] == "static"  # no GPU: the same steps, not recorded as graphs
             assert float(r["host_syncs_per_step"]) <= 1.0
             assert float(r["target_share"]) > 0
+            assert int(r["kernels_per_step"]) > 0
         if r["method"] == "eager chain":
             assert float(r["host_syncs_per_step"]) >= 2.0
         if r["method"] == "graphed chain":

@@ -19,7 +19,15 @@ Methods (``--methods`` picks some):
 - ``eager chain`` / ``graphed chain``: ``specdecode.generate`` with the token rule on the
   eager path and on the graphed static path (CPU: static);
 - ``eager tree``: a dynamic (EAGLE-2) tree of ``--tree-nodes`` nodes on the eager path (skipped
-  where ``verify_tree`` has no kernel for the device).
+  where ``verify_tree`` has no kernel for the device);
+- ``target compiled`` / ``compiled chain``: the target alone and the chain on the compiled static
+  path (``decode_path="compiled"``: the step compiled by ``torch.compile``, then on CUDA recorded
+  as CUDA graphs; compiled during the warm-up). ``--quick`` leaves them out unless ``--methods``
+  names them: each layout runs a compiler for seconds to minutes.
+
+``kernels_per_step``: the kernels one step of the static, graphed or compiled methods launches
+(:func:`specdecode.engine.launch_count.step_launches`: eager operators on the CPU, the kernels
+compiled code calls, the CUDA kernels on a GPU), counted on the last layout after the timed runs.
 
 For the static/graphed methods one extra generation with ``phase_timing=True`` gives the time
 split (draft / target / verify / bookkeeping) and the time per draft forward, without
@@ -39,6 +47,7 @@ from __future__ import annotations
 import argparse
 import copy
 import statistics
+import sys
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -48,7 +57,11 @@ import torch
 from specdecode.analysis import expected_speedup
 from specdecode.bench.harness import base_parser, environment, format_table, write_results
 
-METHODS = ("target HF", "target graphed", "HF assisted", "eager chain", "graphed chain", "eager tree")
+METHODS = ("target HF", "target graphed", "HF assisted", "eager chain", "graphed chain", "eager tree",
+           "target compiled", "compiled chain")
+#: The methods that run on a static path (kernels per step counted), with the path's name.
+STATIC_METHODS = {"target graphed": "graphed", "graphed chain": "graphed", "target compiled": "compiled",
+                  "compiled chain": "compiled"}
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
@@ -102,6 +115,8 @@ def make_runner(method: str, target: Any, draft: Any, batches: list, args: argpa
     """A function ``run(phase_timing) -> (new tokens, stats list)`` over all batches, or None
     when the method does not apply."""
     import specdecode
+    from specdecode.drafters import ModelDrafter
+    from specdecode.engine.static_loop import TargetOnly
 
     static_path = "graphed" if device.type == "cuda" else "static"
     sampling = dict(do_sample=True, temperature=temperature) if temperature > 0 else dict(do_sample=False)
@@ -111,11 +126,14 @@ def make_runner(method: str, target: Any, draft: Any, batches: list, args: argpa
         return None
     if method == "eager tree" and not has_kernel("verify_tree", device):
         return None
-    if method.startswith("graphed") or method == "target graphed":
+    if method in STATIC_METHODS:
         if device.type == "cuda" and not has_kernel("verify_logits_philox", device):
             return None
         if temperature > 0 and device.type == "cuda" and not has_kernel("sample_logits_philox", device):
             return None
+
+    # static methods get the drafter object itself, so that their kernels per step can be counted
+    static_drafter = TargetOnly() if method.startswith("target") else ModelDrafter(draft)
 
     def run(phase_timing: bool = False) -> tuple[int, list[Any]]:
         new, stats = 0, []
@@ -130,11 +148,12 @@ def make_runner(method: str, target: Any, draft: Any, batches: list, args: argpa
                 new += out.shape[1] - ids.shape[1]
             else:
                 kwargs: dict[str, Any] = dict(eos_token_id=[], generator=gen, **common, **sampling)
-                if method == "target graphed":
-                    model, kwargs["decode_path"], kwargs["phase_timing"] = None, static_path, phase_timing
-                elif method == "graphed chain":
-                    model, kwargs["decode_path"], kwargs["phase_timing"] = draft, static_path, phase_timing
-                    kwargs.update(num_draft_tokens=args.gamma, rule="token")
+                if method in STATIC_METHODS:
+                    path = static_path if STATIC_METHODS[method] == "graphed" else "compiled"
+                    model = None if method.startswith("target") else static_drafter
+                    kwargs["decode_path"], kwargs["phase_timing"] = path, phase_timing
+                    if model is not None:
+                        kwargs.update(num_draft_tokens=args.gamma, rule="token")
                 elif method == "eager chain":
                     model = draft
                     kwargs.update(num_draft_tokens=args.gamma, rule="token")
@@ -146,6 +165,7 @@ def make_runner(method: str, target: Any, draft: Any, batches: list, args: argpa
                 stats.append(out.stats)
         return new, stats
 
+    run.drafter = static_drafter  # type: ignore[attr-defined]
     return run
 
 
@@ -279,6 +299,8 @@ def run(args: argparse.Namespace, on_group: Callable[[list[dict[str, Any]]], Non
                     row: dict[str, Any] = {"pair": pair, "dtype": args.dtype, "temperature": temperature,
                                            "batch": batch, "method": method, "tok_per_s": speed}
                     row.update(summarize(stats))
+                    if method in STATIC_METHODS:
+                        row["kernels_per_step"] = kernels_per_step(target, runner)
                     if method in ("target graphed", "graphed chain"):
                         runner(True)  # records the per-phase graphs (a separate layout)
                         _, timed_stats = runner(True)
@@ -290,6 +312,14 @@ def run(args: argparse.Namespace, on_group: Callable[[list[dict[str, Any]]], Non
                 if on_group is not None:
                     on_group(results)
     return results
+
+
+def kernels_per_step(target: Any, runner: Callable[..., Any]) -> int:
+    """Kernels one step of the layout of the runner's last generation launches."""
+    from specdecode.engine.launch_count import step_launches
+    from specdecode.engine.static_layouts import kept_layouts
+
+    return step_launches(kept_layouts(target)[-1], runner.drafter)  # type: ignore[attr-defined]
 
 
 def finish_group(group: dict[str, dict[str, Any]], gamma: int) -> None:
@@ -304,7 +334,8 @@ def finish_group(group: dict[str, dict[str, Any]], gamma: int) -> None:
         row["x_hf"] = speed / hf if hf else float("nan")
         if "alpha" not in row or method.startswith("target") or "tree" in method:
             continue
-        same_path = graphed if method == "graphed chain" else group.get("target HF", {})
+        same_path = {"graphed chain": graphed, "compiled chain": group.get("target compiled", {})}.get(
+            method, group.get("target HF", {}))
         step_ms = same_path.get("target_ms_per_step")
         if step_ms is None and same_path.get("tok_per_s"):
             step_ms = 1000 * row["batch"] / same_path["tok_per_s"]
@@ -404,6 +435,8 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> list[dict[st
         raise SystemExit("--device cuda: this build of specdecode has no CUDA kernels (python -m specdecode info); "
                          "rebuild with CUDA available")
     if args.quick:
+        if "--methods" not in (argv if argv is not None else sys.argv[1:]):
+            args.methods = [m for m in args.methods if m not in ("target compiled", "compiled chain")]
         args.pairs = ["demo"]
         args.batch_sizes = [1, 3]
         args.dtype = args.dtype or "float32"
@@ -425,8 +458,8 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> list[dict[st
     rows = run(args, on_group=lambda so_far: write_results(args.out, "bench_gpu", so_far, meta))
     checks = greedy_check(args.check_pair, device, args) if args.check_prompts > 0 else []
     columns = ["pair", "temperature", "batch", "method", "tok_per_s", "x_target", "x_graphed", "x_hf", "alpha",
-               "block_efficiency", "host_syncs_per_step", "draft_ms_per_forward", "draft_share", "predicted",
-               "measured_over_predicted"]
+               "block_efficiency", "host_syncs_per_step", "kernels_per_step", "draft_ms_per_forward", "draft_share",
+               "predicted", "measured_over_predicted"]
     print(format_table(rows, columns))
     if checks:
         print("greedy check (rows whose greedy speculative output differs from the target's own greedy generate):")

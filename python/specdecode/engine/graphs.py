@@ -1,17 +1,24 @@
-"""Running a decoding step made of phases: eagerly, or recorded once as CUDA graphs and replayed.
+"""Running a decoding step made of phases: eagerly, compiled, or recorded once as CUDA graphs
+and replayed.
 
 A *phase* is a Python function over persistent tensors (it reads and writes buffers whose
 addresses never change, and keeps the tensors it produces as attributes of its owner). Such a
-function can run as it is (the CPU, or ``decode_path="static"``), or be recorded into a CUDA
+function can run as it is (the CPU, or ``decode_path="static"``), compiled by ``torch.compile``
+(:mod:`specdecode.engine.compiled`, ``decode_path="compiled"``), or be recorded into a CUDA
 graph whose replay repeats the same kernels on the current contents of those buffers, without
-any Python, module dispatch or per-kernel launch (``decode_path="graphed"``).
+any Python, module dispatch or per-kernel launch (``decode_path="graphed"``; ``"compiled"``
+records the compiled phases on CUDA).
 
-:class:`StepProgram` does either. With CUDA graphs, the first call runs the phases eagerly on
-a side stream (a real step, and the warm-up that graph capture needs: lazy library handles,
+:class:`StepProgram` does each. With CUDA graphs, the first call runs the phases eagerly on a
+side stream (a real step, and the warm-up that graph capture needs: lazy library handles,
 workspace allocations), then records them: one graph for the whole step, or one graph per
-phase when per-phase timings are wanted. Later calls replay. Phase times come from CUDA events
-recorded between replays (no synchronisation) and are read once at the end; on the CPU they
-come from the host clock.
+phase when per-phase timings are wanted. Later calls replay. Compiled, the first call runs the
+phases eagerly (it makes whatever buffers they create on first use), the second compiles them
+(and on CUDA, runs them on a side stream and records them); later calls run the compiled code
+(CPU) or replay (CUDA). A program whose second run changes nothing (``idempotent``: the
+prefill) compiles in its first call, right after the eager run. Phase times come from CUDA
+events recorded between replays (no synchronisation) and are read once at the end; on the CPU
+they come from the host clock.
 """
 
 from __future__ import annotations
@@ -24,19 +31,33 @@ import torch
 
 
 class StepProgram:
-    """The phases of one step, run eagerly or as CUDA graphs.
+    """The phases of one step, run eagerly, compiled or as CUDA graphs.
 
     ``phases`` are ``(name, fn)`` pairs run in order. ``graphed`` records them into CUDA graphs
-    (CUDA only); ``phase_timing`` keeps one timing per phase (on CUDA: one graph per phase with
-    an event between them; without it a graphed step is one graph and only the step's total is
-    timed).
+    (CUDA only); ``compiled`` compiles them with ``torch.compile`` first
+    (:func:`~specdecode.engine.compiled.compile_phase`): the whole step as one function, or each
+    phase alone with ``phase_timing``; ``phase_timing`` keeps one timing per phase (on CUDA: one
+    graph per phase with an event between them; without it a graphed or compiled step is one
+    graph or one compiled function and only the step's total is timed). ``idempotent``: running
+    the phases twice in a row leaves what running them once does (a prefill, not a step), so a
+    compiled program compiles in its first call. ``runs`` counts the calls of :meth:`run`.
     """
 
     def __init__(self, phases: list[tuple[str, Callable[[], None]]], device: torch.device, *, graphed: bool,
-                 phase_timing: bool, syncs: Any = None) -> None:
+                 phase_timing: bool, syncs: Any = None, compiled: bool = False, idempotent: bool = False) -> None:
+        from specdecode.engine.compiled import compile_phase, in_sequence
+
         if graphed and device.type != "cuda":
             raise ValueError(f"decode_path='graphed' needs a CUDA device, got {device}")
+        self.eager_phases = phases
+        self.compiled = compiled
+        # the phases as later calls run them: compiled once the first, eager call made their buffers
         self.phases = phases
+        if compiled:
+            groups = phases if phase_timing or len(phases) == 1 else [("step", in_sequence(phases))]
+            self.phases = [(name, compile_phase(name, fn)) for name, fn in groups]
+        self.runs = 0
+        self.idempotent = idempotent
         self.device = device
         self.graphed = graphed
         self.phase_timing = phase_timing
@@ -53,18 +74,24 @@ class StepProgram:
 
     def run(self) -> None:
         """One step."""
+        first = self.runs == 0
+        self.runs += 1
+        if self.compiled and first:
+            self._run_eager(self.eager_phases)  # makes what the phases create on first use
+            if not self.idempotent:
+                return  # compiled by the next step
         if not self.graphed:
-            self._run_eager()
+            self._run_eager(self.phases)
         elif self.graphs is None:
             self._warm_up_and_capture()
         else:
             self._replay()
 
     # ------------------------------------------------------------------ eager
-    def _run_eager(self) -> None:
+    def _run_eager(self, phases: list[tuple[str, Callable[[], None]]]) -> None:
         if self.cuda:
             marks = self._mark() if self.phase_timing else self._mark(1)
-            for i, (_, fn) in enumerate(self.phases):
+            for i, (_, fn) in enumerate(phases):
                 fn()
                 if self.phase_timing:
                     marks[i + 1].record()
@@ -72,10 +99,10 @@ class StepProgram:
                 marks[1].record()
             return
         start = time.perf_counter()
-        for name, fn in self.phases:
+        for name, fn in phases:
             t0 = time.perf_counter()
             fn()
-            self.seconds[name] += time.perf_counter() - t0
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - t0
         self.step_seconds += time.perf_counter() - start
 
     # ------------------------------------------------------------------ CUDA graphs
@@ -105,8 +132,9 @@ class StepProgram:
                         fn()
                 graphs.append(graph)
         except Exception as exc:  # noqa: BLE001 - re-raised with what to do about it
+            path = "compiled" if self.compiled else "graphed"
             raise RuntimeError(
-                "decode_path='graphed': recording the decoding step as a CUDA graph failed (some operation in the "
+                f"decode_path={path!r}: recording the decoding step as a CUDA graph failed (some operation in the "
                 f"models' forward synchronises with the host or changes shape): {exc}. decode_path='static' runs "
                 "the same step without graphs"
             ) from exc
@@ -137,10 +165,10 @@ class StepProgram:
             self.step_seconds += marks[0].elapsed_time(marks[-1]) / 1000.0
             if len(marks) == len(self.phases) + 1:
                 for i, (name, _) in enumerate(self.phases):
-                    self.seconds[name] += marks[i].elapsed_time(marks[i + 1]) / 1000.0
+                    self.seconds[name] = self.seconds.get(name, 0.0) + marks[i].elapsed_time(marks[i + 1]) / 1000.0
         self._events = []
 
     def reset_timings(self) -> None:
-        self.seconds = {name: 0.0 for name, _ in self.phases}
+        self.seconds = {name: 0.0 for name, _ in self.eager_phases}
         self.step_seconds = 0.0
         self._events = []

@@ -19,6 +19,7 @@ from specdecode.drafters.base import StaticDrafter
 from specdecode.engine.schedules import ConstantSchedule, DraftSchedule
 from specdecode.engine.settings import EngineSettings
 from specdecode.engine.static_features import drafter_modules
+from specdecode.engine.static_layouts import modules_of
 from specdecode.engine.static_tree import TreeSetup, check_static_tree, drafts_tree
 from specdecode.models import facts
 from specdecode.rules import get_rule, is_chain_rule
@@ -32,16 +33,21 @@ def _has_cuda_kernel(op: str) -> bool:
 
 
 def _single_device(model: torch.nn.Module, name: str) -> torch.device:
+    """The one device of ``model``'s parameters, or ``ValueError`` naming ``name`` (tensor
+    parallelism, accelerate's dispatch, several devices). One walk over the modules, reading
+    their own tables (it runs at every call: a 30-layer model has ~400 modules)."""
     devices = set()
-    for param in model.parameters():
-        if type(param).__name__ == "DTensor" or hasattr(param, "to_local"):
-            raise ValueError(f"{name}: tensor-parallel (DTensor) models are not supported on the static decode path; "
-                             "use decode_path='eager'")
-        devices.add(param.device)
-    for module in model.modules():
-        if getattr(module, "_hf_hook", None) is not None:
+    for module in modules_of(model):
+        if vars(module).get("_hf_hook") is not None:  # accelerate sets it as a plain attribute
             raise ValueError(f"{name}: models dispatched by accelerate (device_map, offload) are not supported on "
                              "the static decode path; use decode_path='eager'")
+        for param in module._parameters.values():
+            if param is None:
+                continue
+            if type(param).__name__ == "DTensor" or hasattr(param, "to_local"):
+                raise ValueError(f"{name}: tensor-parallel (DTensor) models are not supported on the static decode "
+                                 "path; use decode_path='eager'")
+            devices.add(param.device)
     if len(devices) != 1:
         raise ValueError(f"{name}: the static decode path needs every parameter on one device, got "
                          f"{sorted(str(d) for d in devices)}; use decode_path='eager'")
@@ -51,9 +57,11 @@ def _single_device(model: torch.nn.Module, name: str) -> torch.device:
 def check_static_path(target: torch.nn.Module, drafter: Any | None, settings: EngineSettings,
                       decode_path: str) -> tuple[int, TreeSetup | None]:
     """Refuse what the static path cannot do for ``target`` with ``drafter`` (None: the target
-    alone) under ``settings`` and ``decode_path`` (``"static"`` or ``"graphed"``), with a
-    ``ValueError`` naming the argument; returns gamma (0 for the target alone; a tree's depth)
-    and the generation's :class:`~specdecode.engine.static_tree.TreeSetup` (None for chains)."""
+    alone) under ``settings`` and ``decode_path`` (``"static"``, ``"compiled"`` or ``"graphed"``),
+    with a ``ValueError`` naming the argument; returns gamma (0 for the target alone; a tree's
+    depth) and the generation's :class:`~specdecode.engine.static_tree.TreeSetup` (None for
+    chains). ``"compiled"`` records CUDA graphs on a CUDA device, as ``"graphed"`` does, and
+    needs what they need there."""
     where = f"decode_path={decode_path!r}"
     for name, value in (("logits_processor", settings.processors), ("stopping_criteria", settings.stopping),
                         ("streamer", settings.streamer)):
@@ -61,6 +69,7 @@ def check_static_path(target: torch.nn.Module, drafter: Any | None, settings: En
             raise ValueError(f"{name}: not supported with {where} (it needs the host at every token); "
                              "use decode_path='eager'")
     device = _single_device(target, "target")
+    graphed = decode_path == "graphed" or (decode_path == "compiled" and device.type == "cuda")
     tree = None
     if drafter is None:
         gamma = 0
@@ -72,7 +81,7 @@ def check_static_path(target: torch.nn.Module, drafter: Any | None, settings: En
                 "HydraDrafter have them); use decode_path='eager'"
             )
         if drafts_tree(drafter):
-            tree = check_static_tree(drafter, settings, decode_path)
+            tree = check_static_tree(drafter, settings, decode_path, graphed=graphed)
         elif type(settings.schedule) not in (ConstantSchedule, DraftSchedule):
             raise ValueError(f"draft_schedule: only the constant schedule runs with {where} (every step has one "
                              f"shape), got {getattr(settings.schedule, 'name', type(settings.schedule).__name__)!r}")
@@ -95,17 +104,18 @@ def check_static_path(target: torch.nn.Module, drafter: Any | None, settings: En
                          "Philox on the device)")
     if not facts.accepts_custom_4d_mask(target):
         raise ValueError(_mask_message("target", target))
-    if decode_path == "graphed":
-        if device.type != "cuda":
-            raise ValueError(f"decode_path: 'graphed' records CUDA graphs and needs a CUDA device, but the target is "
-                             f"on {device}; decode_path='static' runs the same steps without graphs")
+    if decode_path == "graphed" and device.type != "cuda":
+        raise ValueError(f"decode_path: 'graphed' records CUDA graphs and needs a CUDA device, but the target is "
+                         f"on {device}; decode_path='static' runs the same steps without graphs (or 'compiled', "
+                         "compiled by torch.compile)")
+    if graphed:
         ops = ("verify_logits_philox",) if tree is None else ("verify_tree_philox", "tree_attention_mask")
         if not settings.sampling.is_greedy:
             ops += ("sample_logits_philox",)
         missing = [op for op in ops if not _has_cuda_kernel(op)]
         if missing:
-            raise ValueError(f"decode_path: 'graphed' needs the CUDA kernels of {', '.join(missing)}, which this "
-                             "build of specdecode lacks (python -m specdecode info)")
+            raise ValueError(f"decode_path: {decode_path!r} needs the CUDA kernels of {', '.join(missing)}, which "
+                             "this build of specdecode lacks (python -m specdecode info)")
     return gamma, tree
 
 

@@ -45,16 +45,35 @@ class Weights:
     """The parameters a layout was built for: each parameter object, held weakly, with its
     storage address, dtype and shape at that time. It matches a model whose parameters are the
     same live objects, unchanged; a parameter replaced, reassigned (``param.data = ...``) or moved
-    does not match. A freed parameter never matches (its weak reference is dead)."""
+    does not match. A freed parameter never matches (its weak reference is dead). Checked at
+    every call (:func:`kept_layout`), so the modules' own parameter tables are read directly
+    (a tied parameter appears once per module that holds it, in both walks alike)."""
 
     def __init__(self, model: torch.nn.Module) -> None:
-        self._params = [(weakref.ref(p), p.data_ptr(), p.dtype, tuple(p.shape)) for p in model.parameters()]
+        self._params = [(weakref.ref(p), p.data_ptr(), p.dtype, p.shape) for p in _parameters(model)]
 
     def match(self, model: torch.nn.Module) -> bool:
-        params = list(model.parameters())
+        params = _parameters(model)
         return len(params) == len(self._params) and all(
-            ref() is p and p.data_ptr() == ptr and p.dtype == dtype and tuple(p.shape) == shape
+            ref() is p and p.data_ptr() == ptr and p.dtype == dtype and p.shape == shape
             for (ref, ptr, dtype, shape), p in zip(self._params, params))
+
+
+def _parameters(model: torch.nn.Module) -> list[torch.Tensor]:
+    """Every module's parameters, in module order (a parameter tied to two modules twice)."""
+    return [p for module in modules_of(model) for p in module._parameters.values() if p is not None]
+
+
+def modules_of(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """``model`` and its submodules, depth first, in a fixed order; a module held twice is listed
+    twice. What ``model.modules()`` gives without naming every module on the way (the static
+    path walks its models at every call)."""
+    found, stack = [], [model]
+    while stack:
+        module = stack.pop()
+        found.append(module)
+        stack.extend(reversed([child for child in module._modules.values() if child is not None]))
+    return found
 
 
 def _weights_of(models: Sequence[Any]) -> tuple:

@@ -26,11 +26,19 @@ up front so that a whole step can be recorded once as CUDA graphs and replayed:
 
 ``decode_path="static"`` runs the phases eagerly (any device; this is what the CPU tests
 exercise), ``decode_path="graphed"`` records them as CUDA graphs on the first step and replays
-them (:mod:`specdecode.engine.graphs`). Graphs, caches and buffers are kept for the next
+them (:mod:`specdecode.engine.graphs`), ``decode_path="compiled"`` compiles them with
+``torch.compile`` (:mod:`specdecode.engine.compiled`; on CUDA it then records the compiled
+phases as CUDA graphs). Graphs, compiled code, caches and buffers are kept for the next
 generation with the same shapes (:mod:`specdecode.engine.static_layouts`: the
 :data:`SESSION_CACHE_SIZE` most recent layouts per target, freed with their models;
 :func:`clear_static_sessions` frees them all). With ``draft=None`` the same path decodes the target alone
 (one target forward per token): the baseline the speculative gain is measured against.
+
+On the graphed and compiled paths the prompt block is rounded up to a multiple of
+:data:`PROMPT_MULTIPLE` columns (more left padding, never attended), so that every prompt of a
+*bucket* shares one layout, and the target's prefill is one more program of that layout
+(a :class:`~specdecode.engine.graphs.StepProgram`): compiled, or recorded as a CUDA graph and
+replayed, like the steps. The drafter's own prefill runs eagerly.
 
 Token trees run here too, with a node budget fixed before the generation: their draft, score
 and verify phases are :mod:`specdecode.engine.static_tree`'s, the commit phase is the chain's
@@ -67,7 +75,7 @@ from specdecode.engine.static_checks import check_static_path
 from specdecode.engine.static_features import drafter_modules, feature_layers_of, target_forward
 from specdecode.engine.static_layouts import SESSION_CACHE_SIZE, clear_static_sessions  # noqa: F401 (re-exported)
 from specdecode.engine.static_layouts import keep_layout, kept_layout
-from specdecode.engine.static_state import StaticState
+from specdecode.engine.static_state import StaticState, StepScratch
 from specdecode.engine.static_tree import record_tree_acceptance, tree_phases, tree_span
 from specdecode.engine.stats import SpeculativeStats
 from specdecode.engine.step_phases import scored_logits, verify_chain
@@ -79,7 +87,10 @@ from specdecode.rules import get_rule
 #: Cache capacities are rounded up to a multiple of this, so that prompts of similar lengths
 #: share one layout (and its graphs).
 CAPACITY_MULTIPLE = 16
-DECODE_PATHS = ("eager", "static", "graphed")
+#: On the graphed and compiled paths the prompt block is rounded up to a multiple of this (its
+#: prefill is compiled or recorded once per bucket).
+PROMPT_MULTIPLE = 16
+DECODE_PATHS = ("eager", "static", "compiled", "graphed")
 
 class TargetOnly:
     """The "drafter" of plain decoding on the static path: no drafts; each step is one target
@@ -126,6 +137,7 @@ class _Session:
         self.flag_host = torch.zeros(2, dtype=torch.bool, pin_memory=device.type == "cuda")
         self.drafter: Any = None  # set only while a generation runs
         self.program: StepProgram | None = None
+        self.prefill: StepProgram | None = None  # the target's prefill, where the layout fixes the prompt block
 
 
 # ---------------------------------------------------------------------- engine
@@ -138,7 +150,7 @@ class StaticEngine:
                  phase_timing: bool = False) -> None:
         self.target, self.drafter, self.settings = target, drafter, settings
         self.stats = stats if stats is not None else SpeculativeStats()
-        if decode_path not in ("static", "graphed"):
+        if decode_path not in DECODE_PATHS[1:]:
             raise ValueError(f"decode_path: expected one of {DECODE_PATHS}, got {decode_path!r}")
         self.decode_path = decode_path
         self.gamma, self.tree = check_static_path(target, None if isinstance(drafter, TargetOnly) else drafter,
@@ -148,6 +160,8 @@ class StaticEngine:
         self.stop_check_every = stop_check_every
         self.phase_timing = phase_timing
         self.device = facts.input_device(target)
+        self.compiled = decode_path == "compiled"
+        self.graphed = decode_path == "graphed" or (self.compiled and self.device.type == "cuda")
         self.rule = get_rule(settings.rule or "token") if self.tree is None else None
         self._logits_to_keep_ok = facts.accepts_logits_to_keep(target)
         self.window = facts.sliding_window(target)
@@ -163,14 +177,15 @@ class StaticEngine:
         """
         s = self.settings
         B, L = input_ids.shape
-        prompt_width = L + 1  # one leading padding column: the first step re-feeds column prompt_width - 2
+        span = tree_span(self.tree, self.gamma)
         # > the last column any step writes
-        needed = prompt_width + s.max_new_tokens + tree_span(self.tree, self.gamma)
+        needed = L + 1 + s.max_new_tokens + span
         if self.window is not None and needed > self.window:
             raise ValueError(f"max_new_tokens: prompt_len + max_new_tokens + num_draft_tokens + 1 = {needed} exceeds the "
                              f"sliding window ({self.window}); use decode_path='eager'")
-        capacity = -(-needed // CAPACITY_MULTIPLE) * CAPACITY_MULTIPLE
-        session = self._session(B, capacity)
+        prompt_width = self._prompt_width(L, span)
+        capacity = -(-(prompt_width + s.max_new_tokens + span) // CAPACITY_MULTIPLE) * CAPACITY_MULTIPLE
+        session = self._session(B, capacity, prompt_width if self.decode_path != "static" else None)
         session.drafter = self.drafter
         try:
             syncs = session.syncs
@@ -238,17 +253,33 @@ class StaticEngine:
         return steps
 
     # ------------------------------------------------------------------ setup
-    def _session(self, batch: int, capacity: int) -> _Session:
+    def _prompt_width(self, prompt_len: int, span: int) -> int:
+        """Columns of the prompt block, its leading padding column included (the first step
+        re-feeds column ``prompt_width - 2``): ``prompt_len + 1`` on the static path, rounded up
+        to a multiple of :data:`PROMPT_MULTIPLE` (+ 1) on the graphed and compiled paths, unless
+        that would pass a sliding window."""
+        if self.decode_path == "static":
+            return prompt_len + 1
+        bucketed = -(-max(prompt_len, 1) // PROMPT_MULTIPLE) * PROMPT_MULTIPLE + 1
+        if self.window is not None and bucketed + self.settings.max_new_tokens + span > self.window:
+            return prompt_len + 1
+        return bucketed
+
+    def _session(self, batch: int, capacity: int, prompt_width: int | None) -> _Session:
         s = self.settings
         rule = self.rule.name if self.rule is not None else self.tree.key  # type: ignore[union-attr]
-        key = (self.drafter.static_key(), str(self.device), batch, capacity, self.gamma, s.sampling, rule,
-               tuple(sorted(s.rule_options.items())), s.vocab_size, s.eos_ids, s.max_new_tokens, self.decode_path,
-               self.phase_timing, self.feature_layers)
+        key = (self.drafter.static_key(), str(self.device), batch, capacity, prompt_width, self.gamma, s.sampling,
+               rule, tuple(sorted(s.rule_options.items())), s.vocab_size, s.eos_ids, s.max_new_tokens,
+               self.decode_path, self.phase_timing, self.feature_layers)
         models = (self.target, *drafter_modules(self.drafter))
         session = kept_layout(self.target, key, models)
         if session is None:
             session = _Session(self, batch, capacity)
             session.program = self._program(session)
+            if prompt_width is not None:  # the prompt block is the layout's: its prefill is a program too
+                session.prefill = StepProgram([("target prefill", self._prefill_phase(session, prompt_width))],
+                                              self.device, graphed=self.graphed, phase_timing=False,
+                                              syncs=session.syncs, compiled=self.compiled, idempotent=True)
             keep_layout(self.target, key, models, session)
         return session
 
@@ -264,10 +295,11 @@ class StaticEngine:
             if not syncs.flag((mask == expected).all()):
                 raise ValueError("attention_mask: the static decode path takes left padding only (each row: zeros, "
                                  "then ones); use decode_path='eager' for other masks")
+        shift = prompt_width - L  # leading padding columns (1 on the static path)
         state.prompt_width = prompt_width
         state.tokens.zero_()
-        state.tokens[:, 1: L + 1] = input_ids
-        state.start.copy_(pads + 1)
+        state.tokens[:, shift: shift + L] = input_ids
+        state.start.copy_(pads + shift)
         state.lengths.fill_(prompt_width - 1)
         session.out.fill_(s.pad_id)
         session.generated.zero_()
@@ -284,14 +316,13 @@ class StaticEngine:
         state.philox_offset.zero_()
 
     def _prefill(self, session: _Session) -> None:
-        from specdecode.models.static_cache import prefill_inputs
-
         state, stats = session.state, self.stats
         t0 = time.perf_counter()
-        width = state.prompt_width - 1  # columns before the first pending token
-        with prefill_inputs(session.cache, state.start, width, self._dtype(self.target)) as (_, positions, mask):
-            target_forward(self.target, state.tokens[:, :width], mask, positions, session.cache, state,
-                           self.feature_layers, last_only=True, logits_to_keep_ok=self._logits_to_keep_ok)
+        if session.prefill is not None:  # compiled or graphed, once per layout
+            session.prefill.reset_timings()
+            session.prefill.run()
+        else:
+            self._prefill_phase(session, state.prompt_width)()
         count_prefill(stats, time.perf_counter() - t0)
         t0 = time.perf_counter()
         self.drafter.static_prefill(state, self.gamma)
@@ -301,6 +332,21 @@ class StaticEngine:
     @staticmethod
     def _dtype(model: torch.nn.Module) -> torch.dtype:
         return model.dtype if hasattr(model, "dtype") else torch.float32
+
+    def _prefill_phase(self, session: _Session, prompt_width: int) -> Callable[[], None]:
+        """The target's prefill of the ``prompt_width - 1`` columns before the first pending
+        token (a phase: it holds the target weakly, as the step's phases do)."""
+        from specdecode.models.static_cache import prefill_inputs
+
+        target_ref, state, layers = weakref.ref(self.target), session.state, self.feature_layers
+        logits_to_keep_ok, dtype, width = self._logits_to_keep_ok, self._dtype(self.target), prompt_width - 1
+
+        def prefill() -> None:
+            with prefill_inputs(session.cache, state.start, width, dtype) as (_, positions, mask):
+                target_forward(target_ref(), state.tokens[:, :width], mask, positions, session.cache, state, layers,
+                               last_only=True, logits_to_keep_ok=logits_to_keep_ok)
+
+        return prefill
 
     # ------------------------------------------------------------------ the step
     def _program(self, session: _Session) -> StepProgram:
@@ -313,11 +359,12 @@ class StaticEngine:
         s = self.settings
         dtype = self._dtype(self.target)
         layers = self.feature_layers
-        scratch: dict[str, Tensor] = {}
+        scratch = StepScratch()
+        is_tree = self.tree is not None
 
         def draft() -> None:
             tokens, logits = session.drafter.static_propose(state, gamma)
-            scratch["draft_tokens"], scratch["draft_logits"] = tokens, logits
+            scratch.draft_tokens, scratch.draft_logits = tokens, logits
             state.tokens.scatter_(1, state.lengths[:, None] + session.arange[None, 1:], tokens)
 
         def score() -> None:
@@ -328,26 +375,26 @@ class StaticEngine:
             ids = state.tokens.gather(1, columns)
             logits = target_forward(target_ref(), ids, mask, positions, session.cache, state, layers, last_only=False,
                                     logits_to_keep_ok=logits_to_keep_ok)
-            scratch["target_logits"] = scored_logits(logits, s.vocab_size, device)
+            scratch.target_logits = scored_logits(logits, s.vocab_size, device)
 
         def verify() -> None:
             active = ~session.finished
             if gamma == 0:
-                tokens = state.sample(scratch["target_logits"][:, 0])[:, None]
+                tokens = state.sample(scratch.target_logits[:, 0])[:, None]
                 accepted = torch.zeros_like(session.generated)
                 verified = accepted
             else:
                 verified = torch.where(active, verify_budget(s.max_new_tokens - session.generated, gamma), 0)
-                result = verify_chain(scratch["target_logits"], scratch["draft_tokens"], scratch["draft_logits"],
+                result = verify_chain(scratch.target_logits, scratch.draft_tokens, scratch.draft_logits,
                                       verified, rule, s, philox_seed=state.philox_seed,
                                       philox_offset=state.philox_offset)
                 state.philox_offset.add_(1)
                 state.count_op_sync()
                 tokens, accepted = result.tokens, result.accepted_len
-            scratch["tokens"], scratch["accepted"], scratch["verified"] = tokens, accepted, verified
+            scratch.tokens, scratch.accepted, scratch.verified = tokens, accepted, verified
 
         def commit() -> None:
-            tokens, accepted, verified = scratch["tokens"], scratch["accepted"], scratch["verified"]
+            tokens, accepted, verified = scratch.tokens, scratch.accepted, scratch.verified
             idx = session.arange
             active = ~session.finished
             remaining = s.max_new_tokens - session.generated
@@ -367,9 +414,9 @@ class StaticEngine:
             state.tokens.scatter_(1, state.lengths[:, None], torch.where(continuing[:, None], next_token, current))
             # counted as the eager loop counts (no drafts when no row has two tokens left), on the device
             counted, counted_verified = counted_drafts(active, remaining, accepted, verified)
-            if "drafted" in scratch:  # a token tree
+            if is_tree:
                 session.counters.add_(tree_step_counters(active, counted, counted_verified, keep, idx[:gamma],
-                                                         scratch["drafted"], scratch["stopped_early"]))
+                                                         scratch.drafted, scratch.stopped_early))
             else:
                 session.counters.add_(step_counters(active, counted, counted_verified, keep, idx[:gamma]))
             session.accepted_log.index_copy_(0, session.step, torch.where(active, counted, -1)[None])
@@ -380,8 +427,8 @@ class StaticEngine:
                                                layers)
         phases: list[tuple[str, Callable[[], None]]] = [("draft", draft)] if gamma > 0 else []
         phases += [("target", score), ("verify", verify), ("bookkeeping", commit)]
-        return StepProgram(phases, self.device, graphed=self.decode_path == "graphed",
-                           phase_timing=self.phase_timing, syncs=session.syncs)
+        return StepProgram(phases, self.device, graphed=self.graphed, phase_timing=self.phase_timing,
+                           syncs=session.syncs, compiled=self.compiled)
 
     # ------------------------------------------------------------------ statistics
     def _record(self, session: _Session, counters: Tensor, steps_run: int, captures: int) -> None:

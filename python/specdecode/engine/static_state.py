@@ -17,6 +17,27 @@ from specdecode.engine.syncs import HostSyncs
 from specdecode.sampling import SamplingParams
 
 
+class StepScratch:
+    """The tensors one phase of a static step hands to the next, as attributes (the same ones at
+    every step, so that a compiled phase finds the same object layout each time, where a dict
+    would change its keys on the first step). A chain step sets ``draft_tokens``,
+    ``draft_logits``, ``target_logits``, ``tokens``, ``accepted`` and ``verified``; a tree step
+    also ``tree``, ``depths``, ``drafted`` and ``stopped_early``
+    (:mod:`specdecode.engine.static_tree`)."""
+
+    def __init__(self) -> None:
+        self.draft_tokens: Tensor | None = None
+        self.draft_logits: Tensor | None = None
+        self.target_logits: Tensor | None = None
+        self.tokens: Tensor | None = None
+        self.accepted: Tensor | None = None
+        self.verified: Tensor | None = None
+        self.tree: Any = None
+        self.depths: Tensor | None = None
+        self.drafted: Tensor | None = None
+        self.stopped_early: Tensor | None = None
+
+
 class StaticState:
     """The persistent buffers of one static layout (the drafter's
     :class:`~specdecode.drafters.StaticDraftState`).
@@ -76,8 +97,11 @@ class StaticState:
 
     def count_op_sync(self) -> None:
         """Count the host synchronisation of a CUDA Philox op just run: outside graph capture it
-        copies its per-row statuses to the host."""
-        if self._device.type == "cuda" and not torch.cuda.is_current_stream_capturing():
+        copies its per-row statuses to the host. Not counted inside compiled code
+        (``decode_path="compiled"``), whose calls on CUDA are the one warm-up step before the
+        capture."""
+        if (self._device.type == "cuda" and not torch.compiler.is_compiling()
+                and not torch.cuda.is_current_stream_capturing()):
             self.syncs.count()
 
     def buffer(self, name: str, factory: Callable[[], Any]) -> Any:

@@ -47,6 +47,7 @@ from specdecode.engine.accounting import FIXED_COUNTERS
 from specdecode.engine.settings import EngineSettings
 from specdecode.engine.static_features import move_columns as move_feature_columns
 from specdecode.engine.static_features import target_forward
+from specdecode.engine.static_state import StepScratch
 from specdecode.engine.step_phases import scored_logits, tree_rule_for
 from specdecode.trees.rules import get_tree_rule, tree_rule_params
 from specdecode.trees.static_calibration import device_calibration
@@ -76,17 +77,21 @@ def drafts_tree(drafter: Any) -> bool:
     return getattr(drafter, "tree", None) is not None or getattr(drafter, "choices", None) is not None
 
 
-def check_static_tree(drafter: Any, settings: EngineSettings, decode_path: str) -> TreeSetup:
-    """Refuse what ``decode_path`` (``"static"`` or ``"graphed"``) cannot do with ``drafter``'s
-    token trees (``ValueError`` naming the argument); returns the generation's :class:`TreeSetup`."""
+def check_static_tree(drafter: Any, settings: EngineSettings, decode_path: str, *, graphed: bool | None = None
+                      ) -> TreeSetup:
+    """Refuse what ``decode_path`` (``"static"``, ``"compiled"`` or ``"graphed"``) cannot do
+    with ``drafter``'s token trees (``ValueError`` naming the argument); returns the generation's
+    :class:`TreeSetup`. ``graphed``: whether the steps are recorded as CUDA graphs (default:
+    ``decode_path == "graphed"``; ``"compiled"`` records them on CUDA)."""
     where = f"decode_path={decode_path!r}"
+    graphed = decode_path == "graphed" if graphed is None else graphed
     if not isinstance(drafter, StaticTreeDrafter):
         raise ValueError(f"tree: {type(drafter).__name__} cannot draft token trees with {where} (it needs "
                          "static_tree_plan, static_propose_tree and static_accept_path: ModelDrafter, "
                          "LayerSkipDrafter, EagleDrafter, MedusaDrafter and HydraDrafter have them); draft a chain "
                          "(tree=None) or use decode_path='eager'")
     plan = drafter.static_tree_plan(settings.sampling, settings.vocab_size)
-    if decode_path == "graphed" and needs_processed_probs(plan.children, settings.sampling):
+    if graphed and needs_processed_probs(plan.children, settings.sampling):
         when = "" if plan.children == "hub" else " under top_k / top_p / min_p"
         raise ValueError(f"tree_children: {plan.children!r} children{when} are drawn from the processed distribution "
                          "itself (processed_probs), whose CUDA kernel synchronises with the host, so it cannot run "
@@ -119,7 +124,7 @@ def _describe(plan: StaticTreePlan) -> str:
     return "is a dynamic tree" if plan.shape is None else f"has the shape {plan.shape.paths()}"
 
 
-def tree_phases(session: Any, scratch: dict[str, Any], setup: TreeSetup, target: Callable[[], Any],
+def tree_phases(session: Any, scratch: StepScratch, setup: TreeSetup, target: Callable[[], Any],
                 dtype: torch.dtype, logits_to_keep_ok: bool, settings: EngineSettings,
                 layers: tuple[int, ...] | None = None
                 ) -> tuple[Callable[[], None], Callable[[], None], Callable[[], None]]:
@@ -139,29 +144,29 @@ def tree_phases(session: Any, scratch: dict[str, Any], setup: TreeSetup, target:
     no_prefix = torch.zeros((state.batch_size, 0), dtype=torch.bool, device=device)
 
     def draft() -> None:
-        scratch["tree"] = session.drafter.static_propose_tree(state, plan)
+        scratch.tree = session.drafter.static_propose_tree(state, plan)
 
     def score() -> None:
         from specdecode.models.static_cache import tree_inputs
 
-        tree = scratch["tree"]
+        tree = scratch.tree
         offset = state.lengths - state.start
         positions, _, tree_mask, *_ = ops.tree_attention_mask(tree.parents, tree.num_nodes, no_prefix, offset)
-        scratch["depths"] = positions - offset[:, None]  # each node's depth, for the statistics
+        scratch.depths = positions - offset[:, None]  # each node's depth, for the statistics
         state.count_op_sync()  # on CUDA, outside a graph, the op reads its row statuses on the host
         mask, columns = tree_inputs(state.lengths, state.start, tree_mask, state.capacity, dtype)
         session.cache.columns = columns
         logits = target_forward(target(), tree.tokens, mask, positions, session.cache, state, layers,
                                 last_only=False, logits_to_keep_ok=logits_to_keep_ok)
-        scratch["target_logits"] = scored_logits(logits, settings.vocab_size, device)
+        scratch.target_logits = scored_logits(logits, settings.vocab_size, device)
 
     def verify() -> None:
         from specdecode.models.static_cache import move_columns
 
-        tree = scratch["tree"]
+        tree = scratch.tree
         draft_logits = tree.draft_logits if setup.needs_draft_logits else None
         tokens, accepted, nodes = ops.verify_tree_philox(
-            scratch["target_logits"], draft_logits, tree.tokens, tree.parents, tree.num_nodes, state.philox_seed,
+            scratch.target_logits, draft_logits, tree.tokens, tree.parents, tree.num_nodes, state.philox_seed,
             state.philox_offset, *settings.sampling.op_args(), setup.op_rule, list(setup.rule_params))
         state.philox_offset.add_(1)
         state.count_op_sync()
@@ -177,7 +182,7 @@ def tree_phases(session: Any, scratch: dict[str, Any], setup: TreeSetup, target:
         session.drafter.static_accept_path(state, tree, nodes, accepted)
         state.tokens.scatter_(1, target_columns, tokens[:, :D].clamp_min(0))
         active = ~session.finished
-        scratch["tokens"], scratch["accepted"] = tokens, accepted
+        scratch.tokens, scratch.accepted = tokens, accepted
         if tree.cells is not None:  # a calibrated dynamic tree learns from every step that drafts
             calibration = device_calibration(state, plan)
             if calibration is not None:  # (the eager loop drafts nothing once no row has two tokens left)
@@ -185,15 +190,15 @@ def tree_phases(session: Any, scratch: dict[str, Any], setup: TreeSetup, target:
                 calibration.count(tree.cells, tree.parents, nodes, active & drafting)
         stop = nodes.gather(1, accepted[:, None])  # the accepted path's last node (the root has parent -1)
         has_children = tree.parents == stop
-        depths = scratch["depths"]
+        depths = scratch.depths
         if tree.full:  # no padding slots: every row drafted N - 1 nodes
-            scratch["drafted"] = drafted_full
+            scratch.drafted = drafted_full
         else:
             real = node_index[None, :] < tree.num_nodes[:, None]
             has_children, depths = has_children & real, torch.where(real, depths, 0)
-            scratch["drafted"] = tree.num_nodes - 1
-        scratch["verified"] = torch.where(active, depths.amax(1), 0)
-        scratch["stopped_early"] = has_children.any(1)
+            scratch.drafted = tree.num_nodes - 1
+        scratch.verified = torch.where(active, depths.amax(1), 0)
+        scratch.stopped_early = has_children.any(1)
 
     return draft, score, verify
 

@@ -66,15 +66,18 @@ class SpeculativeStats:
       from there) and ``tree_shape`` (what the drafter's tree builder drafts, "" for chains); a
       ``stats`` passed to several calls keeps the last call's.
     - ``decode_path``: ``"eager"`` (the dynamic loop), ``"static"`` (static caches, device-side
-      steps run eagerly) or ``"graphed"`` (the same steps replayed as CUDA graphs).
+      steps run eagerly), ``"graphed"`` (the same steps replayed as CUDA graphs) or
+      ``"compiled"`` (the same steps compiled by ``torch.compile``; on CUDA also replayed as
+      CUDA graphs).
     - ``host_syncs``: times the host waited for the device during the call
       (:mod:`specdecode.engine.syncs`: value reads, timing synchronisations, the CUDA verify op's
       status copy), of which ``step_host_syncs`` inside decoding steps (prefill, setup and the
       final read of the results excluded); see :attr:`host_syncs_per_step`. Static path only:
       ``decode_steps_run`` counts the steps launched (``steps`` those with an active row; the
       difference is masked work after the last row finished, before the host noticed) and
-      ``graph_captures`` the CUDA graph recordings this call made (0 when it replayed graphs
-      kept from an earlier call).
+      ``graph_captures`` the recordings of the step's CUDA graphs this call made (0 when it
+      replayed graphs kept from an earlier call; the prefill's graph, recorded once per layout
+      too, is not counted).
     - Times in seconds: ``draft_time`` (draft forwards + proposal sampling + HF processors on
       draft logits), ``target_time`` (target forwards + processors on target logits),
       ``verify_time`` (``verify_logits`` and the uniforms it uses), ``bookkeeping_time``

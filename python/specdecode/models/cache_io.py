@@ -61,6 +61,7 @@ def _installed_keyword() -> str:
     return "cache" if "cache" in names else "past_key_values"
 
 
+@torch.compiler.assume_constant_result  # a fact about the class: compiled code bakes it in, guarding no table
 def cache_keyword(model: torch.nn.Module) -> str:
     """``"cache"`` or ``"past_key_values"``: the name ``model``'s forward takes its KV cache by."""
     cls = type(model)

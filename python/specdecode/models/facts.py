@@ -49,7 +49,7 @@ def unloaded_parameters(model: torch.nn.Module) -> list[str]:
     found: list[str] = []
 
     def visit(module: torch.nn.Module, prefix: str, offloaded: bool) -> None:
-        hook = getattr(module, "_hf_hook", None)
+        hook = vars(module).get("_hf_hook")  # a plain attribute (getattr on a module costs an exception when absent)
         hooks = getattr(hook, "hooks", None) or ((hook,) if hook is not None else ())  # SequentialHook
         offloaded = offloaded or any(getattr(h, "offload", False) for h in hooks)
         for name, param in module._parameters.items():

@@ -12,6 +12,7 @@ from torch import Tensor
 
 from specdecode.drafters.base import Drafter, TreeBuilderDrafter
 from specdecode.drafters.model import ModelDrafter
+from specdecode.engine.static_loop import DECODE_PATHS
 from specdecode.integrations.hf.compat import check_compatibility
 from specdecode.models.facts import check_model, vocab_rows
 from specdecode.rules import builtin_rule_params, get_rule, is_chain_rule, list_rules, rule_option_names
@@ -304,17 +305,14 @@ def split_sampling_warpers(logits_processor: Any, do_sample: bool) -> tuple[Any,
     return (LogitsProcessorList(others) if others else None), sampling
 
 
-DECODE_PATHS = ("eager", "static", "graphed")
-
-
 def check_decode_path(decode_path: Any, draft: Any) -> str:
-    """``decode_path`` checked (one of :data:`DECODE_PATHS`); ``draft=None`` (the target alone)
-    only runs on the static paths."""
+    """``decode_path`` checked (one of :data:`~specdecode.engine.static_loop.DECODE_PATHS`);
+    ``draft=None`` (the target alone) only runs on the static paths."""
     if not isinstance(decode_path, str) or decode_path not in DECODE_PATHS:
         raise ValueError(f"decode_path: expected one of {', '.join(repr(p) for p in DECODE_PATHS)}, got {decode_path!r}")
     if draft is None and decode_path == "eager":
-        raise ValueError("draft: None (the target alone) runs only with decode_path='static' or 'graphed'; pass a "
-                         "draft model or a drafter")
+        raise ValueError("draft: None (the target alone) runs only with decode_path='static', 'compiled' or 'graphed'; "
+                         "pass a draft model or a drafter")
     return decode_path
 
 

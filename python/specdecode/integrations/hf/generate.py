@@ -153,8 +153,10 @@ def generate(
 
     ``decode_path`` picks the engine: ``"eager"`` (default; everything above), ``"static"``
     (static KV caches, every step decided on the device, at most one host synchronisation per
-    step; any device) or ``"graphed"`` (the static steps recorded once as CUDA graphs and
-    replayed; CUDA only). The static paths take chains with a constant ``num_draft_tokens``,
+    step; any device), ``"graphed"`` (the static steps recorded once as CUDA graphs and
+    replayed; CUDA only) or ``"compiled"`` (the static steps and the target's prefill compiled
+    by ``torch.compile`` once per layout, then on CUDA recorded as CUDA graphs; any device with
+    Inductor: a C++ compiler on the CPU). The static paths take chains with a constant ``num_draft_tokens``,
     compiled rules, left-padded batches and no processors, stopping criteria or streamer; see
     :mod:`specdecode.engine.static_loop`. There, ``draft=None`` decodes the target alone, and
     ``stop_check_every=k`` checks for the end of the generation every ``k`` steps (each check
@@ -167,7 +169,8 @@ def generate(
     once) for the duration of the call. ``None`` (default) turns it on for models that
     :func:`specdecode.cpu.can_accelerate` accepts (all parameters on the CPU, float32 linear
     layers), ``True`` forces it, ``False`` keeps torch's own layers. It changes outputs only by
-    float rounding; the models are left as they were afterwards.
+    float rounding; the models are left as they were afterwards. ``decode_path="compiled"``
+    compiles the linear layers itself: there the fast path is off (``True`` is a ``ValueError``).
 
     Example:
         >>> target, draft, tok = specdecode.load_demo_pair()
@@ -203,6 +206,12 @@ def generate(
         assistant_early_exit=given("assistant_early_exit"), allow_none=True,
     )
     decode_path = args.check_decode_path(decode_path, draft)
+    fast_path = args.check_optional_bool("cpu_fast_path", cpu_fast_path)
+    if decode_path == "compiled":
+        if fast_path:
+            raise ValueError("cpu_fast_path: decode_path='compiled' compiles the linear layers with the rest of the "
+                             "step, where the CPU fast path cannot run; leave cpu_fast_path unset (or False)")
+        fast_path = False
     draft, builder = args.tree_settings(draft, tree, num_nodes, tree_depth, tree_children)
     drafter, vocab, vocab_limit = args.as_drafter(target, draft, target_tokenizer=target_tokenizer,
                                                   draft_tokenizer=draft_tokenizer, tree=builder)
@@ -251,8 +260,7 @@ def generate(
     )
     if decode_path != "eager":
         args.check_int("stop_check_every", stop_check_every, 1)
-    with cpu.accelerated(target, args.draft_model_of(drafter), enabled=args.check_optional_bool("cpu_fast_path",
-                                                                                                cpu_fast_path)):
+    with cpu.accelerated(target, args.draft_model_of(drafter), enabled=fast_path):
         if decode_path == "eager":
             sequences, stats = run_engine(target, drafter, input_ids, mask, settings, stats, start_time=start)
         else:
