@@ -14,6 +14,7 @@ import pytest
 import specdecode
 import specdecode.training.prompt_file as prompt_file
 import specdecode.training.widen as widen
+import specdecode.training.data as data_module
 from specdecode.prompt_sets import CHAT_PROMPT_SETS
 from specdecode.training.data import DataSettings
 from specdecode.training.prompt_file import (
@@ -152,13 +153,13 @@ def test_a_run_draws_from_the_file_and_asks_the_target_for_nothing_before_its_co
     assert sum(p in ("Plan a picnic for six people.", "Name three rivers in Peru.") for p in prompts) == 5
     assert sum(p == conversation_ids(tokenizer, EXCHANGE) for p in prompts) == 5  # repeated: the file holds one
     calls = []
-    generate = target.generate
+    continued = data_module.continue_prompts
 
-    def counted(*args, **kwargs):
-        calls.append(kwargs.get("input_ids", args[0] if args else None).shape[0])
-        return generate(*args, **kwargs)
+    def counted(target_, batch, *args, **kwargs):
+        calls.append(len(batch))
+        return continued(target_, batch, *args, **kwargs)
 
-    monkeypatch.setattr(target, "generate", counted)
+    monkeypatch.setattr(data_module, "continue_prompts", counted)
     result = train_drafter("draft", target, tmp_path / "run", tokenizer=tokenizer, target_name="demo", max_steps=1,
                            num_prompts=8, prompt_mix=mix, prompts=path, data_settings=SMALL,
                            loop_settings=LoopSettings(batch_size=4), progress=False, num_layers=1)
