@@ -101,5 +101,5 @@ for i in $(seq 1 $((parts - 1))); do
 done
 last_extra=""
 [ "$parts" -eq 1 ] && last_extra=$ext_carry
-echo "  run  command='bash scripts/gpu_session.sh bench'  carry=[\"$PARTS_DIR/manifest\", \"$PARTS_DIR/part-$parts\", \"$PARTS_DIR/site\"$last_extra]  timeout_s=270"
+echo "  run  command='bash scripts/gpu_session.sh bench'  carry=[\"$PARTS_DIR/manifest\", \"$PARTS_DIR/part-$parts\", \"$PARTS_DIR/site\"$last_extra]  timeout_s=480"
 echo "  run  command='MINUTES=6.5 bash scripts/gpu_session.sh train'  timeout_s=560"

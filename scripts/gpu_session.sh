@@ -1,7 +1,12 @@
 #!/usr/bin/env bash
 # A whole GPU session in one script: the CUDA tests of what changed since the last GPU run, the GPU
-# benchmark (`python -m specdecode bench --device cuda`: the 1B pair and SmolLM2 with its shipped
-# drafter), then the training run of every drafter kind for SmolLM2 (scripts/gpu_train_drafters.sh).
+# benchmark (`python -m specdecode bench --device cuda --preset gpu-session`: the 1B pair and SmolLM2
+# with its shipped EAGLE drafter; every method: the target alone through HF generate, HF's static-cache
+# compiled generate, specdecode's graphed and compiled paths; HF assisted; eager / graphed / compiled
+# chains; eager, graphed static and graphed dynamic trees; batch 1 and 8, greedy; the time split,
+# kernels per step, greedy identity and the cost per call from 64 and 256 tokens; at most 6 minutes
+# on an H100, results written after every method: docs/gpu.md, "The decode-path benchmark"), then
+# the training run of every drafter kind for SmolLM2 (scripts/gpu_train_drafters.sh).
 # The device tool lends 15 minutes in all, the machine's start included, at most 10 a call, 64 MiB
 # carried a call, and keeps a machine warm only 30 s after a call: make the calls below one right
 # after the other, nothing in between.
@@ -15,10 +20,11 @@
 #           carry=[".gguf-parts/manifest", ".gguf-parts/part-1", ".gguf-parts/_C.cpython-312-x86_64-linux-gnu.so.gz"]
 #   2. run  command='bash scripts/gpu_session.sh stash'  timeout_s=60
 #           carry=[".gguf-parts/manifest", ".gguf-parts/part-2"]
-#   3. run  command='bash scripts/gpu_session.sh bench'  timeout_s=270
+#   3. run  command='bash scripts/gpu_session.sh bench'  timeout_s=480
 #           carry=[".gguf-parts/manifest", ".gguf-parts/part-3", ".gguf-parts/site"]
 #   4. run  command='MINUTES=6.5 bash scripts/gpu_session.sh train'  timeout_s=560
-#      (with less device time left than 8.5 minutes: MINUTES = minutes left - 2, at least 3)
+#      (with less device time left than 8.5 minutes: MINUTES = minutes left - 2, at least 3; after a
+#      full call 3 that is the usual case: call 3 takes up to 8 minutes of the 15)
 #   then give_back, and here: the files of call 3 (bench.log, cuda_tests.log, bench_gpu.csv/json) and of
 #   call 4 (KIND.tar per kind, train.log, summary.json; see scripts/gpu_train_drafters.sh).
 # A call that finds a part missing (the machine went back between calls) says so in one line: start
@@ -30,18 +36,21 @@
 #           TESTS_S seconds) and the GPU benchmark (at most BENCH_S seconds; it writes its results
 #           after every group, so a cut-short run still returns what it finished)
 #   train   scripts/gpu_train_drafters.sh train, with this script's OUT
-#   dry     everything `bench` does, on the CPU with the demo target and tiny sizes (the test suite
-#           runs it: tests/test_gpu_train_script.py)
-# Environment: TESTS_S [60], BENCH_S [170], CUDA_TESTS [the CUDA test files named below], BENCH_ARGS
-# [see below], PY [python3], OUT [./gpu_out], and gpu_train_drafters.sh's variables.
+#   dry     everything `bench` does but the CUDA tests, on the CPU: the same preset with --quick (the
+#           demo pair, tiny sizes, the compiled methods left out: their compiles take minutes on a
+#           CPU; tests/test_bench_gpu_rows.py runs HF's) (the test suite runs it:
+#           tests/test_bench_gpu_rows.py)
+# Environment: TESTS_S [60], BENCH_S [360], CUDA_TESTS [the CUDA test files named below], BENCH_ARGS
+# [--preset gpu-session], DRY_BENCH_ARGS [--preset gpu-session --quick], PY [python3], OUT [./gpu_out],
+# and gpu_train_drafters.sh's variables.
 set -uo pipefail
 STAGE=${1:-}
 OUT=${OUT:-$PWD/gpu_out}
 PY=${PY:-python3}
 TESTS_S=${TESTS_S:-60}
-BENCH_S=${BENCH_S:-170}
+BENCH_S=${BENCH_S:-360}
 CUDA_TESTS=${CUDA_TESTS:-tests/test_cuda_static_compiled.py tests/test_cuda_static_trees.py tests/test_training_cuda.py tests/test_training_data_path.py}
-BENCH_ARGS=${BENCH_ARGS:---pairs 1b smollm2 --quick-gpu}
+BENCH_ARGS=${BENCH_ARGS:---preset gpu-session}
 export OUT PY
 mkdir -p "$OUT"
 START=$(date +%s)
@@ -65,7 +74,7 @@ if [ "$STAGE" = bench ]; then
 else
   export PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}"
   DEVICE=cpu
-  BENCH_ARGS=${DRY_BENCH_ARGS:---pairs demo --quick}
+  BENCH_ARGS=${DRY_BENCH_ARGS:---preset gpu-session --quick}
 fi
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 $PY -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__, \

@@ -22,7 +22,7 @@
 #             carry=[".gguf-parts/manifest", ".gguf-parts/part-1", ".gguf-parts/_C.cpython-312-x86_64-linux-gnu.so.gz"]
 #     2. run  command='bash scripts/gpu_session.sh stash'  timeout_s=60
 #             carry=[".gguf-parts/manifest", ".gguf-parts/part-2"]
-#     3. run  command='bash scripts/gpu_session.sh bench'  timeout_s=270   (the GPU benchmark; it joins the parts)
+#     3. run  command='bash scripts/gpu_session.sh bench'  timeout_s=480   (the GPU benchmark; it joins the parts)
 #             carry=[".gguf-parts/manifest", ".gguf-parts/part-3", ".gguf-parts/site"]
 #     4. run  command='MINUTES=6.5 bash scripts/gpu_session.sh train'  timeout_s=560   (this script's train stage)
 #   here:  mkdir -p runs/gpu-drafters && for t in FILES_AT/*.tar; do tar -xf "$t" -C runs/gpu-drafters; done

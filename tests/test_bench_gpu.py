@@ -1,6 +1,7 @@
 """``python -m specdecode bench --device ...`` (specdecode.bench.gpu): the CPU smoke run of the
 GPU benchmark exercises every method but the compiled ones (``--quick`` leaves them out: a C++
-compiler runs per layout; tests/test_static_compiled.py covers that path), the static path with
+compiler runs per layout; tests/test_static_compiled.py covers that path, tests/test_bench_gpu_rows.py
+the newer rows), the static path with
 its kernels per step, and the greedy check, and writes its CSV/JSON; ``--device cuda`` without
 a GPU is refused with a clear message."""
 
@@ -29,12 +30,13 @@ def test_quick_cpu_run_covers_every_method(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     rows = list(csv.DictReader((tmp_path / "res" / "bench_gpu.csv").open()))
     methods = {r["method"] for r in rows}
-    assert methods == {"target HF", "target graphed", "HF assisted", "eager chain", "graphed chain", "eager tree"}
+    assert methods == {"target HF", "target graphed", "HF assisted", "eager chain", "graphed chain", "eager tree",
+                       "graphed static tree", "graphed dynamic tree"}
     assert {float(r["temperature"]) for r in rows} == {0.0, 1.0} and {r["batch"] for r in rows} == {"1", "3"}
     assert all(float(r["tok_per_s"]) > 0 for r in rows)
     assert not any(r["method"] == "HF assisted" and r["batch"] != "1" for r in rows)  # batch 1 only
     for r in rows:
-        if r["method"] in ("graphed chain", "target graphed"):
+        if r["method"] in ("graphed chain", "target graphed", "graphed static tree", "graphed dynamic tree"):
             assert r["path"] == "static"  # no GPU: the same steps, not recorded as graphs
             assert float(r["host_syncs_per_step"]) <= 1.0
             assert float(r["target_share"]) > 0

@@ -38,8 +38,8 @@ def has_kernel(op: str, device: torch.device) -> bool:
 def skip_reason(method: str, draft: Any, device: torch.device, temperature: float) -> str | None:
     """Why ``method`` cannot run with this pair's ``draft`` on ``device`` (None: it can)."""
     if method == "HF assisted" and not isinstance(draft, torch.nn.Module):
-        return (f"Hugging Face's assistant_model takes a causal LM; this pair's drafter is a "
-                f"{type(draft).__name__}, which HF generate cannot run")
+        return (f"Hugging Face's assistant_model takes a causal LM; this pair's drafter ({type(draft).__name__}) "
+                "is not one")
     if method in TREES and not has_kernel("verify_tree", device):
         return f"verify_tree has no {device.type} kernel in this build"
     if method in STATIC_METHODS and device.type == "cuda":
