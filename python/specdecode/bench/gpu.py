@@ -86,8 +86,8 @@ from typing import Any, Callable
 import torch
 
 from specdecode.analysis import expected_speedup
-from specdecode.bench.gpu_methods import (METHODS, SPLIT_METHODS, STATIC_METHODS, Runner, greedy_match, has_kernel,
-                                          make_runner)
+from specdecode.bench.gpu_methods import (COMPILED_METHODS, METHODS, SPLIT_METHODS, STATIC_METHODS, Runner,
+                                          greedy_match, has_kernel, make_runner)
 from specdecode.bench.gpu_pairs import PAIRS, check_pairs, draft_parameters, load, prompt_batches
 from specdecode.bench.gpu_plan import COST_METHODS, PRESETS, apply_options, call_cost
 from specdecode.bench.harness import base_parser, environment, format_table, write_results
@@ -201,8 +201,9 @@ def greedy_check(pair: str, device: torch.device, args: argparse.Namespace) -> l
 def run(args: argparse.Namespace, on_group: Callable[[list[dict[str, Any]]], None] | None = None
         ) -> list[dict[str, Any]]:
     """Every (batch size, pair, temperature, method), batch sizes outermost (the batch-1 goals
-    come first); ``on_group(rows so far)`` after each method (the results are written as they
-    come; a group's ratios are filled in as its rows arrive)."""
+    come first), the compiled methods in a second pass after all the others; ``on_group(rows so
+    far)`` after each method (the results are written as they come; a group's ratios are filled
+    in as its rows arrive). Rows are listed group by group."""
     device = torch.device(args.device)
     dtype = DTYPES[args.dtype]
     pairs = {}
@@ -217,33 +218,37 @@ def run(args: argparse.Namespace, on_group: Callable[[list[dict[str, Any]]], Non
         print(f"pair {pair}: target {params[0] / 1e6:.1f}M, draft {params[1] / 1e6:.2f}M parameters "
               f"({type(draft).__name__}), {args.dtype}, {device}", flush=True)
         pairs[pair] = (target, draft, tokenizer, pad_id)
-    results: list[dict[str, Any]] = []
-    for batch in args.batch_sizes:
-        for pair, (target, draft, tokenizer, pad_id) in pairs.items():
-            n_prompts = args.prompts_batch1 if batch == 1 else batch
-            batches = prompt_batches(pair, tokenizer, n_prompts, batch, args.max_prompt_tokens, pad_id, device)
-            for temperature in args.temperatures:
-                group: dict[str, dict[str, Any]] = {}
-                outputs: dict[str, list[list[int]]] = {}
-                for method in args.methods:
-                    reference = outputs.get("target HF", outputs.get("target graphed")) if temperature == 0 else None
-                    runner = make_runner(method, target, draft, batches, args, temperature, device, pad_id)
-                    if runner is None:
-                        continue
-                    row: dict[str, Any] = {"pair": pair, "dtype": args.dtype, "temperature": temperature,
-                                           "batch": batch, "method": method}
-                    row.update(measure(runner, target, draft, batches, args, temperature, device, pad_id,
-                                       reference))
-                    if isinstance(runner, Runner) and "tok_per_s" in row:
-                        outputs[method] = runner.outputs
-                    group[method] = row
-                    finish_group(group, args.gamma)
-                    speed = f"{row['tok_per_s']:10.1f} tok/s" if "tok_per_s" in row else f"skipped: {row['skipped']}"
-                    print(f"  {pair:7s} T={temperature} B={batch:3d} {method:20s} {speed}", flush=True)
-                    if on_group is not None:
-                        on_group(results + list(group.values()))
-                results += group.values()
-    return results
+    groups: dict[tuple, dict[str, dict[str, Any]]] = {}  # (batch, pair, temperature) -> method -> row
+    outputs: dict[tuple, dict[str, list[list[int]]]] = {}  # the same -> method -> each row's new tokens
+    # the compiled methods last: a compile slower than planned costs a run cut at its limit only their rows
+    for methods in ([m for m in args.methods if m not in COMPILED_METHODS],
+                    [m for m in args.methods if m in COMPILED_METHODS]):
+        for batch in args.batch_sizes:
+            for pair, (target, draft, tokenizer, pad_id) in pairs.items():
+                n_prompts = args.prompts_batch1 if batch == 1 else batch
+                batches = prompt_batches(pair, tokenizer, n_prompts, batch, args.max_prompt_tokens, pad_id, device)
+                for temperature in args.temperatures:
+                    key = (batch, pair, temperature)
+                    group, done = groups.setdefault(key, {}), outputs.setdefault(key, {})
+                    for method in methods:
+                        runner = make_runner(method, target, draft, batches, args, temperature, device, pad_id)
+                        if runner is None:
+                            continue
+                        reference = done.get("target HF", done.get("target graphed")) if temperature == 0 else None
+                        row: dict[str, Any] = {"pair": pair, "dtype": args.dtype, "temperature": temperature,
+                                               "batch": batch, "method": method}
+                        row.update(measure(runner, target, draft, batches, args, temperature, device, pad_id,
+                                           reference))
+                        if isinstance(runner, Runner) and "tok_per_s" in row:
+                            done[method] = runner.outputs
+                        group[method] = row
+                        finish_group(group, args.gamma)
+                        speed = f"{row['tok_per_s']:10.1f} tok/s" if "tok_per_s" in row else \
+                            f"skipped: {row['skipped']}"
+                        print(f"  {pair:7s} T={temperature} B={batch:3d} {method:20s} {speed}", flush=True)
+                        if on_group is not None:
+                            on_group([r for g in groups.values() for r in g.values()])
+    return [r for g in groups.values() for r in g.values()]
 
 
 def measure(runner: Runner | str, target: Any, draft: Any, batches: list, args: argparse.Namespace,
@@ -448,8 +453,11 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> list[dict[st
     meta = {**environment(), "device": str(device), "args": vars(args)}
     if device.type == "cuda":
         meta["gpu"] = torch.cuda.get_device_name(device)
+    checks = greedy_check(args.check_pair, device, args) if args.check_prompts > 0 else []  # first: cheap
+    meta["greedy_check"] = checks
+    if checks:
+        write_results(args.out, "bench_gpu_greedy_check", checks, meta)
     rows = run(args, on_group=lambda so_far: write_results(args.out, "bench_gpu", so_far, meta))
-    checks = greedy_check(args.check_pair, device, args) if args.check_prompts > 0 else []
     ran = [r for r in rows if "skipped" not in r]
     key = ["pair", "temperature", "batch", "method"]
     print(format_table(ran, key + ["tok_per_s", "x_target", "x_graphed", "x_hf", "alpha", "tokens_per_call",
@@ -465,10 +473,8 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> list[dict[st
         print("greedy check (rows whose greedy speculative output differs from the target's own greedy generate):")
         print(format_table(checks, ["pair", "dtype", "path", "rows", "divergent_rows", "divergent_rate",
                                     "mean_first_divergence"]))
-    meta.update(seconds=time.perf_counter() - start, greedy_check=checks)
+    meta["seconds"] = time.perf_counter() - start
     csv_path, json_path = write_results(args.out, "bench_gpu", rows, meta)
-    if checks:
-        write_results(args.out, "bench_gpu_greedy_check", checks, meta)
     print(f"wrote {csv_path} and {json_path}")
     if not args.no_plot:
         for path in plot(rows, Path(args.out)):

@@ -9,8 +9,10 @@ decoding steps a call launched (target forwards after the prefill), from the eng
 statistics, so a chain's accepted drafts shorten the line, not the intercept.
 
 **Presets** (``--preset NAME``) set several options at once; an option also given on the command
-line keeps the given value. ``gpu-session`` is the run of ``scripts/gpu_session.sh`` on an H100
-within 6 minutes (:data:`PRESETS` has the values and the estimate they were chosen by).
+line keeps the given value, and ``--quick`` still shrinks the sizes (``--preset gpu-session
+--quick`` is the CPU rehearsal of the GPU run: the demo pair, tiny sizes, no compiled methods).
+``gpu-session`` is the run of ``scripts/gpu_session.sh`` on an H100 within 6 minutes
+(:data:`PRESETS` has the values and the estimate they were chosen by).
 """
 
 from __future__ import annotations
@@ -25,13 +27,15 @@ from specdecode.bench.gpu_methods import COMPILED_METHODS, METHODS
 #: ``gpu-session``: the 1B and SmolLM2 pairs, every method, batch 1 and 8, greedy, 2 prompts of
 #: 64 new tokens at batch 1, 2 timed repeats; the compiled methods at batch 1 only (each layout
 #: compiles for tens of seconds); the cost per call for the target graphed and the graphed chain
-#: at 64 and 256 tokens; a greedy check of 8 demo prompts. Estimate on an H100 from the figures
+#: at 64 and 256 tokens; a greedy check of 8 demo prompts. Estimated on an H100 from the figures
 #: of issue 40 (1B target graphed ~380 tok/s and SmolLM2 graphed ~253 tok/s at batch 1, Hugging
-#: Face's eager loop ~40 tok/s, ~30 s per compiled layout): loading ~30 s; per pair at batch 1
-#: the eager methods ~25 s, the graphed ones with their time split, kernel counts and two-length
-#: costs ~30 s, the three compiled ones ~90 s; at batch 8 ~25 s; the greedy check ~20 s: about
-#: 5 minutes in all. The results are written after every method, so a run stopped at its time
-#: limit keeps what it finished.
+#: Face's eager loop ~40 tok/s, tens of seconds per compiled layout), not measured: loading and
+#: the greedy check ~50 s; per pair at batch 1 the eager methods ~25 s, the graphed ones with
+#: their time split, kernel counts and two-length costs ~30 s; at batch 8 ~25 s per pair; then
+#: the six compiled layouts (three methods, two pairs) at ~30 s each: about 5.5 minutes in all.
+#: The compiled methods run last and the results are written after every method, so a run
+#: stopped at its time limit (scripts/gpu_session.sh: BENCH_S=360) loses at most the compiled
+#: rows it had not finished.
 PRESETS: dict[str, dict[str, Any]] = {
     "gpu-session": dict(pairs=["1b", "smollm2"], methods=list(METHODS), batch_sizes=[1, 8], temperatures=[0.0],
                         max_new_tokens=64, prompts_batch1=2, repeats=2, tree_nodes=16,
