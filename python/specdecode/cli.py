@@ -25,7 +25,7 @@ examples:
   python -m specdecode bench --quick
   python -m specdecode bench --trees --quick
   python -m specdecode bench --pair smollm2 --drafter-dir DIR   (SmolLM2, chat prompts)
-  python -m specdecode bench --device cuda                  (decode paths on a GPU)
+  python -m specdecode bench --device cuda --preset gpu-session   (decode paths on a GPU, <= 6 min)
   python -m specdecode train draft --target demo --out runs/demo-draft --minutes 2
   python -m specdecode prompts --target smollm2 --out runs/smol-prompts.jsonl.gz   (a run's prompts, ahead)
   python -m specdecode info

@@ -257,7 +257,9 @@ def measure(runner: Runner | str, target: Any, draft: Any, batches: list, args: 
     """One row's measured columns: tokens/s, the statistics' summary, greedy identity with
     ``reference`` (the target's greedy output), kernels per step, the time split, the cost per
     call; ``{"skipped": why}`` for a method that cannot run (the reason, or the error it raised,
-    whose traceback goes to stderr: one failing method does not stop the benchmark)."""
+    whose traceback goes to stderr: one failing method does not stop the benchmark).
+
+    Shape: ``batches``: a list of ``(ids, mask)``, each ``[B, L]`` int64, left-padded."""
     if isinstance(runner, str):
         return {"skipped": runner}
     method = runner.method

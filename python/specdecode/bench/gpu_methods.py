@@ -66,7 +66,9 @@ class Runner:
     """``runner(phase_timing) -> (new tokens, stats list)``: one method over every batch, from
     the same seed each time. After a call, ``outputs`` holds each row's new tokens and
     ``generations`` the number of generate calls; ``drafter`` is the drafter object the static
-    methods run (their kernels per step are counted with it)."""
+    methods run (their kernels per step are counted with it).
+
+    Shape: ``batches``: a list of ``(ids, mask)``, each ``[B, L]`` int64, left-padded."""
 
     def __init__(self, method: str, target: Any, draft: Any, batches: list[tuple[torch.Tensor, torch.Tensor]],
                  args: argparse.Namespace, temperature: float, device: torch.device, pad_id: int,
