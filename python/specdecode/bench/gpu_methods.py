@@ -88,7 +88,13 @@ class Runner:
             self.drafter = tree_drafter(draft, TREES[method], args.tree_nodes)
         elif method in ("eager chain", "graphed chain", "compiled chain"):
             self.drafter = chain_drafter(draft)
-        self.compile_config = hf_compile_config(device) if method == "HF static compiled" else None
+        self.hf_static: dict[str, Any] = {}
+        if method == "HF static compiled":
+            from transformers import GenerationConfig
+
+            self.hf_static = dict(cache_implementation="static", compile_config=hf_compile_config(device))
+            if hasattr(GenerationConfig(), "max_cache_len"):  # one cache size for every prompt: one compile
+                self.hf_static["max_cache_len"] = max(ids.shape[1] for ids, _ in batches) + self.max_new_tokens
 
     def __call__(self, phase_timing: bool = False) -> tuple[int, list[Any]]:
         import specdecode
@@ -104,7 +110,7 @@ class Runner:
                 if method == "HF assisted":
                     extra["assistant_model"] = self.draft
                 elif method == "HF static compiled":
-                    extra.update(cache_implementation="static", compile_config=self.compile_config)
+                    extra.update(self.hf_static)
                 sequences = self.target.generate(ids, attention_mask=mask, **common, **extra, **self.sampling)
             else:
                 kwargs: dict[str, Any] = dict(eos_token_id=[], generator=gen, **common, **self.sampling)
