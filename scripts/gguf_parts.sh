@@ -101,5 +101,7 @@ for i in $(seq 1 $((parts - 1))); do
 done
 last_extra=""
 [ "$parts" -eq 1 ] && last_extra=$ext_carry
-echo "  run  command='bash scripts/gpu_session.sh bench'  carry=[\"$PARTS_DIR/manifest\", \"$PARTS_DIR/part-$parts\", \"$PARTS_DIR/site\"$last_extra]  timeout_s=480"
-echo "  run  command='MINUTES=6.5 bash scripts/gpu_session.sh train'  timeout_s=560"
+last_carry="[\"$PARTS_DIR/manifest\", \"$PARTS_DIR/part-$parts\", \"$PARTS_DIR/site\"$last_extra]"
+echo "then ONE of (both do not fit one session; the training plan first, see scripts/gpu_session.sh):"
+echo "  training:  run  command='MINUTES=7 bash scripts/gpu_session.sh train'  carry=$last_carry  timeout_s=590"
+echo "  benchmark: run  command='bash scripts/gpu_session.sh bench'  carry=$last_carry  timeout_s=480"

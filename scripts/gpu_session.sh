@@ -15,18 +15,25 @@
 #   bash scripts/build_gpu_extension.sh     # the CUDA extension for the device's Python 3.12 / torch 2.11
 #   bash scripts/gguf_parts.sh              # .gguf-parts/: the SmolLM2 GGUF in parts, their manifest, the gguf
 #                                           # reader, the gzipped extension; prints the calls with its sizes
-# The device calls, in order (sizes as measured on 2026-11-28: 3 parts):
+# The device calls (sizes as measured on 2026-11-28: 3 parts). The benchmark (up to 8 minutes) and a
+# training run worth having (6 or more) do not both fit one lent session's 15 minutes with the
+# machine's start, so a session runs ONE of two plans; the training plan first (the drafters are
+# what the project waits on), the benchmark plan in the next lent session:
+#   both plans start with
 #   1. run  command='bash scripts/gpu_session.sh stash'  timeout_s=90
 #           carry=[".gguf-parts/manifest", ".gguf-parts/part-1", ".gguf-parts/_C.cpython-312-x86_64-linux-gnu.so.gz"]
 #   2. run  command='bash scripts/gpu_session.sh stash'  timeout_s=60
 #           carry=[".gguf-parts/manifest", ".gguf-parts/part-2"]
+#   training plan, then (the train stage joins the parts itself):
+#   3. run  command='MINUTES=7 bash scripts/gpu_session.sh train'  timeout_s=590
+#           carry=[".gguf-parts/manifest", ".gguf-parts/part-3", ".gguf-parts/site"]
+#      (MINUTES = the device minutes left after call 2, minus 3 for loading, packing and the margin)
+#   benchmark plan, then:
 #   3. run  command='bash scripts/gpu_session.sh bench'  timeout_s=480
 #           carry=[".gguf-parts/manifest", ".gguf-parts/part-3", ".gguf-parts/site"]
-#   4. run  command='MINUTES=6.5 bash scripts/gpu_session.sh train'  timeout_s=560
-#      (with less device time left than 8.5 minutes: MINUTES = minutes left - 2, at least 3; after a
-#      full call 3 that is the usual case: call 3 takes up to 8 minutes of the 15)
-#   then give_back, and here: the files of call 3 (bench.log, cuda_tests.log, bench_gpu.csv/json) and of
-#   call 4 (KIND.tar per kind, train.log, summary.json; see scripts/gpu_train_drafters.sh).
+#   then give_back, and here: the files of the last call (training: KIND.tar per kind, train.log,
+#   summary.json, see scripts/gpu_train_drafters.sh; benchmark: bench.log, cuda_tests.log,
+#   bench_gpu.csv/json).
 # A call that finds a part missing (the machine went back between calls) says so in one line: start
 # again at call 1.
 #

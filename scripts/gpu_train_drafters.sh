@@ -22,11 +22,12 @@
 #             carry=[".gguf-parts/manifest", ".gguf-parts/part-1", ".gguf-parts/_C.cpython-312-x86_64-linux-gnu.so.gz"]
 #     2. run  command='bash scripts/gpu_session.sh stash'  timeout_s=60
 #             carry=[".gguf-parts/manifest", ".gguf-parts/part-2"]
-#     3. run  command='bash scripts/gpu_session.sh bench'  timeout_s=480   (the GPU benchmark; it joins the parts)
-#             carry=[".gguf-parts/manifest", ".gguf-parts/part-3", ".gguf-parts/site"]
-#     4. run  command='MINUTES=6.5 bash scripts/gpu_session.sh train'  timeout_s=560   (this script's train stage)
+#     3. run  command='MINUTES=7 bash scripts/gpu_session.sh train'  timeout_s=590   (this script's train stage;
+#             it joins the parts)  carry=[".gguf-parts/manifest", ".gguf-parts/part-3", ".gguf-parts/site"]
+#     (gpu_session.sh's other plan runs the GPU benchmark as call 3 instead, 'bash scripts/gpu_session.sh bench':
+#     both do not fit one session)
 #   here:  mkdir -p runs/gpu-drafters && for t in FILES_AT/*.tar; do tar -xf "$t" -C runs/gpu-drafters; done
-#          (FILES_AT: the files_at folder of call 4's reply; each kind comes back as KIND.tar holding
+#          (FILES_AT: the files_at folder of call 3's reply; each kind comes back as KIND.tar holding
 #          KIND/model.safetensors (float16), its JSON config and specdecode_drafter.json)
 #   then:  specdecode.load_drafter("runs/gpu-drafters/eagle", target), the benchmarks, scripts/export_drafter.py
 # If the train call finds a part missing (the machine went back between calls), it says so: start again
@@ -60,7 +61,8 @@
 #   DEVICE        [cuda]
 #   PARTS_DIR [.gguf-parts]  STASH [/tmp/specdecode-gguf]  SITE [/tmp/specdecode-site]
 #   WORK [/tmp/specdecode-run]  PY [python3]  OUT [./gpu_out]
-#   TOTAL_S       the train command is stopped this many seconds after the script started [590]
+#   TOTAL_S       the train command is stopped this many seconds after the script started [560;
+#                 the call's timeout_s is 590: packing the kinds takes the rest]
 set -uo pipefail
 STAGE=${1:-train}
 OUT=${OUT:-$PWD/gpu_out}
@@ -79,7 +81,7 @@ PROMPT_MIX=${PROMPT_MIX:-templates=0.6,self-instruct=0.15,multi-turn=0.15,code=0
 if [ "$TARGET" = smollm2 ]; then INIT_FROM=${INIT_FROM-eagle=python/specdecode/pair_drafters/smollm2-eagle}; else INIT_FROM=${INIT_FROM:-}; fi
 KIND_ARGS=${KIND_ARGS---draft-vocab 8192 --freeze-head --unroll 2 --num-layers 2}
 EXTRA_ARGS=${EXTRA_ARGS:-}
-TOTAL_S=${TOTAL_S:-590}  # the train command is stopped this many seconds after the script started
+TOTAL_S=${TOTAL_S:-560}  # the train command is stopped this many seconds after the script started
 mkdir -p "$OUT" "$STASH"
 START=$(date +%s)
 log() { echo "[gpu_train_drafters +$(( $(date +%s) - START ))s] $*" | tee -a "$OUT/train.log"; }
