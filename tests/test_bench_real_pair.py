@@ -139,9 +139,10 @@ def test_measure_rows_and_greedy_check(tiny_target: Any) -> None:
 
 
 def test_bench_pair_smollm2_end_to_end(tiny_smollm2: Any, drafter_dir: Path, tmp_path: Path,
-                                       capsys: pytest.CaptureFixture[str]) -> None:
+                                       capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     from specdecode.cli import main
 
+    monkeypatch.setenv("COLUMNS", "100")  # the table's width (pytest-xdist's workers say 80): no wrapped names
     out = tmp_path / "res"
     main(["bench", "--pair", "smollm2", "--drafter-dir", str(drafter_dir), "--prompt-set", "tune", "--num-prompts",
           "2", "--max-new-tokens", "8", "--repeats", "1", "--threads", "1", "--clock", "cpu", "--out", str(out),
