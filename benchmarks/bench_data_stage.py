@@ -31,6 +31,7 @@ import torch
 from specdecode.bench.harness import CLOCKS, base_parser, environment, format_table, median, write_results
 from specdecode.training.continuations import continue_prompts, data_decode_path
 from specdecode.training.data import DataSettings, default_prompts, encode_prompt
+from specdecode.training.device import CPU_DATA_BATCH
 
 PATHS = ("hf_generate", "auto")
 
@@ -99,7 +100,7 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", help="where the targets run (cpu, cuda)")
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", help="the targets' dtype")
     parser.add_argument("--batch-size", type=int, default=None,
-                        help="prompts per batch (default: 8, the CPU data batch; --quick: 3)")
+                        help="prompts per batch (default: the CPU data batch, CPU_DATA_BATCH; --quick: 3)")
     parser.add_argument("--max-new-tokens", type=int, default=None,
                         help="tokens per continuation (default: 96, the data stage's; --quick: 8)")
     parser.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 0.7], help="timed temperatures")
@@ -110,7 +111,7 @@ def main() -> None:
     if args.clock == "cpu" and (args.threads != 1 or args.device != "cpu"):
         parser.error("clock: 'cpu' measures one thread's CPU time; use it with --threads 1 on the CPU")
     args.repeats = args.repeats or (1 if args.quick else 5)
-    args.batch_size = args.batch_size or (3 if args.quick else 8)
+    args.batch_size = args.batch_size or (3 if args.quick else CPU_DATA_BATCH)
     args.max_new_tokens = args.max_new_tokens or (8 if args.quick else 96)
     torch.set_num_threads(args.threads)
     rows = []
