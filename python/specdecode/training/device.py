@@ -33,8 +33,8 @@ DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bf
 #: Most prompts per data batch on a GPU, and drafter examples per step.
 MAX_DATA_BATCH = 512
 GPU_LOOP_BATCH = 64
-#: 32 rows: the most the CPU fast path takes in one forward; the static path's continuations
-#: made 1.4x the tokens/s of 8 rows for SmolLM2 and 1.6x for the demo target (2 threads).
+#: 32 rows: the most the CPU fast path takes in one forward (past it the static path's lead over
+#: HF generate falls: `benchmarks/bench_data_stage.py --batch-size 32` / `64`, docs/training.md).
 CPU_DATA_BATCH = 32
 CPU_LOOP_BATCH = 8
 #: Share of the free device memory that a planned batch (data or training) may use.
