@@ -92,6 +92,12 @@ def test_every_instruction_set(isa):
         "    ref = F.linear(x.double(), wb.double(), b.double()).float()\n"
         "    torch.testing.assert_close(torch.ops.specdecode.skinny_linear(x, wb, b), ref, rtol=1e-5, atol=1e-4)\n"
         "print('ok')\n")
+    run_with_isa(isa, script)
+
+
+def run_with_isa(isa: str, script: str) -> None:
+    """Runs ``script`` in a fresh process with SPECDECODE_CPU_ISA=isa: it prints the chosen
+    instruction set, then 'ok'. Skips where this CPU cannot run ``isa``."""
     run = subprocess.run([sys.executable, "-c", script], env={**os.environ, "SPECDECODE_CPU_ISA": isa},
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr[-3000:]

@@ -83,4 +83,11 @@ TORCH_LIBRARY(specdecode, m) {
   // bfloat16, bias [N] float32 or None. Returns y [..., N] float32. CPU only; meant for
   // M <= 32 (any M is computed, slower than BLAS above).
   m.def("skinny_linear(Tensor input, Tensor weight, Tensor? bias) -> Tensor");
+  // out = softmax(scale * query @ key.T + attn_mask) @ value for few queries per row against a
+  // static KV cache: query [B, H, n, D], key and value [B, Hkv, C, D] (H a multiple of Hkv:
+  // grouped-query heads share theirs), attn_mask [B or 1, H or 1, n or 1, C] additive; all
+  // float32. Columns whose mask is the lowest float or -inf are not read (their weight is exactly
+  // 0). Returns out [B, H, n, D] float32, what scaled_dot_product_attention returns for these
+  // inputs (to float rounding). CPU only.
+  m.def("skinny_attention(Tensor query, Tensor key, Tensor value, Tensor attn_mask, float scale) -> Tensor");
 }

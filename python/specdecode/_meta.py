@@ -241,3 +241,27 @@ def _skinny_linear_fake(input: Tensor, weight: Tensor, bias: Tensor | None) -> T
         torch._check_value(bias.dim() == 1 and bias.shape[0] == weight.shape[0],
                            lambda: f"bias: expected shape [N] = [{weight.shape[0]}], got {tuple(bias.shape)}")
     return input.new_empty((*input.shape[:-1], weight.shape[0]))
+
+
+@torch.library.register_fake("specdecode::skinny_attention")
+def _skinny_attention_fake(query: Tensor, key: Tensor, value: Tensor, attn_mask: Tensor, scale: float) -> Tensor:
+    """Shape: query [B, H, n, D], key and value [B, Hkv, C, D], attn_mask [B or 1, H or 1, n or 1, C]
+    -> [B, H, n, D] float32."""
+    _check_given({"query": query, "key": key, "value": value, "attn_mask": attn_mask})
+    _check_same_device("query", query, {"key": key, "value": value, "attn_mask": attn_mask})
+    for name, tensor in (("query", query), ("key", key), ("value", value), ("attn_mask", attn_mask)):
+        torch._check_type(tensor.dtype == torch.float32,
+                          lambda name=name, tensor=tensor: f"{name}: expected dtype float32, got {tensor.dtype}")
+        torch._check_value(tensor.dim() == 4, lambda name=name, tensor=tensor: (
+            f"{name}: expected 4 dimensions, got {tensor.dim()} dimensions {tuple(tensor.shape)}"))
+    B, H, n, D = query.shape
+    torch._check_value(key.shape[0] == B and key.shape[3] == D and value.shape == key.shape, lambda: (
+        f"key, value: expected shape [B, Hkv, C, D] with B = {B} and D = {D}, got {tuple(key.shape)}, "
+        f"{tuple(value.shape)}"))
+    Hkv, C = key.shape[1], key.shape[2]
+    torch._check_value(H % Hkv == 0 if Hkv > 0 else H == 0,
+                       lambda: f"key: expected a number of heads Hkv that divides query's H = {H}, got Hkv = {Hkv}")
+    mb, mh, mn, mc = attn_mask.shape
+    torch._check_value(mb in (1, B) and mh in (1, H) and mn in (1, n) and mc == C, lambda: (
+        f"attn_mask: expected shape [B or 1, H or 1, n or 1, C] = [{B}, {H}, {n}, {C}], got {tuple(attn_mask.shape)}"))
+    return query.new_empty((B, H, n, D))

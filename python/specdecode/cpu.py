@@ -11,9 +11,12 @@ reads each weight row once and multiplies every row of the input with it while i
 True
 >>> handle.remove()                               # or specdecode.cpu.restore(model)
 
-``accelerate`` changes nothing but the ``forward`` of each eligible ``nn.Linear`` (an instance
-attribute, deleted again on removal): parameters, buffers, state_dict and hooks stay as they
-are. The fast forward runs the op only when it is safe: CPU tensors, float32 input, weight and
+``accelerate`` changes the ``forward`` of each eligible ``nn.Linear`` (an instance attribute,
+deleted again on removal) and, for a model whose attention implementation is ``"sdpa"``, that
+name on its config (to :data:`specdecode.cpu_attention.ATTENTION_NAME`, put back on removal:
+few-query attention steps then run ``torch.ops.specdecode.skinny_attention``, which skips the
+columns a static cache's mask rules out; see :mod:`specdecode.cpu_attention`). Parameters,
+buffers, state_dict and hooks stay as they are. The fast forward runs the op only when it is safe: CPU tensors, float32 input, weight and
 bias, min_rows <= rows <= max_rows, a shape where it pays (:func:`fast_path_pays`: not one row
 through a small layer), no autograd graph being recorded, not under tracing or torch.compile;
 otherwise it calls ``nn.Linear.forward`` itself. How many threads a call uses is the op's own
@@ -33,9 +36,11 @@ from typing import Iterator
 import torch
 from torch import Tensor, nn
 
+from specdecode import cpu_attention
 from specdecode._ops import build_info, ops
 
 __all__ = [
+    "AVX512_MAX_ROWS",
     "DEFAULT_MAX_ROWS",
     "DEFAULT_MIN_ROWS",
     "FastPath",
@@ -44,6 +49,7 @@ __all__ = [
     "accelerated",
     "accelerated_layers",
     "can_accelerate",
+    "default_max_rows",
     "eligible_layers",
     "fast_path_pays",
     "fast_path_report",
@@ -51,8 +57,13 @@ __all__ = [
     "restore",
 ]
 
-#: Most rows (tokens x batch) a call may have to take the fast path; above it torch's GEMM wins.
+#: Most rows (tokens x batch) a call may have to take the fast path with the AVX2 and baseline
+#: kernels; above it torch's GEMM wins there.
 DEFAULT_MAX_ROWS = 32
+#: The same with the AVX-512 kernels, which beat torch's GEMM at 64 rows on every layer of the
+#: demo pair and SmolLM2 (1.07-1.5x on one thread, 1.2-2.5x on two; AMD EPYC); at 128 rows
+#: only narrowly, so larger calls stay on torch's GEMM.
+AVX512_MAX_ROWS = 64
 #: Fewest rows: one-token decode steps take the fast path too (benchmarks/bench_cpu_forward.py:
 #: it beats torch's matrix-vector product there as well), on layers of ONE_ROW_MIN_WEIGHTS or more.
 DEFAULT_MIN_ROWS = 1
@@ -60,6 +71,13 @@ DEFAULT_MIN_ROWS = 1
 #: call is a few microseconds either way and torch's own is as fast (the demo draft's 96 x 96 ..
 #: 256 x 96 layers: 0.94-0.96x of torch's time with the fast path at one row, 1 and 2 threads).
 ONE_ROW_MIN_WEIGHTS = 1 << 16
+
+
+def default_max_rows() -> int:
+    """The ``max_rows`` :func:`accelerate` uses by default: :data:`AVX512_MAX_ROWS` where the
+    kernels run AVX-512 (the widest set the CPU reports, or ``SPECDECODE_CPU_ISA``'s), else
+    :data:`DEFAULT_MAX_ROWS`."""
+    return AVX512_MAX_ROWS if build_info().get("cpu_isa") == "avx512" else DEFAULT_MAX_ROWS
 
 
 def fast_path_pays(out_features: int, in_features: int, rows: int) -> bool:
@@ -146,8 +164,9 @@ def accelerated_layers(model: nn.Module) -> list[str]:
 
 
 def is_accelerated(model: nn.Module) -> bool:
-    """Whether any layer of ``model`` carries the fast forward."""
-    return any(isinstance(m.__dict__.get("forward"), _SkinnyForward) for m in model.modules())
+    """Whether any layer of ``model`` carries the fast forward, or its attention is the fast path's."""
+    return (any(isinstance(m.__dict__.get("forward"), _SkinnyForward) for m in model.modules())
+            or bool(cpu_attention.installed_configs(model)))
 
 
 @dataclass
@@ -159,10 +178,16 @@ class FastPath:
     min_rows: int
     max_rows: int
     _layers: list[weakref.ref] = field(default_factory=list, repr=False)
+    _attention_configs: list[weakref.ref] = field(default_factory=list, repr=False)
+
+    @property
+    def attention(self) -> bool:
+        """Whether this call switched the model's attention to the fast path's."""
+        return bool(self._attention_configs)
 
     def remove(self) -> int:
-        """Deletes the fast forwards this call installed (those still installed); returns how
-        many were removed."""
+        """Deletes the fast forwards this call installed (those still installed) and puts
+        ``"sdpa"`` back where it switched the attention; returns how many layers were restored."""
         removed = 0
         for ref in self._layers:
             module = ref()
@@ -170,6 +195,8 @@ class FastPath:
                 del module.forward
                 removed += 1
         self._layers = []
+        cpu_attention.uninstall(self._attention_configs)
+        self._attention_configs = []
         return removed
 
     def __enter__(self) -> FastPath:
@@ -179,19 +206,26 @@ class FastPath:
         self.remove()
 
 
-def accelerate(model: nn.Module, *, min_rows: int = DEFAULT_MIN_ROWS, max_rows: int = DEFAULT_MAX_ROWS) -> FastPath:
+def accelerate(model: nn.Module, *, min_rows: int = DEFAULT_MIN_ROWS, max_rows: int | None = None,
+               attention: bool = True) -> FastPath:
     """Installs the CPU fast path on every eligible layer of ``model`` (:func:`eligible_layers`)
     and returns the handle that removes it. Layers already accelerated are left as they are.
 
     ``min_rows`` / ``max_rows``: the row counts (tokens x batch of one call) that take the fast
-    path; others run torch's own ``F.linear``. The model may be moved to another device or dtype
-    later: the fast forward then falls back to torch by itself.
+    path; others run torch's own ``F.linear``; ``max_rows=None`` is :func:`default_max_rows`. ``attention``: also switch a model whose attention
+    implementation is ``"sdpa"`` to the fast path's (:mod:`specdecode.cpu_attention`). The model
+    may be moved to another device or dtype later: the fast forwards then fall back to torch by
+    themselves.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
+    if max_rows is None:
+        max_rows = default_max_rows()
     if not (isinstance(min_rows, int) and isinstance(max_rows, int) and 1 <= min_rows <= max_rows):
         raise ValueError(f"min_rows, max_rows: expected integers with 1 <= min_rows <= max_rows, "
                          f"got {min_rows!r}, {max_rows!r}")
+    if not isinstance(attention, bool):
+        raise TypeError(f"attention: expected a bool, got {type(attention).__name__}")
     names = eligible_layers(model)
     modules = dict(model.named_modules(remove_duplicate=True))
     handle = FastPath(names, min_rows, max_rows)
@@ -199,17 +233,21 @@ def accelerate(model: nn.Module, *, min_rows: int = DEFAULT_MIN_ROWS, max_rows: 
         module = modules[name]
         module.forward = _SkinnyForward(module, min_rows, max_rows)
         handle._layers.append(weakref.ref(module))
+    if attention:
+        handle._attention_configs = cpu_attention.install(model)
     return handle
 
 
 def restore(model: nn.Module) -> int:
-    """Removes the fast forward from every layer of ``model`` (whichever call installed it);
-    returns how many layers were restored."""
+    """Removes the fast forward from every layer of ``model`` (whichever call installed it) and
+    puts ``"sdpa"`` back where the fast path's attention runs; returns how many layers were
+    restored."""
     removed = 0
     for module in model.modules():
         if isinstance(module.__dict__.get("forward"), _SkinnyForward):
             del module.forward
             removed += 1
+    cpu_attention.uninstall([weakref.ref(c) for c in cpu_attention.installed_configs(model)])
     return removed
 
 
@@ -260,5 +298,5 @@ def fast_path_report() -> str:
     threads = (f"parallel over output features on {torch.get_num_threads()} torch threads"
                if info["skinny_linear_parallel"] else "one thread (built without OpenMP)")
     return (f"skinny_linear, {info.get('cpu_isa', '?')} kernels, {threads}; nn.Linear calls with "
-            f"{DEFAULT_MIN_ROWS}..{DEFAULT_MAX_ROWS} float32 rows (one row: layers of {ONE_ROW_MIN_WEIGHTS} weights "
+            f"{DEFAULT_MIN_ROWS}..{default_max_rows()} float32 rows (one row: layers of {ONE_ROW_MIN_WEIGHTS} weights "
             f"or more) once specdecode.cpu.accelerate(model) is on")
