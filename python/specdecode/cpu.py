@@ -61,8 +61,9 @@ __all__ = [
 #: kernels; above it torch's GEMM wins there.
 DEFAULT_MAX_ROWS = 32
 #: The same with the AVX-512 kernels, which beat torch's GEMM at 64 rows on every layer of the
-#: demo pair and SmolLM2 (1.07-1.5x on one thread, 1.2-2.5x on two; AMD EPYC); at 128 rows
-#: only narrowly, so larger calls stay on torch's GEMM.
+#: demo target and SmolLM2 (benchmarks/bench_cpu_forward.py --demo-layers: 1.04-1.74x on one
+#: thread, 1.16-2.06x on two; AMD EPYC); at 128 rows by less (0.99-1.49x on one thread), so
+#: larger calls stay on torch's GEMM.
 AVX512_MAX_ROWS = 64
 #: Fewest rows: one-token decode steps take the fast path too (benchmarks/bench_cpu_forward.py:
 #: it beats torch's matrix-vector product there as well), on layers of ONE_ROW_MIN_WEIGHTS or more.
