@@ -74,7 +74,9 @@ struct AttentionTask {
         m_sc(args.m_sc),
         scale(args.scale) {}
 
-  SPECDECODE_ALWAYS_INLINE const float* query_row(int64_t r) const { return query + (r / n) * a.q_sh + (r % n) * a.q_sn; }
+  SPECDECODE_ALWAYS_INLINE const float* query_row(int64_t r) const {
+    return query + (r / n) * a.q_sh + (r % n) * a.q_sn;
+  }
   SPECDECODE_ALWAYS_INLINE const float* mask_row(int64_t r) const { return mask + (r / n) * a.m_sh + (r % n) * a.m_sn; }
   SPECDECODE_ALWAYS_INLINE float* out_row(int64_t r) const { return out + r * D; }
 };

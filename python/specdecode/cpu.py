@@ -16,14 +16,15 @@ deleted again on removal) and, for a model whose attention implementation is ``"
 name on its config (to :data:`specdecode.cpu_attention.ATTENTION_NAME`, put back on removal:
 few-query attention steps then run ``torch.ops.specdecode.skinny_attention``, which skips the
 columns a static cache's mask rules out; see :mod:`specdecode.cpu_attention`). Parameters,
-buffers, state_dict and hooks stay as they are. The fast forward runs the op only when it is safe: CPU tensors, float32 input, weight and
-bias, min_rows <= rows <= max_rows, a shape where it pays (:func:`fast_path_pays`: not one row
-through a small layer), no autograd graph being recorded, not under tracing or torch.compile;
-otherwise it calls ``nn.Linear.forward`` itself. How many threads a call uses is the op's own
-choice, by the layer's size and rows (small layers stay on one thread). Outputs differ from torch's
-only by float rounding (the same products, summed in another order). Restore before pickling a
-whole model (``torch.save(model)``): the installed forwards would be pickled with it; a
-state_dict is unaffected.
+buffers, state_dict and hooks stay as they are. The fast forward runs the op only when it is
+safe: CPU tensors, float32 input, weight and bias, min_rows <= rows <= max_rows, a shape where
+it pays (:func:`fast_path_pays`: not one row through a small layer), no autograd graph being
+recorded, not under tracing or torch.compile; otherwise it calls ``nn.Linear.forward`` itself.
+How many threads a call uses is the op's own choice, by the layer's size and rows (small layers
+stay on one thread). Outputs differ from torch's only by float rounding (the same products,
+summed in another order). Restore before pickling a whole model (``torch.save(model)``): the
+installed forwards and the attention's name would be pickled with it; a state_dict is
+unaffected.
 """
 
 from __future__ import annotations
@@ -213,10 +214,10 @@ def accelerate(model: nn.Module, *, min_rows: int = DEFAULT_MIN_ROWS, max_rows: 
     and returns the handle that removes it. Layers already accelerated are left as they are.
 
     ``min_rows`` / ``max_rows``: the row counts (tokens x batch of one call) that take the fast
-    path; others run torch's own ``F.linear``; ``max_rows=None`` is :func:`default_max_rows`. ``attention``: also switch a model whose attention
-    implementation is ``"sdpa"`` to the fast path's (:mod:`specdecode.cpu_attention`). The model
-    may be moved to another device or dtype later: the fast forwards then fall back to torch by
-    themselves.
+    path; others run torch's own ``F.linear``; ``max_rows=None`` is :func:`default_max_rows`.
+    ``attention``: also switch a model whose attention implementation is ``"sdpa"`` to the fast
+    path's (:mod:`specdecode.cpu_attention`). The model may be moved to another device or dtype
+    later: the fast forwards then fall back to torch by themselves.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
