@@ -51,6 +51,23 @@ def test_matches_sdpa_at_odd_sizes(B, H, Hkv, n, C, D):
                                rtol=1e-5, atol=2e-6)
 
 
+def test_boolean_masks_as_sdpa():
+    """A boolean mask (True = attend, Transformers' own masks): SDPA's result at odd sizes, a row
+    of only False gets zeros as SDPA's, and the columns it rules out are never read."""
+    for B, H, Hkv, n, C, D in [(1, 9, 3, 5, 70, 64), (3, 4, 4, 1, 111, 128), (2, 6, 2, 7, 13, 33)]:
+        q, k, v, additive = _case(B, H, Hkv, n, C, D, seed=C)
+        mask = additive > LOWEST
+        mask[..., 0] = True
+        reference = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=0.2, enable_gqa=H != Hkv)
+        torch.testing.assert_close(OP(q, k, v, mask, 0.2), reference, rtol=1e-5, atol=2e-6)
+        mask[0, :, 0] = False
+        unread = ~mask.any(2)[:, :, :, None]  # [B, 1, C, 1]: columns no query of the row attends
+        out = OP(q, k.masked_fill(unread, float("nan")), v.masked_fill(unread, float("inf")), mask, 0.2)
+        assert torch.equal(out[0, :, 0], torch.zeros_like(out[0, :, 0]))
+        reference = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=0.2, enable_gqa=H != Hkv)
+        torch.testing.assert_close(out, reference, rtol=1e-5, atol=2e-6)
+
+
 @pytest.mark.parametrize("shape", ["per_head", "broadcast_all", "one_query_row"])
 def test_mask_shapes_broadcast(shape):
     """A mask per head [B, H, n, C], one for all rows and heads [1, 1, 1, C], and one query row
@@ -141,7 +158,8 @@ BAD_INPUTS = [
     ("query", TypeError, lambda q, k, v, m: (q.double(), k, v, m)),
     ("key", TypeError, lambda q, k, v, m: (q, k.half(), v, m)),
     ("value", TypeError, lambda q, k, v, m: (q, k, v.bfloat16(), m)),
-    ("attn_mask", TypeError, lambda q, k, v, m: (q, k, v, m.bool())),
+    ("attn_mask", TypeError, lambda q, k, v, m: (q, k, v, m.half())),
+    ("attn_mask", TypeError, lambda q, k, v, m: (q, k, v, (m > 0).to(torch.uint8))),
     ("query", ValueError, lambda q, k, v, m: (q[0], k, v, m)),
     ("key", ValueError, lambda q, k, v, m: (q, k[..., :-1], v, m)),
     ("key", ValueError, lambda q, k, v, m: (q, k[:1], v[:1], m)),
@@ -167,13 +185,14 @@ def test_bad_input_names_the_argument(name, error, make):
         OP(q, k, v, m, float("nan"))
 
 
-@pytest.mark.parametrize("B,H,Hkv,n,C,D", [(1, 4, 4, 1, 17, 64), (3, 6, 2, 5, 9, 7)])
-def test_opcheck(B, H, Hkv, n, C, D):
+@pytest.mark.parametrize("B,H,Hkv,n,C,D,boolean", [(1, 4, 4, 1, 17, 64, False), (3, 6, 2, 5, 9, 7, False),
+                                                   (2, 6, 3, 4, 11, 64, True)])
+def test_opcheck(B, H, Hkv, n, C, D, boolean):
     """opcheck: schema (no hidden mutation or aliasing), fake kernel, autograd registration and
     AOT dispatch with dynamic shapes."""
     q, k, v, m = _case(B, H, Hkv, n, C, D)
     m[..., 0] = 0.0
-    torch.library.opcheck(OP.default, (q, k, v, m, 0.5))
+    torch.library.opcheck(OP.default, (q, k, v, m > LOWEST if boolean else m, 0.5))
 
 
 def test_inputs_unchanged():
@@ -200,7 +219,7 @@ class _Counter:
 
 
 def test_applies_only_where_safe(monkeypatch):
-    """The op runs for a float32 CPU call with an additive mask and few queries; a bool mask, no
+    """The op runs for a float32 CPU call with an additive or boolean mask and few queries; no
     mask, dropout, more than MAX_QUERIES queries, an autograd graph or float64 go to SDPA, with
     the same result."""
     counter = _Counter(monkeypatch)
@@ -212,7 +231,11 @@ def test_applies_only_where_safe(monkeypatch):
     out, weights = cpu_attention.skinny_sdpa_attention(module, q, k, v, m, scaling=0.125)
     assert counter.calls == 1 and weights is None
     torch.testing.assert_close(out, want, rtol=1e-5, atol=2e-6)
-    for args, kwargs in [((q, k, v, m > LOWEST), {}), ((q, k, v, None), {}), ((q, k, v, m), {"dropout": 0.1}),
+    out, _ = cpu_attention.skinny_sdpa_attention(module, q, k, v, m > LOWEST, scaling=0.125)
+    assert counter.calls == 2
+    want = F.scaled_dot_product_attention(q, k, v, attn_mask=m > LOWEST, scale=0.125, enable_gqa=True)
+    torch.testing.assert_close(out, want.transpose(1, 2), rtol=1e-5, atol=2e-6)
+    for args, kwargs in [((q, k, v, None), {}), ((q, k, v, m), {"dropout": 0.1}),
                          ((q.double(), k.double(), v.double(), m.double()), {}),
                          ((q.repeat(1, 1, 22, 1), k, v, m.repeat(1, 1, 22, 1)), {}),
                          ((q.clone().requires_grad_(), k, v, m), {})]:
@@ -253,8 +276,9 @@ def test_default_max_rows_follows_the_instruction_set():
 
 
 def test_static_path_takes_the_op_and_keeps_greedy(monkeypatch):
-    """The static decode path with the fast path on runs its steps' attention through the op
-    and makes the target's own greedy tokens, prompts of different lengths (left padding:
+    """The static decode path (additive masks) and the default, dynamic-cache path (Transformers'
+    boolean masks) with the fast path on run their verification forwards' attention through the
+    op and make the target's own greedy tokens, prompts of different lengths (left padding:
     masked columns) included; Hugging Face generate under the fast path is unchanged too."""
     counter = _Counter(monkeypatch)
     target, draft = make_pair("llama")
@@ -267,6 +291,9 @@ def test_static_path_takes_the_op_and_keeps_greedy(monkeypatch):
                                   **kwargs).sequences
         assert torch.equal(out, want)
     assert counter.calls > 0
+    before = counter.calls
+    out = specdecode.generate(target, draft, ids, mask, num_draft_tokens=4, cpu_fast_path=True, **kwargs).sequences
+    assert torch.equal(out, want) and counter.calls > before  # the dynamic-cache path: boolean masks
     with cpu.accelerated(target, enabled=True):
         assert torch.equal(target.generate(ids, attention_mask=mask, do_sample=False, **kwargs), want)
     assert target.config._attn_implementation == "sdpa"

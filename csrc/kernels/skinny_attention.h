@@ -6,9 +6,10 @@
 // static cache's padding and unwritten columns cost nothing.
 //
 // Shapes: q [B, H, n, D], k and v [B, Hkv, C, D] (H a multiple of Hkv; the last dimension
-// contiguous, any other strides), mask [B, H or 1, n, C] additive (any strides), out
-// [B, H, n, D] contiguous. A query row whose every column is masked gets what the additive mask
-// gives: uniform weights over the columns at the lowest float, zeros when all are -inf.
+// contiguous, any other strides), mask [B, H or 1, n, C] (any strides): additive float32, or
+// bytes of a boolean mask (nonzero = attend: additive 0; zero = -inf), out [B, H, n, D]
+// contiguous. A query row whose every column is masked gets what the additive mask gives:
+// uniform weights over the columns at the lowest float, zeros when all are -inf.
 //
 // The body (skinny_attention_body.inc) is compiled once per instruction set inside
 // skinny_linear.h's namespaces, with their vector traits and `#pragma GCC target`, and picked
@@ -33,7 +34,8 @@ struct SkinnyAttentionArgs {
   int64_t k_sb, k_sh, k_sc;
   const float* v;
   int64_t v_sb, v_sh, v_sc;
-  const float* mask;
+  const float* mask;          // additive float32 mask, or null when mask_bool is given
+  const uint8_t* mask_bool;   // boolean mask (one byte per element), or null
   int64_t m_sb, m_sh, m_sn, m_sc;
   float* out;
   int64_t H, Hkv, n, C, D;
@@ -53,6 +55,7 @@ struct AttentionTask {
   const float* value;
   const float* query;
   const float* mask;
+  const uint8_t* mask_bool;
   float* out;
   int64_t g, n, R, C, D, k_sc, v_sc, m_sc;
   float scale;
@@ -62,7 +65,9 @@ struct AttentionTask {
         key(args.k + b * args.k_sb + kvh * args.k_sh),
         value(args.v + b * args.v_sb + kvh * args.v_sh),
         query(args.q + b * args.q_sb + kvh * (args.H / args.Hkv) * args.q_sh),
-        mask(args.mask + b * args.m_sb + kvh * (args.H / args.Hkv) * args.m_sh),
+        mask(args.mask ? args.mask + b * args.m_sb + kvh * (args.H / args.Hkv) * args.m_sh : nullptr),
+        mask_bool(args.mask_bool ? args.mask_bool + b * args.m_sb + kvh * (args.H / args.Hkv) * args.m_sh
+                                 : nullptr),
         out(args.out + (b * args.H + kvh * (args.H / args.Hkv)) * args.n * args.D),
         g(args.H / args.Hkv),
         n(args.n),
@@ -77,7 +82,12 @@ struct AttentionTask {
   SPECDECODE_ALWAYS_INLINE const float* query_row(int64_t r) const {
     return query + (r / n) * a.q_sh + (r % n) * a.q_sn;
   }
-  SPECDECODE_ALWAYS_INLINE const float* mask_row(int64_t r) const { return mask + (r / n) * a.m_sh + (r % n) * a.m_sn; }
+  // The additive mask value of query row r at column c (a boolean mask's: 0 or -inf).
+  SPECDECODE_ALWAYS_INLINE float mask_at(int64_t r, int64_t c) const {
+    const int64_t at = (r / n) * a.m_sh + (r % n) * a.m_sn + c * m_sc;
+    if (mask_bool != nullptr) return mask_bool[at] ? 0.0f : kNegInf;
+    return mask[at];
+  }
   SPECDECODE_ALWAYS_INLINE float* out_row(int64_t r) const { return out + r * D; }
 };
 

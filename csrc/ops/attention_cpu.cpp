@@ -20,12 +20,13 @@ namespace specdecode {
 namespace ops {
 namespace {
 
-void check_tensor(const char* name, const at::Tensor& t, int64_t dims, const char* shape) {
+void check_tensor(const char* name, const at::Tensor& t, int64_t dims, const char* shape, bool bool_ok = false) {
   TORCH_CHECK_TYPE(t.defined(), name, ": expected a Tensor, got None");
   TORCH_CHECK_VALUE(t.device().is_cpu(), name, ": expected a CPU tensor, got device ", t.device(),
                     " (skinny_attention is the CPU fast path; elsewhere use "
                     "torch.nn.functional.scaled_dot_product_attention)");
-  TORCH_CHECK_TYPE(t.scalar_type() == at::kFloat, name, ": expected dtype float32, got ", t.scalar_type());
+  TORCH_CHECK_TYPE(t.scalar_type() == at::kFloat || (bool_ok && t.scalar_type() == at::kBool), name,
+                   ": expected dtype float32", bool_ok ? " or bool" : "", ", got ", t.scalar_type());
   TORCH_CHECK_VALUE(t.dim() == dims, name, ": expected shape ", shape, ", got ", t.dim(), " dimensions ", t.sizes());
 }
 
@@ -40,13 +41,13 @@ int64_t grain_tasks(int64_t rows, int64_t C, int64_t D) {
 }
 
 // query [B, H, n, D], key / value [B, Hkv, C, D], attn_mask [B or 1, H or 1, n or 1, C]
-// additive float32 -> [B, H, n, D] float32.
+// additive float32 or bool (True = attend) -> [B, H, n, D] float32.
 at::Tensor skinny_attention_cpu(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
                                 const at::Tensor& attn_mask, double scale) {
   check_tensor("query", query, 4, "[B, H, n, D]");
   check_tensor("key", key, 4, "[B, Hkv, C, D]");
   check_tensor("value", value, 4, "[B, Hkv, C, D]");
-  check_tensor("attn_mask", attn_mask, 4, "[B, H or 1, n, C]");
+  check_tensor("attn_mask", attn_mask, 4, "[B, H or 1, n, C]", /*bool_ok=*/true);
   const int64_t B = query.size(0), H = query.size(1), n = query.size(2), D = query.size(3);
   const int64_t Hkv = key.size(1), C = key.size(2);
   TORCH_CHECK_VALUE(key.size(0) == B && key.size(3) == D, "key: expected shape [B, Hkv, C, D] with B = ", B,
@@ -63,14 +64,16 @@ at::Tensor skinny_attention_cpu(const at::Tensor& query, const at::Tensor& key, 
   at::Tensor out = at::empty({B, H, n, D}, query.options());
   if (out.numel() == 0) return out;
   const at::Tensor q = rows_contiguous(query), k = rows_contiguous(key), v = rows_contiguous(value);
-  const at::Tensor m = attn_mask;
+  const at::Tensor& m = attn_mask;
+  const bool is_bool = m.scalar_type() == at::kBool;
   kernels::SkinnyAttentionArgs args{q.data_ptr<float>(),
                                     q.stride(0), q.stride(1), q.stride(2),
                                     k.data_ptr<float>(),
                                     k.stride(0), k.stride(1), k.stride(2),
                                     v.data_ptr<float>(),
                                     v.stride(0), v.stride(1), v.stride(2),
-                                    m.data_ptr<float>(),
+                                    is_bool ? nullptr : m.data_ptr<float>(),
+                                    is_bool ? reinterpret_cast<const uint8_t*>(m.data_ptr<bool>()) : nullptr,
                                     mb == 1 ? 0 : m.stride(0), mh == 1 ? 0 : m.stride(1), mn == 1 ? 0 : m.stride(2),
                                     m.stride(3),
                                     out.data_ptr<float>(),

@@ -85,9 +85,9 @@ TORCH_LIBRARY(specdecode, m) {
   m.def("skinny_linear(Tensor input, Tensor weight, Tensor? bias) -> Tensor");
   // out = softmax(scale * query @ key.T + attn_mask) @ value for few queries per row against a
   // static KV cache: query [B, H, n, D], key and value [B, Hkv, C, D] (H a multiple of Hkv:
-  // grouped-query heads share theirs), attn_mask [B or 1, H or 1, n or 1, C] additive; all
-  // float32. Columns whose mask is the lowest float or -inf are not read (their weight is exactly
-  // 0). Returns out [B, H, n, D] float32, what scaled_dot_product_attention returns for these
+  // grouped-query heads share theirs), all float32; attn_mask [B or 1, H or 1, n or 1, C]
+  // additive float32 or bool (True = attend). Columns whose mask is the lowest float, -inf or
+  // False are not read (their weight is exactly 0). Returns out [B, H, n, D] float32, what scaled_dot_product_attention returns for these
   // inputs (to float rounding). CPU only.
   m.def("skinny_attention(Tensor query, Tensor key, Tensor value, Tensor attn_mask, float scale) -> Tensor");
 }

@@ -246,12 +246,14 @@ def _skinny_linear_fake(input: Tensor, weight: Tensor, bias: Tensor | None) -> T
 @torch.library.register_fake("specdecode::skinny_attention")
 def _skinny_attention_fake(query: Tensor, key: Tensor, value: Tensor, attn_mask: Tensor, scale: float) -> Tensor:
     """Shape: query [B, H, n, D], key and value [B, Hkv, C, D], attn_mask [B or 1, H or 1, n or 1, C]
-    -> [B, H, n, D] float32."""
+    (float32 additive or bool) -> [B, H, n, D] float32."""
     _check_given({"query": query, "key": key, "value": value, "attn_mask": attn_mask})
     _check_same_device("query", query, {"key": key, "value": value, "attn_mask": attn_mask})
     for name, tensor in (("query", query), ("key", key), ("value", value), ("attn_mask", attn_mask)):
-        torch._check_type(tensor.dtype == torch.float32,
-                          lambda name=name, tensor=tensor: f"{name}: expected dtype float32, got {tensor.dtype}")
+        allowed = (torch.float32, torch.bool) if name == "attn_mask" else (torch.float32,)
+        torch._check_type(tensor.dtype in allowed, lambda name=name, tensor=tensor, allowed=allowed: (
+            f"{name}: expected dtype {' or '.join(str(d).removeprefix('torch.') for d in allowed)}, "
+            f"got {tensor.dtype}"))
         torch._check_value(tensor.dim() == 4, lambda name=name, tensor=tensor: (
             f"{name}: expected 4 dimensions, got {tensor.dim()} dimensions {tuple(tensor.shape)}"))
     B, H, n, D = query.shape

@@ -5,15 +5,16 @@ A decode or verification step over a large batch (the data stage's continuations
 query each) is bound by reading the KV cache, and a static cache
 (:class:`specdecode.models.static_cache.ColumnCache`) holds left padding and columns not yet
 written that an additive mask rules out. ``skinny_attention`` reads each key and value row once
-for every query of its head group and skips the columns the mask rules out (the lowest float
-or -inf: their softmax weight is exactly 0), where PyTorch's CPU ``scaled_dot_product_attention``
-reads every column of every head.
+for every query of its head group and skips the columns the mask rules out (the lowest float,
+-inf or False: their softmax weight is exactly 0), where PyTorch's CPU
+``scaled_dot_product_attention`` reads every column of every head. Transformers' own masks (a
+verification forward over a dynamic cache) are boolean; the static path's are additive.
 
 :func:`install` switches a model whose attention implementation is ``"sdpa"`` to
 :data:`ATTENTION_NAME`, an implementation registered with Transformers' ``AttentionInterface``
 (and its ``AttentionMaskInterface``, with SDPA's own mask function, so that masks are built as
 for SDPA). Each call takes the op only when it applies (:func:`skinny_attention_applies`: CPU,
-float32, an additive float mask, at most :data:`MAX_QUERIES` queries, no dropout, no autograd
+float32, a float32 additive or boolean mask, at most :data:`MAX_QUERIES` queries, no dropout, no autograd
 graph, not traced or compiled, nothing SDPA's wrapper would add to the mask); otherwise it calls
 Transformers' own ``sdpa_attention_forward``. Outputs differ from SDPA's only by float rounding.
 :func:`specdecode.cpu.accelerate` installs it along with the linear layers' fast path and its
@@ -40,6 +41,7 @@ ATTENTION_NAME = "specdecode_cpu"
 MAX_QUERIES = 64
 
 _skinny_attention = ops.skinny_attention.default
+_MASK_DTYPES = (torch.float32, torch.bool)  # additive, or True = attend
 _registered = False
 
 
@@ -64,9 +66,9 @@ def skinny_attention_applies(query: Tensor, key: Tensor, value: Tensor, attentio
 
     Shape:
         query: ``[B, H, n, D]``; key, value: ``[B, Hkv, C, D]``; attention_mask ``[B or 1, H or 1,
-        n or 1, C]`` additive.
+        n or 1, C]`` additive float32, or bool (True = attend).
     """
-    if attention_mask is None or attention_mask.dtype != torch.float32 or query.dtype != torch.float32:
+    if attention_mask is None or attention_mask.dtype not in _MASK_DTYPES or query.dtype != torch.float32:
         return False
     if not query.is_cpu or type(query) is not Tensor or type(key) is not Tensor or type(value) is not Tensor \
             or type(attention_mask) is not Tensor:
