@@ -5,7 +5,7 @@ static KV cache makes, the same inputs for both.
 Each case is one attention call of a decode or verification step: ``n`` queries per row against
 a static cache of ``capacity`` columns, of which each row attends its prompt (left padding before
 it, as the data stage's batches have) and the tokens made so far; the mask rules out the rest
-(the lowest float), which the op does not read. Every case keeps ``--layers`` layers' keys and
+(the lowest float), which the op skips. Every case keeps ``--layers`` layers' keys and
 values (distinct tensors, as a model's layers are) and, before each call, writes a buffer of
 ``--evict-mb`` MB, so that the keys and values come from memory as they do between a model's
 steps. The two paths are timed in turn within each repeat (interleaved, order rotating), outputs

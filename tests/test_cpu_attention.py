@@ -1,6 +1,6 @@
 """The CPU fast path's attention (specdecode.cpu_attention): the skinny_attention op agrees with
-scaled_dot_product_attention at odd sizes, with every instruction set, never reads the columns
-its mask rules out, and rejects bad input by name; the Hugging Face attention it installs
+scaled_dot_product_attention at odd sizes, with every instruction set, never lets what the
+columns its mask rules out hold reach the output, and rejects bad input by name; the Hugging Face attention it installs
 takes the op only where it applies, and greedy decoding is unchanged with it. No timing here
 (see benchmarks/bench_cpu_attention.py)."""
 
@@ -53,7 +53,8 @@ def test_matches_sdpa_at_odd_sizes(B, H, Hkv, n, C, D):
 
 def test_boolean_masks_as_sdpa():
     """A boolean mask (True = attend, Transformers' own masks): SDPA's result at odd sizes, a row
-    of only False gets zeros as SDPA's, and the columns it rules out are never read."""
+    of only False gets zeros as SDPA's, and what the columns it rules out hold never reaches the
+    output."""
     for B, H, Hkv, n, C, D in [(1, 9, 3, 5, 70, 64), (3, 4, 4, 1, 111, 128), (2, 6, 2, 7, 13, 33)]:
         q, k, v, additive = _case(B, H, Hkv, n, C, D, seed=C)
         mask = additive > LOWEST
@@ -100,7 +101,7 @@ def test_fully_masked_rows_as_sdpa():
 
 def test_masked_columns_are_not_read():
     """Keys and values of masked columns (the lowest float or -inf) may hold anything, NaN
-    included: they are never read, so the output is that of the attended columns alone."""
+    included: the output is that of the attended columns alone."""
     B, H, n, C, D = 3, 4, 2, 70, 64
     q, k, v, mask = _case(B, H, H, n, C, D, masked=0.0)
     mask[:, :, :, 40:] = LOWEST

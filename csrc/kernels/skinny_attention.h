@@ -1,9 +1,11 @@
 // Attention for few queries per row on the CPU: out = softmax(scale * q k^T + mask) v for the n
 // queries of each (batch row, head) of a decode or verification step (n = 1 .. a few dozen),
 // against a static cache of C columns. Each key and value row is read once for every query of
-// its head group (grouped-query heads share it), and columns the additive mask rules out (its
-// value the lowest float or -inf: their softmax weight is exactly 0) are not read at all, so a
-// static cache's padding and unwritten columns cost nothing.
+// its head group (grouped-query heads share it). Columns the mask rules out (the lowest float,
+// -inf or False: their softmax weight is exactly 0) are skipped: no value row of theirs is read,
+// nor their key rows where four neighbouring columns are all ruled out for every query of the
+// head group (a key read beside attended ones is discarded), so a static cache's padding and
+// unwritten columns cost next to nothing.
 //
 // Shapes: q [B, H, n, D], k and v [B, Hkv, C, D] (H a multiple of Hkv; the last dimension
 // contiguous, any other strides), mask [B, H or 1, n, C] (any strides): additive float32, or

@@ -63,6 +63,7 @@ at::Tensor skinny_attention_cpu(const at::Tensor& query, const at::Tensor& key, 
   TORCH_CHECK_VALUE(std::isfinite(scale), "scale: expected a finite number, got ", scale);
   at::Tensor out = at::empty({B, H, n, D}, query.options());
   if (out.numel() == 0) return out;
+  if (C == 0) return out.zero_();  // no column to attend: zeros, as with every column at -inf
   const at::Tensor q = rows_contiguous(query), k = rows_contiguous(key), v = rows_contiguous(value);
   const at::Tensor& m = attn_mask;
   const bool is_bool = m.scalar_type() == at::kBool;
@@ -79,10 +80,6 @@ at::Tensor skinny_attention_cpu(const at::Tensor& query, const at::Tensor& key, 
                                     out.data_ptr<float>(),
                                     H, Hkv, n, C, D,
                                     static_cast<float>(scale)};
-  if (C == 0) {  // no column to attend: an empty softmax, zeros (as with every column at -inf)
-    out.zero_();
-    return out;
-  }
   const int64_t rows = H / Hkv * n;
   const int64_t scratch = kernels::skinny_attention_scratch(H, Hkv, n, C, D);
   at::parallel_for(0, B * Hkv, grain_tasks(rows, C, D), [&](int64_t begin, int64_t end) {

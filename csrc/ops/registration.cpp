@@ -87,7 +87,8 @@ TORCH_LIBRARY(specdecode, m) {
   // static KV cache: query [B, H, n, D], key and value [B, Hkv, C, D] (H a multiple of Hkv:
   // grouped-query heads share theirs), all float32; attn_mask [B or 1, H or 1, n or 1, C]
   // additive float32 or bool (True = attend). Columns whose mask is the lowest float, -inf or
-  // False are not read (their weight is exactly 0). Returns out [B, H, n, D] float32, what scaled_dot_product_attention returns for these
-  // inputs (to float rounding). CPU only.
+  // False are skipped (their weight is exactly 0; their value rows are never read). Returns out
+  // [B, H, n, D] float32, what scaled_dot_product_attention returns for these inputs (to float
+  // rounding). CPU only.
   m.def("skinny_attention(Tensor query, Tensor key, Tensor value, Tensor attn_mask, float scale) -> Tensor");
 }

@@ -19,6 +19,11 @@ graph, not traced or compiled, nothing SDPA's wrapper would add to the mask); ot
 Transformers' own ``sdpa_attention_forward``. Outputs differ from SDPA's only by float rounding.
 :func:`specdecode.cpu.accelerate` installs it along with the linear layers' fast path and its
 handle's ``remove()`` puts ``"sdpa"`` back.
+
+>>> handle = specdecode.cpu.accelerate(model)         # an SDPA model, on the CPU
+>>> model.config._attn_implementation
+'specdecode_cpu'
+>>> handle.remove()                                   # "sdpa" again
 """
 
 from __future__ import annotations
