@@ -238,6 +238,9 @@ def test_data_files(tmp_path, demo_run):
     prompts.write_text('{"prompt": "def add(a, b):\\n"}\n"import os\\n"\n\n')
     sequences, continue_them = token_sequences(prompts, tokenizer, 64)
     assert continue_them and sequences == [tokenizer("def add(a, b):\n").input_ids, tokenizer("import os\n").input_ids]
+    repeated, _ = token_sequences(["a", "b", "a"], tokenizer, 64)  # each distinct text encoded once
+    assert repeated == [tokenizer("a").input_ids, tokenizer("b").input_ids, tokenizer("a").input_ids]
+    assert repeated[0] is not repeated[2]  # separate lists all the same
     text = tmp_path / "text.py"
     text.write_text("x = 1\n" * 200)
     windows, continue_them = token_sequences(text, tokenizer, 64)

@@ -61,10 +61,15 @@ def _installed_keyword() -> str:
     return "cache" if "cache" in names else "past_key_values"
 
 
-@torch.compiler.assume_constant_result  # a fact about the class: compiled code bakes it in, guarding no table
 def cache_keyword(model: torch.nn.Module) -> str:
     """``"cache"`` or ``"past_key_values"``: the name ``model``'s forward takes its KV cache by."""
-    cls = type(model)
+    return _class_cache_keyword(type(model))
+
+
+@torch.compiler.assume_constant_result  # a fact about the class: compiled code bakes it in, guarding no table
+def _class_cache_keyword(cls: type) -> str:
+    """:func:`cache_keyword` for a model class. It takes the class, not the model: compiled code
+    calls it with a constant (torch 2.11's Dynamo refuses a module as a constant-result argument)."""
     keyword = _KEYWORD_BY_CLASS.get(cls)
     if keyword is None:
         keyword = _KEYWORD_BY_CLASS[cls] = _class_keyword(cls)

@@ -236,11 +236,14 @@ def token_sequences(data: Any, tokenizer: Any, max_length: int) -> tuple[list[li
     if not isinstance(data, Sequence) or len(data) == 0:
         raise ValueError(f"data: expected a file path or a non-empty sequence of prompts, got {type(data).__name__}")
     out = []
+    encoded: dict[str, list[int]] = {}  # a mix repeats its prompts: each distinct text is encoded once
     for i, item in enumerate(data):
         if isinstance(item, str):
             if tokenizer is None:
                 raise ValueError("tokenizer: text prompts need the target's tokenizer")
-            ids = encode_prompt(tokenizer, item)
+            if item not in encoded:
+                encoded[item] = encode_prompt(tokenizer, item)
+            ids = list(encoded[item])
         elif isinstance(item, Tensor) and item.dim() == 1:
             ids = item.tolist()
         elif isinstance(item, (list, tuple)) and all(isinstance(t, int) for t in item):

@@ -291,8 +291,12 @@ def _from_file(file: Any, tokenizer: Any, target_name: str, wanted: dict[str, in
             parts += static_source(name, n, seed)
             continue
         order = torch.randperm(len(held), generator=torch.Generator().manual_seed(seed)).tolist()
-        picked = [held[order[i % len(held)]] for i in range(n)]
-        parts += [conversation_ids(tokenizer, p) for p in picked] if name == "multi-turn" else picked
+        picked = [order[i % len(held)] for i in range(n)]
+        if name == "multi-turn":  # each distinct exchange through the chat template once
+            ids = {j: conversation_ids(tokenizer, held[j]) for j in dict.fromkeys(picked)}
+            parts += [list(ids[j]) for j in picked]
+        else:
+            parts += [held[j] for j in picked]
     return parts
 
 
