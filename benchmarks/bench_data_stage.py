@@ -19,11 +19,20 @@ ratio ours / HF of tokens/s.
     python benchmarks/bench_data_stage.py --targets smollm2 --device cuda --batch-size 512 --dtype bfloat16
     python benchmarks/bench_data_stage.py --threads 1 --clock cpu           # a busy machine
     python benchmarks/bench_data_stage.py --quick                           # smoke run
+    # the GPU probe (scripts/gpu_session.sh probe): our path alone, two dtypes, two batch sizes,
+    # and where one batch's time goes (torch.profiler, the top operators by device time)
+    python benchmarks/bench_data_stage.py --targets smollm2 --device cuda --dtype float32 bfloat16 \
+        --batch-size 512 1024 --temperatures 0.7 --ours-only --profile
+
+``--ours-only`` times specdecode's path alone (no HF baseline, no greedy comparison); ``--profile``
+runs one more batch of it under ``torch.profiler`` per (target, dtype, batch) and prints its top
+operators (written beside the results as ``data_stage_profile_*.txt``).
 """
 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
@@ -58,23 +67,45 @@ def batch_prompts(name: str, tokenizer: Any, settings: DataSettings, count: int,
     return [encode_prompt(tokenizer, text)[-keep:] for text in default_prompts(name, count, seed)]
 
 
+def profile_batch(target: Any, prompts: list[list[int]], settings: DataSettings, args: Any, label: str) -> None:
+    """One batch of our path under ``torch.profiler``: its top operators by device time (CPU time
+    on the CPU), printed and written to ``OUT/data_stage_profile_LABEL.txt``."""
+    from torch.profiler import ProfilerActivity, profile
+
+    device = next(target.parameters()).device
+    cuda = device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        continue_prompts(target, prompts, settings, args.seed, decode_path="auto")
+        _sync(device)()
+    table = prof.key_averages().table(sort_by="cuda_time_total" if cuda else "cpu_time_total", row_limit=25,
+                                      max_name_column_width=60)
+    print(f"profile of one batch ({label}):\n{table}")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"data_stage_profile_{label}.txt").write_text(table + "\n")
+
+
 def bench_target(name: str, target: Any, prompts: list[list[int]], args: Any) -> list[dict[str, Any]]:
     device = next(target.parameters()).device
     sync, clock = _sync(device), CLOCKS[args.clock]
     ours = data_decode_path(target, DataSettings(max_new_tokens=args.max_new_tokens, temperature=0.7))
-    greedy = DataSettings(max_new_tokens=args.max_new_tokens, temperature=0.0, batch_size=len(prompts))
-    outputs = {path: continue_prompts(target, prompts, greedy, args.seed, decode_path=path) for path in PATHS}
-    equal = sum(a == b for a, b in zip(outputs["hf_generate"], outputs["auto"]))
+    paths = ("auto",) if args.ours_only else PATHS
+    equal = None
+    if not args.ours_only:
+        greedy = DataSettings(max_new_tokens=args.max_new_tokens, temperature=0.0, batch_size=len(prompts))
+        outputs = {path: continue_prompts(target, prompts, greedy, args.seed, decode_path=path) for path in PATHS}
+        equal = sum(a == b for a, b in zip(outputs["hf_generate"], outputs["auto"]))
     rows = []
     for temperature in args.temperatures:
         settings = DataSettings(max_new_tokens=args.max_new_tokens, temperature=temperature, batch_size=len(prompts))
-        seconds: dict[str, list[float]] = {p: [] for p in PATHS}
-        rates: dict[str, list[float]] = {p: [] for p in PATHS}
+        seconds: dict[str, list[float]] = {p: [] for p in paths}
+        rates: dict[str, list[float]] = {p: [] for p in paths}
         eos = target.generation_config.eos_token_id
         if temperature > 0:
             target.generation_config.eos_token_id = None  # the same number of tokens on both paths
         for i in range(1 + args.repeats):
-            for path in PATHS[i % 2:] + PATHS[:i % 2]:
+            for path in paths[i % len(paths):] + paths[:i % len(paths)]:
                 sync()
                 start = clock()
                 out = continue_prompts(target, prompts, settings, args.seed + 1 + i, decode_path=path)
@@ -84,13 +115,18 @@ def bench_target(name: str, target: Any, prompts: list[list[int]], args: Any) ->
                     continue  # warm-up: the static layout (and on CUDA its graphs) is built here
                 seconds[path].append(took)
                 rates[path].append(sum(len(o) - len(p) for o, p in zip(out, prompts)) / took)
+        if args.profile and temperature == args.temperatures[-1]:
+            profile_batch(target, prompts, settings, args,
+                          f"{name}_{str(target.dtype).replace('torch.', '')}_b{len(prompts)}")
         target.generation_config.eos_token_id = eos
-        hf_rate, our_rate = median(rates["hf_generate"]), median(rates["auto"])
+        our_rate = median(rates["auto"])
+        hf_rate = None if args.ours_only else median(rates["hf_generate"])
         rows.append({"target": name, "device": str(device), "dtype": str(target.dtype).replace("torch.", ""),
                      "batch": len(prompts), "T": temperature, "eos": "on" if temperature == 0 else "off",
-                     "path": ours, "greedy_equal": f"{equal}/{len(prompts)}",
-                     "hf_s": median(seconds["hf_generate"]), "ours_s": median(seconds["auto"]),
-                     "hf_tok_s": hf_rate, "ours_tok_s": our_rate, "ours/hf": our_rate / hf_rate})
+                     "path": ours, "greedy_equal": "-" if equal is None else f"{equal}/{len(prompts)}",
+                     "hf_s": None if args.ours_only else median(seconds["hf_generate"]),
+                     "ours_s": median(seconds["auto"]), "hf_tok_s": hf_rate, "ours_tok_s": our_rate,
+                     "ours_tok_min": 60 * our_rate, "ours/hf": None if hf_rate is None else our_rate / hf_rate})
     return rows
 
 
@@ -98,9 +134,14 @@ def main() -> None:
     parser = base_parser(__doc__.splitlines()[0])
     parser.add_argument("--targets", nargs="+", choices=["demo", "smollm2"], default=["demo"], help="targets to time")
     parser.add_argument("--device", default="cpu", help="where the targets run (cpu, cuda)")
-    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", help="the targets' dtype")
-    parser.add_argument("--batch-size", type=int, default=None,
-                        help="prompts per batch (default: the CPU data batch, CPU_DATA_BATCH; --quick: 3)")
+    parser.add_argument("--dtype", nargs="+", choices=["float32", "bfloat16"], default=["float32"],
+                        help="the targets' dtypes (each timed in turn)")
+    parser.add_argument("--batch-size", type=int, nargs="+", default=None,
+                        help="prompts per batch, each timed in turn (default: the CPU data batch, CPU_DATA_BATCH; "
+                             "--quick: 3)")
+    parser.add_argument("--ours-only", action="store_true", help="time specdecode's path alone (no HF baseline)")
+    parser.add_argument("--profile", action="store_true",
+                        help="profile one more batch of our path per (target, dtype, batch) with torch.profiler")
     parser.add_argument("--max-new-tokens", type=int, default=None,
                         help="tokens per continuation (default: 96, the data stage's; --quick: 8)")
     parser.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 0.7], help="timed temperatures")
@@ -111,21 +152,27 @@ def main() -> None:
     if args.clock == "cpu" and (args.threads != 1 or args.device != "cpu"):
         parser.error("clock: 'cpu' measures one thread's CPU time; use it with --threads 1 on the CPU")
     args.repeats = args.repeats or (1 if args.quick else 5)
-    args.batch_size = args.batch_size or (3 if args.quick else CPU_DATA_BATCH)
+    args.batch_size = args.batch_size or [3 if args.quick else CPU_DATA_BATCH]
     args.max_new_tokens = args.max_new_tokens or (8 if args.quick else 96)
     torch.set_num_threads(args.threads)
     rows = []
     for name in args.targets:
-        loaded = load(name, args.device, args.dtype)
-        if loaded is None:
-            continue
-        target, tokenizer = loaded
-        settings = DataSettings(max_new_tokens=args.max_new_tokens)
-        prompts = batch_prompts(name, tokenizer, settings, args.batch_size, args.seed)
-        rows += bench_target(name, target, prompts, args)
-        del target
+        for dtype in args.dtype:
+            loaded = load(name, args.device, dtype)
+            if loaded is None:
+                break
+            target, tokenizer = loaded
+            settings = DataSettings(max_new_tokens=args.max_new_tokens)
+            for batch_size in args.batch_size:
+                prompts = batch_prompts(name, tokenizer, settings, batch_size, args.seed)
+                rows += bench_target(name, target, prompts, args)
+                print(format_table(rows[-len(args.temperatures):], ["target", "dtype", "batch", "T", "ours_tok_s",
+                                                                    "ours_tok_min", "ours/hf"]), flush=True)
+            del target
+            if args.device.startswith("cuda"):
+                torch.cuda.empty_cache()
     print(format_table(rows, ["target", "device", "dtype", "batch", "T", "eos", "path", "greedy_equal", "hf_s",
-                              "ours_s", "hf_tok_s", "ours_tok_s", "ours/hf"],
+                              "ours_s", "hf_tok_s", "ours_tok_s", "ours_tok_min", "ours/hf"],
                        title=f"data-stage continuations, {args.max_new_tokens} new tokens, HF generate vs ours "
                              f"(medians of {args.repeats}, {args.threads} CPU threads, {args.clock} clock)"))
     write_results(args.out, "data_stage", rows, {**environment(), "args": vars(args)})

@@ -15,30 +15,37 @@
 #   bash scripts/build_gpu_extension.sh     # the CUDA extension for the device's Python 3.12 / torch 2.11
 #   bash scripts/gguf_parts.sh              # .gguf-parts/: the SmolLM2 GGUF in parts, their manifest, the gguf
 #                                           # reader, the gzipped extension; prints the calls with its sizes
-# The device calls (sizes as measured on 2026-11-28: 3 parts). The benchmark (up to 8 minutes) and a
-# training run worth having (6 or more) do not both fit one lent session's 15 minutes with the
-# machine's start, so a session runs ONE of two plans; the training plan first (the drafters are
-# what the project waits on), the benchmark plan in the next lent session:
-#   both plans start with
+# The device calls (sizes as measured on 2026-11-28: 3 parts). What the H200 session of 2026-11-28 ran
+# (calls 1-3 of the training plan, then a cut-short benchmark: 15 minutes, the machine's start 32 s)
+# showed that the data stage's own throughput is what the drafters wait on (10.7k generated
+# tokens/s at 512 prompts per batch, float32): the next session measures it first, then trains:
 #   1. run  command='bash scripts/gpu_session.sh stash'  timeout_s=90
 #           carry=[".gguf-parts/manifest", ".gguf-parts/part-1", ".gguf-parts/_C.cpython-312-x86_64-linux-gnu.so.gz"]
 #   2. run  command='bash scripts/gpu_session.sh stash'  timeout_s=60
 #           carry=[".gguf-parts/manifest", ".gguf-parts/part-2"]
-#   training plan, then (the train stage joins the parts itself):
-#   3. run  command='MINUTES=7 bash scripts/gpu_session.sh train'  timeout_s=590
+#   3. run  command='bash scripts/gpu_session.sh probe'  timeout_s=200   (the data probe: ~150 s)
 #           carry=[".gguf-parts/manifest", ".gguf-parts/part-3", ".gguf-parts/site"]
-#      (MINUTES = the device minutes left after call 2, minus 3 for loading, packing and the margin)
-#   benchmark plan, then:
-#   3. run  command='bash scripts/gpu_session.sh bench'  timeout_s=480
+#   4. run  command='MINUTES=7 bash scripts/gpu_session.sh train'  timeout_s=590
 #           carry=[".gguf-parts/manifest", ".gguf-parts/part-3", ".gguf-parts/site"]
-#   then give_back, and here: the files of the last call (training: KIND.tar per kind, train.log,
-#   summary.json, see scripts/gpu_train_drafters.sh; benchmark: bench.log, cuda_tests.log,
-#   bench_gpu.csv/json).
+#      (MINUTES = the device minutes left after call 3, minus 3 for loading, packing and the margin,
+#      at most 7.5: 7.5 took 473 s on the H200; the script stops the training at TOTAL_S = 560 s)
+#   5. with 4 or more minutes left:
+#      run  command='TESTS_S=40 BENCH_S=150 bash scripts/gpu_session.sh bench'  timeout_s=220
+#           carry=[".gguf-parts/manifest", ".gguf-parts/site"]
+#   then give_back, and here: the files of each call (probe: probe.log, data_stage.csv/json and
+#   data_stage_profile_*.txt; training: KIND.tar per kind, train.log, summary.json, see
+#   scripts/gpu_train_drafters.sh; benchmark: bench.log, cuda_tests.log, bench_gpu.csv/json).
+#   The full benchmark (up to 8 minutes: `bash scripts/gpu_session.sh bench` with its defaults,
+#   timeout_s=480, as call 3) and a training run worth having do not both fit one session.
 # A call that finds a part missing (the machine went back between calls) says so in one line: start
 # again at call 1.
 #
 # Stages (the first argument):
 #   stash   copy the parts this call carried into /tmp (the extension too: restored by later calls)
+#   probe   join the GGUF, restore the extension, then time the data stage's continuations on the
+#           graphed path alone (benchmarks/bench_data_stage.py PROBE_ARGS: SmolLM2 in float32 and
+#           bfloat16, 512 and 1024 prompts per batch, T = 0.7, and a torch.profiler table of one
+#           batch of each), at most PROBE_S seconds
 #   bench   join the GGUF (sha256 checked), restore the extension, then run CUDA_TESTS (at most
 #           TESTS_S seconds) and the GPU benchmark (at most BENCH_S seconds; it writes its results
 #           after every group, so a cut-short run still returns what it finished)
@@ -47,7 +54,7 @@
 #           demo pair, tiny sizes, the compiled methods left out: their compiles take minutes on a
 #           CPU; tests/test_bench_gpu_rows.py runs HF's) (the test suite runs it:
 #           tests/test_bench_gpu_rows.py)
-# Environment: TESTS_S [60], BENCH_S [360], CUDA_TESTS [the CUDA test files named below], BENCH_ARGS
+# Environment: PROBE_S [150], PROBE_ARGS [the probe's arguments above], TESTS_S [60], BENCH_S [360], CUDA_TESTS [the CUDA test files named below], BENCH_ARGS
 # [--preset gpu-session], DRY_BENCH_ARGS [--preset gpu-session --quick], PY [python3], OUT [./gpu_out],
 # and gpu_train_drafters.sh's variables.
 set -uo pipefail
@@ -58,6 +65,8 @@ TESTS_S=${TESTS_S:-60}
 BENCH_S=${BENCH_S:-360}
 CUDA_TESTS=${CUDA_TESTS:-tests/test_cuda_static_compiled.py tests/test_cuda_static_trees.py tests/test_training_cuda.py tests/test_training_data_path.py}
 BENCH_ARGS=${BENCH_ARGS:---preset gpu-session}
+PROBE_S=${PROBE_S:-150}
+PROBE_ARGS=${PROBE_ARGS:---targets smollm2 --device cuda --dtype float32 bfloat16 --batch-size 512 1024 --temperatures 0.7 --repeats 2 --ours-only --profile}
 export OUT PY
 mkdir -p "$OUT"
 START=$(date +%s)
@@ -67,11 +76,11 @@ here=$(dirname "$0")
 case "$STAGE" in
   stash) exec bash "$here/gpu_train_drafters.sh" stash ;;
   train) exec bash "$here/gpu_train_drafters.sh" train ;;
-  bench|dry) ;;
-  *) echo "usage: bash scripts/gpu_session.sh stash|bench|train|dry" >&2; exit 2 ;;
+  probe|bench|dry) ;;
+  *) echo "usage: bash scripts/gpu_session.sh stash|probe|train|bench|dry" >&2; exit 2 ;;
 esac
 
-if [ "$STAGE" = bench ]; then
+if [ "$STAGE" = bench ] || [ "$STAGE" = probe ]; then
   bash "$here/gpu_train_drafters.sh" join || exit 2
   bash "$here/gpu_train_drafters.sh" ext || exit 2
   SITE=${SITE:-/tmp/specdecode-site}
@@ -87,6 +96,15 @@ export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PAR
 $PY -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__, \
 torch.cuda.get_device_name() if torch.cuda.is_available() else 'no GPU')" 2>&1 | tee -a "$OUT/session.log"
 
+if [ "$STAGE" = probe ]; then
+  log "data probe (at most ${PROBE_S}s): python benchmarks/bench_data_stage.py $PROBE_ARGS"
+  # shellcheck disable=SC2086  # PROBE_ARGS is a word list
+  timeout "$PROBE_S" $PY benchmarks/bench_data_stage.py $PROBE_ARGS --out "$OUT" > "$OUT/probe.log" 2>&1
+  rc=$?
+  log "data probe rc=$rc (124: stopped at the limit): $(grep -c 'profile of one batch' "$OUT/probe.log") profiles"
+  log "$OUT holds $(ls "$OUT" | tr '\n' ' ')"
+  exit "$rc"
+fi
 if [ "$STAGE" = bench ]; then
   log "CUDA tests (at most ${TESTS_S}s): $CUDA_TESTS"
   # shellcheck disable=SC2086  # CUDA_TESTS is a word list

@@ -22,12 +22,13 @@
 #             carry=[".gguf-parts/manifest", ".gguf-parts/part-1", ".gguf-parts/_C.cpython-312-x86_64-linux-gnu.so.gz"]
 #     2. run  command='bash scripts/gpu_session.sh stash'  timeout_s=60
 #             carry=[".gguf-parts/manifest", ".gguf-parts/part-2"]
-#     3. run  command='MINUTES=7 bash scripts/gpu_session.sh train'  timeout_s=590   (this script's train stage;
+#     3. run  command='bash scripts/gpu_session.sh probe'  timeout_s=200   (gpu_session.sh's data probe;
 #             it joins the parts)  carry=[".gguf-parts/manifest", ".gguf-parts/part-3", ".gguf-parts/site"]
-#     (gpu_session.sh's other plan runs the GPU benchmark as call 3 instead, 'bash scripts/gpu_session.sh bench':
-#     both do not fit one session)
+#     4. run  command='MINUTES=7 bash scripts/gpu_session.sh train'  timeout_s=590   (this script's train stage)
+#             carry=[".gguf-parts/manifest", ".gguf-parts/part-3", ".gguf-parts/site"]
+#     (then, with 4 minutes left, gpu_session.sh's short benchmark: 'bash scripts/gpu_session.sh bench')
 #   here:  mkdir -p runs/gpu-drafters && for t in FILES_AT/*.tar; do tar -xf "$t" -C runs/gpu-drafters; done
-#          (FILES_AT: the files_at folder of call 3's reply; each kind comes back as KIND.tar holding
+#          (FILES_AT: the files_at folder of the train call's reply; each kind comes back as KIND.tar holding
 #          KIND/model.safetensors (float16), its JSON config and specdecode_drafter.json)
 #   then:  specdecode.load_drafter("runs/gpu-drafters/eagle", target), the benchmarks, scripts/export_drafter.py
 # If the train call finds a part missing (the machine went back between calls), it says so: start again

@@ -83,6 +83,7 @@ def test_parts_fit_their_calls_and_the_header_names_the_calls(parts):
     assert (out / "site" / "gguf" / "__init__.py").is_file() and list((out / "site").glob("gguf-*.dist-info"))
     assert printed.count("scripts/gpu_session.sh stash") == 3
     assert "gpu_session.sh bench'  carry=[" in printed and f"{out}/part-4" in printed
+    assert "gpu_session.sh probe'  carry=[" in printed
     assert "gpu_session.sh train'  carry=[" in printed and "timeout_s=590" in printed
     for script in (RUN, SESSION):
         header = script.read_text().split("set -uo pipefail")[0]
