@@ -81,6 +81,26 @@ def test_column_cache_writes_per_row_columns_and_masks_the_rest():
         cache.crop(1)
 
 
+@pytest.mark.parametrize("contiguous", [True, False])
+def test_column_cache_writes_equal_a_scatter(contiguous):
+    """Several heads and rows, odd sizes: the rows copied (contiguous layers) or scattered (not)
+    land where a plain scatter over the columns puts them, new values taken from strided inputs."""
+    torch.manual_seed(0)
+    B, H, n, D, capacity = 3, 5, 4, 7, 11
+    cache = ColumnCache(capacity)
+    cache.columns = torch.stack([torch.randperm(capacity)[:n] for _ in range(B)])
+    k = torch.randn(B, n, H, D).transpose(1, 2)  # [B, H, n, D] with a projection's strides
+    v = torch.randn(B, n, H, D).transpose(1, 2)
+    if not contiguous:
+        cache.keys = [torch.zeros(B, capacity, H, D).transpose(1, 2)]
+        cache.values = [torch.zeros(B, capacity, H, D).transpose(1, 2)]
+    keys, values = cache.update(k, v, 0)
+    index = cache.columns[:, None, :, None].expand(B, H, n, D)
+    assert keys.is_contiguous() == contiguous
+    assert torch.equal(keys, torch.zeros(B, H, capacity, D).scatter_(2, index, k))
+    assert torch.equal(values, torch.zeros(B, H, capacity, D).scatter_(2, index, v))
+
+
 # ------------------------------------------------------------------------ greedy exactness
 
 
