@@ -35,6 +35,7 @@ import torch
 from torch import Tensor, nn
 
 from specdecode._ops import ops
+from specdecode.hf_attention import attention_configs, register_attention
 
 __all__ = ["ATTENTION_NAME", "MAX_QUERIES", "install", "installed_configs", "skinny_attention_applies",
            "skinny_sdpa_attention", "uninstall"]
@@ -47,22 +48,6 @@ MAX_QUERIES = 64
 
 _skinny_attention = ops.skinny_attention.default
 _MASK_DTYPES = (torch.float32, torch.bool)  # additive, or True = attend
-_registered = False
-
-
-def _register() -> None:
-    """Registers :data:`ATTENTION_NAME` with Transformers (once per process)."""
-    global _registered
-    if _registered:
-        return
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
-
-    AttentionInterface.register(ATTENTION_NAME, skinny_sdpa_attention)
-    AttentionMaskInterface.register(ATTENTION_NAME, sdpa_mask)
-    _registered = True
-
-
 def skinny_attention_applies(query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None,
                              dropout: float = 0.0, **kwargs: Any) -> bool:
     """Whether a call of the attention implementation with these arguments takes
@@ -117,24 +102,14 @@ def skinny_sdpa_attention(module: nn.Module, query: Tensor, key: Tensor, value: 
                                   is_causal=is_causal, **kwargs)
 
 
-def _configs(model: nn.Module) -> list[Any]:
-    """The distinct configs of ``model`` and its submodules (Transformers' ``PretrainedConfig``)."""
-    seen: list[Any] = []
-    for module in model.modules():
-        config = getattr(module, "config", None)
-        if config is not None and hasattr(config, "_attn_implementation") and not any(c is config for c in seen):
-            seen.append(config)
-    return seen
-
-
 def install(model: nn.Module) -> list[weakref.ref]:
     """Switches every config of ``model`` whose attention implementation is ``"sdpa"`` to
     :data:`ATTENTION_NAME`; returns weak references to the configs switched (for
     :func:`uninstall`). Models with another implementation (eager, flash, flex) are left alone."""
     switched = []
-    for config in _configs(model):
+    for config in attention_configs(model):
         if config._attn_implementation == "sdpa":
-            _register()
+            register_attention(ATTENTION_NAME, skinny_sdpa_attention)
             config._attn_implementation = ATTENTION_NAME
             switched.append(weakref.ref(config))
     return switched
@@ -154,4 +129,4 @@ def uninstall(configs: list[weakref.ref]) -> int:
 
 def installed_configs(model: nn.Module) -> list[Any]:
     """The configs of ``model`` that currently run :data:`ATTENTION_NAME`."""
-    return [c for c in _configs(model) if c._attn_implementation == ATTENTION_NAME]
+    return [c for c in attention_configs(model) if c._attn_implementation == ATTENTION_NAME]

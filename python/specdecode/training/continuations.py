@@ -24,6 +24,7 @@ besides the temperature (repetition penalties and the like, when it sets any).
 from __future__ import annotations
 
 import warnings
+from contextlib import nullcontext
 from typing import Any, Sequence
 
 import torch
@@ -134,11 +135,12 @@ def _left_padded(prompts: list[list[int]], pad: int, width: int, rows: int) -> t
 
 def _static_generate(target: Any, ids: Tensor, mask: Tensor, settings: Any, decode_path: str,
                      seed: int) -> Tensor:
-    from specdecode import cpu
+    from specdecode import cpu, grouped_attention
     from specdecode.engine.static_loop import StaticEngine, TargetOnly
 
     engine_settings = _engine_settings(target, settings.temperature, settings.max_new_tokens, seed)
-    with cpu.accelerated(target):
+    on_gpu = _device(target).type == "cuda"  # grouped heads without copying the cache (the CPU has its own op)
+    with cpu.accelerated(target), (grouped_attention.installed(target) if on_gpu else nullcontext()):
         engine = StaticEngine(target, TargetOnly(), engine_settings, decode_path=decode_path)
         return engine.generate(ids, mask)
 
