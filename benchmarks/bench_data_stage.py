@@ -26,17 +26,24 @@ ratio ours / HF of tokens/s.
 
 ``--ours-only`` times specdecode's path alone (no HF baseline, no greedy comparison); ``--profile``
 runs one more batch of it under ``torch.profiler`` per (target, dtype, batch) and prints its top
-operators (written beside the results as ``data_stage_profile_*.txt``).
+operators (appended, one table per configuration, to ``data_stage_profiles.txt`` beside the
+results). ``--attention grouped
+sdpa`` times our path twice per configuration on CUDA: as the data stage runs it (grouped-query
+heads folded, :mod:`specdecode.grouped_attention`) and with every call handed to Transformers'
+own SDPA function instead (the benchmark switches the fold off for those rows).
 """
 
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 
+from specdecode import grouped_attention
+from specdecode.engine.static_layouts import clear_static_sessions
 from specdecode.bench.harness import CLOCKS, base_parser, environment, format_table, median, write_results
 from specdecode.training.continuations import continue_prompts, data_decode_path
 from specdecode.training.data import DataSettings, default_prompts, encode_prompt
@@ -67,9 +74,24 @@ def batch_prompts(name: str, tokenizer: Any, settings: DataSettings, count: int,
     return [encode_prompt(tokenizer, text)[-keep:] for text in default_prompts(name, count, seed)]
 
 
+@contextmanager
+def _attention(kind: str) -> Iterator[None]:
+    """``"grouped"``: as the data stage runs; ``"sdpa"``: every call of the grouped attention
+    handed to Transformers' SDPA function (the fold's test switched off for the block)."""
+    if kind == "grouped":
+        yield
+        return
+    applies = grouped_attention.grouped_attention_applies
+    grouped_attention.grouped_attention_applies = lambda *args, **kwargs: False
+    try:
+        yield
+    finally:
+        grouped_attention.grouped_attention_applies = applies
+
+
 def profile_batch(target: Any, prompts: list[list[int]], settings: DataSettings, args: Any, label: str) -> None:
     """One batch of our path under ``torch.profiler``: its top operators by device time (CPU time
-    on the CPU), printed and written to ``OUT/data_stage_profile_LABEL.txt``."""
+    on the CPU), printed and appended to ``OUT/data_stage_profiles.txt`` under ``label``."""
     from torch.profiler import ProfilerActivity, profile
 
     device = next(target.parameters()).device
@@ -83,10 +105,12 @@ def profile_batch(target: Any, prompts: list[list[int]], settings: DataSettings,
     print(f"profile of one batch ({label}):\n{table}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"data_stage_profile_{label}.txt").write_text(table + "\n")
+    with open(out / "data_stage_profiles.txt", "a", encoding="utf-8") as file:  # one file: the device returns 8
+        file.write(f"profile of one batch ({label})\n{table}\n\n")
 
 
-def bench_target(name: str, target: Any, prompts: list[list[int]], args: Any) -> list[dict[str, Any]]:
+def bench_target(name: str, target: Any, prompts: list[list[int]], args: Any, attention: str = "grouped"
+                 ) -> list[dict[str, Any]]:
     device = next(target.parameters()).device
     sync, clock = _sync(device), CLOCKS[args.clock]
     ours = data_decode_path(target, DataSettings(max_new_tokens=args.max_new_tokens, temperature=0.7))
@@ -117,7 +141,7 @@ def bench_target(name: str, target: Any, prompts: list[list[int]], args: Any) ->
                 rates[path].append(sum(len(o) - len(p) for o, p in zip(out, prompts)) / took)
         if args.profile and temperature == args.temperatures[-1]:
             profile_batch(target, prompts, settings, args,
-                          f"{name}_{str(target.dtype).replace('torch.', '')}_b{len(prompts)}")
+                          f"{name}_{str(target.dtype).replace('torch.', '')}_b{len(prompts)}_{attention}")
         target.generation_config.eos_token_id = eos
         our_rate = median(rates["auto"])
         hf_rate = None if args.ours_only else median(rates["hf_generate"])
@@ -140,6 +164,9 @@ def main() -> None:
                         help="prompts per batch, each timed in turn (default: the CPU data batch, CPU_DATA_BATCH; "
                              "--quick: 3)")
     parser.add_argument("--ours-only", action="store_true", help="time specdecode's path alone (no HF baseline)")
+    parser.add_argument("--attention", nargs="+", choices=["grouped", "sdpa"], default=["grouped"],
+                        help="our path's attention on CUDA: grouped heads folded (the data stage's), or "
+                             "Transformers' SDPA function; each timed in turn")
     parser.add_argument("--profile", action="store_true",
                         help="profile one more batch of our path per (target, dtype, batch) with torch.profiler")
     parser.add_argument("--max-new-tokens", type=int, default=None,
@@ -165,13 +192,17 @@ def main() -> None:
             settings = DataSettings(max_new_tokens=args.max_new_tokens)
             for batch_size in args.batch_size:
                 prompts = batch_prompts(name, tokenizer, settings, batch_size, args.seed)
-                rows += bench_target(name, target, prompts, args)
-                print(format_table(rows[-len(args.temperatures):], ["target", "dtype", "batch", "T", "ours_tok_s",
-                                                                    "ours_tok_min", "ours/hf"]), flush=True)
+                for attention in args.attention:
+                    clear_static_sessions(target)  # graphs recorded with the other attention are not replayed
+                    with _attention(attention):
+                        made = bench_target(name, target, prompts, args, attention)
+                    rows += [{**row, "attention": attention} for row in made]
+                    print(format_table(rows[-len(made):], ["target", "dtype", "batch", "attention", "T",
+                                                           "ours_tok_s", "ours_tok_min", "ours/hf"]), flush=True)
             del target
             if args.device.startswith("cuda"):
                 torch.cuda.empty_cache()
-    print(format_table(rows, ["target", "device", "dtype", "batch", "T", "eos", "path", "greedy_equal", "hf_s",
+    print(format_table(rows, ["target", "device", "dtype", "batch", "attention", "T", "eos", "path", "greedy_equal", "hf_s",
                               "ours_s", "hf_tok_s", "ours_tok_s", "ours_tok_min", "ours/hf"],
                        title=f"data-stage continuations, {args.max_new_tokens} new tokens, HF generate vs ours "
                              f"(medians of {args.repeats}, {args.threads} CPU threads, {args.clock} clock)"))

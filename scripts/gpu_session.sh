@@ -25,15 +25,16 @@
 #           carry=[".gguf-parts/manifest", ".gguf-parts/part-2"]
 #   3. run  command='bash scripts/gpu_session.sh probe'  timeout_s=200   (the data probe: ~150 s)
 #           carry=[".gguf-parts/manifest", ".gguf-parts/part-3", ".gguf-parts/site"]
-#   4. run  command='MINUTES=7 bash scripts/gpu_session.sh train'  timeout_s=590
+#   4. run  command='MINUTES=6.5 bash scripts/gpu_session.sh train'  timeout_s=590
 #           carry=[".gguf-parts/manifest", ".gguf-parts/part-3", ".gguf-parts/site"]
 #      (MINUTES = the device minutes left after call 3, minus 3 for loading, packing and the margin,
-#      at most 7.5: 7.5 took 473 s on the H200; the script stops the training at TOTAL_S = 560 s)
+#      at most 7.5: 7.5 took 473 s on the H200; the script stops the training at TOTAL_S = 560 s;
+#      with the probe's 200 s, 6.5 leaves room for call 5)
 #   5. with 4 or more minutes left:
 #      run  command='TESTS_S=40 BENCH_S=150 bash scripts/gpu_session.sh bench'  timeout_s=220
 #           carry=[".gguf-parts/manifest", ".gguf-parts/site"]
 #   then give_back, and here: the files of each call (probe: probe.log, data_stage.csv/json and
-#   data_stage_profile_*.txt; training: KIND.tar per kind, train.log, summary.json, see
+#   data_stage_profiles.txt; training: KIND.tar per kind, train.log, summary.json, see
 #   scripts/gpu_train_drafters.sh; benchmark: bench.log, cuda_tests.log, bench_gpu.csv/json).
 #   The full benchmark (up to 8 minutes: `bash scripts/gpu_session.sh bench` with its defaults,
 #   timeout_s=480, as call 3) and a training run worth having do not both fit one session.
@@ -44,8 +45,9 @@
 #   stash   copy the parts this call carried into /tmp (the extension too: restored by later calls)
 #   probe   join the GGUF, restore the extension, then time the data stage's continuations on the
 #           graphed path alone (benchmarks/bench_data_stage.py PROBE_ARGS: SmolLM2 in float32 and
-#           bfloat16, 512 and 1024 prompts per batch, T = 0.7, and a torch.profiler table of one
-#           batch of each), at most PROBE_S seconds
+#           bfloat16, 512 and 1024 prompts per batch, grouped-query attention folded and
+#           Transformers' SDPA, T = 0.7, and a torch.profiler table of one batch of each; float32
+#           first, so a run cut at its limit keeps those), at most PROBE_S seconds
 #   bench   join the GGUF (sha256 checked), restore the extension, then run CUDA_TESTS (at most
 #           TESTS_S seconds) and the GPU benchmark (at most BENCH_S seconds; it writes its results
 #           after every group, so a cut-short run still returns what it finished)
@@ -66,7 +68,7 @@ BENCH_S=${BENCH_S:-360}
 CUDA_TESTS=${CUDA_TESTS:-tests/test_cuda_static_compiled.py tests/test_cuda_static_trees.py tests/test_training_cuda.py tests/test_training_data_path.py}
 BENCH_ARGS=${BENCH_ARGS:---preset gpu-session}
 PROBE_S=${PROBE_S:-150}
-PROBE_ARGS=${PROBE_ARGS:---targets smollm2 --device cuda --dtype float32 bfloat16 --batch-size 512 1024 --temperatures 0.7 --repeats 2 --ours-only --profile}
+PROBE_ARGS=${PROBE_ARGS:---targets smollm2 --device cuda --dtype float32 bfloat16 --batch-size 512 1024 --attention grouped sdpa --temperatures 0.7 --repeats 1 --ours-only --profile}
 export OUT PY
 mkdir -p "$OUT"
 START=$(date +%s)

@@ -24,7 +24,7 @@
 #             carry=[".gguf-parts/manifest", ".gguf-parts/part-2"]
 #     3. run  command='bash scripts/gpu_session.sh probe'  timeout_s=200   (gpu_session.sh's data probe;
 #             it joins the parts)  carry=[".gguf-parts/manifest", ".gguf-parts/part-3", ".gguf-parts/site"]
-#     4. run  command='MINUTES=7 bash scripts/gpu_session.sh train'  timeout_s=590   (this script's train stage)
+#     4. run  command='MINUTES=6.5 bash scripts/gpu_session.sh train'  timeout_s=590   (this script's train stage)
 #             carry=[".gguf-parts/manifest", ".gguf-parts/part-3", ".gguf-parts/site"]
 #     (then, with 4 minutes left, gpu_session.sh's short benchmark: 'bash scripts/gpu_session.sh bench')
 #   here:  mkdir -p runs/gpu-drafters && for t in FILES_AT/*.tar; do tar -xf "$t" -C runs/gpu-drafters; done
