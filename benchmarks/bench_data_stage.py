@@ -199,6 +199,8 @@ def main() -> None:
                     rows += [{**row, "attention": attention} for row in made]
                     print(format_table(rows[-len(made):], ["target", "dtype", "batch", "attention", "T",
                                                            "ours_tok_s", "ours_tok_min", "ours/hf"]), flush=True)
+                    # after every configuration: a run stopped at its time limit keeps what it measured
+                    write_results(args.out, "data_stage", rows, {**environment(), "args": vars(args)})
             del target
             if args.device.startswith("cuda"):
                 torch.cuda.empty_cache()

@@ -104,6 +104,8 @@ if [ "$STAGE" = probe ]; then
   timeout "$PROBE_S" $PY benchmarks/bench_data_stage.py $PROBE_ARGS --out "$OUT" > "$OUT/probe.log" 2>&1
   rc=$?
   log "data probe rc=$rc (124: stopped at the limit): $(grep -c 'profile of one batch' "$OUT/probe.log") profiles"
+  # the train call reads it from the machine's /tmp (gpu_train_drafters.sh PROBE_PICK)
+  [ -f "$OUT/data_stage.csv" ] && cp "$OUT/data_stage.csv" "${STASH:-/tmp/specdecode-gguf}/probe.csv"
   log "$OUT holds $(ls "$OUT" | tr '\n' ' ')"
   exit "$rc"
 fi

@@ -58,6 +58,10 @@
 #   KIND_ARGS     [--draft-vocab 8192 --freeze-head --unroll 2 --num-layers 2] (the shipped EAGLE
 #                 drafter's head and unroll; a 2-layer draft model keeps its file under 16 MiB)
 #   EXTRA_ARGS    more `train` flags, e.g. "--dtype bfloat16" or "--data-batch-size 256" []
+#   PROBE_PICK    1: when an earlier call of this machine ran the data probe (`gpu_session.sh probe`
+#                 leaves its table in $STASH/probe.csv), train with the data batch size and dtype of
+#                 its fastest row (grouped attention, as the data stage runs); flags in EXTRA_ARGS
+#                 come after and win; 0: ignore the probe [1]
 #   TARGET        [smollm2]; "demo" (the embedded demo target) needs no GGUF: the CPU tests use it
 #   DEVICE        [cuda]
 #   PARTS_DIR [.gguf-parts]  STASH [/tmp/specdecode-gguf]  SITE [/tmp/specdecode-site]
@@ -82,6 +86,7 @@ PROMPT_MIX=${PROMPT_MIX:-templates=0.6,self-instruct=0.15,multi-turn=0.15,code=0
 if [ "$TARGET" = smollm2 ]; then INIT_FROM=${INIT_FROM-eagle=python/specdecode/pair_drafters/smollm2-eagle}; else INIT_FROM=${INIT_FROM:-}; fi
 KIND_ARGS=${KIND_ARGS---draft-vocab 8192 --freeze-head --unroll 2 --num-layers 2}
 EXTRA_ARGS=${EXTRA_ARGS:-}
+PROBE_PICK=${PROBE_PICK:-1}
 TOTAL_S=${TOTAL_S:-560}  # the train command is stopped this many seconds after the script started
 mkdir -p "$OUT" "$STASH"
 START=$(date +%s)
@@ -146,6 +151,20 @@ export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PAR
 $PY -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__, \
 torch.cuda.get_device_name() if torch.cuda.is_available() else 'no GPU')" 2>&1 | tee -a "$OUT/train.log"
 
+if [ "$PROBE_PICK" = 1 ] && [ -f "$STASH/probe.csv" ]; then  # the data probe of an earlier call (gpu_session.sh probe)
+  picked=$($PY - "$STASH/probe.csv" <<'EOF'
+import csv, sys
+rows = [r for r in csv.DictReader(open(sys.argv[1])) if r.get("attention", "grouped") == "grouped" and r["ours_tok_s"]]
+if rows:
+    best = max(rows, key=lambda r: float(r["ours_tok_s"]))
+    print(f"--data-batch-size {best['batch']} --dtype {best['dtype']}")
+EOF
+)
+  if [ -n "$picked" ]; then
+    EXTRA_ARGS="$picked $EXTRA_ARGS"
+    log "data stage as the probe found fastest: $picked"
+  fi
+fi
 left=$(( TOTAL_S - ($(date +%s) - START) ))
 rm -rf "$WORK" "$WORK-export"
 log "train ($KINDS) for $MINUTES minutes on $DEVICE (the command is stopped at ${left}s)"
