@@ -60,7 +60,9 @@
 #   EXTRA_ARGS    more `train` flags, e.g. "--dtype bfloat16" or "--data-batch-size 256" []
 #   PROBE_PICK    1: when an earlier call of this machine ran the data probe (`gpu_session.sh probe`
 #                 leaves its table in $STASH/probe.csv), train with the data batch size and dtype of
-#                 its fastest row (grouped attention, as the data stage runs); flags in EXTRA_ARGS
+#                 its fastest row (grouped attention, as the data stage runs) of at most
+#                 PROBE_MAX_BATCH prompts [512: the batch whose labelling forward is known to fit,
+#                 53.8 GB on the H200 in float32; the probe does not label]; flags in EXTRA_ARGS
 #                 come after and win; 0: ignore the probe [1]
 #   TARGET        [smollm2]; "demo" (the embedded demo target) needs no GGUF: the CPU tests use it
 #   DEVICE        [cuda]
@@ -87,6 +89,7 @@ if [ "$TARGET" = smollm2 ]; then INIT_FROM=${INIT_FROM-eagle=python/specdecode/p
 KIND_ARGS=${KIND_ARGS---draft-vocab 8192 --freeze-head --unroll 2 --num-layers 2}
 EXTRA_ARGS=${EXTRA_ARGS:-}
 PROBE_PICK=${PROBE_PICK:-1}
+PROBE_MAX_BATCH=${PROBE_MAX_BATCH:-512}
 TOTAL_S=${TOTAL_S:-560}  # the train command is stopped this many seconds after the script started
 mkdir -p "$OUT" "$STASH"
 START=$(date +%s)
@@ -152,9 +155,10 @@ $PY -c "import torch, transformers; print('torch', torch.__version__, 'transform
 torch.cuda.get_device_name() if torch.cuda.is_available() else 'no GPU')" 2>&1 | tee -a "$OUT/train.log"
 
 if [ "$PROBE_PICK" = 1 ] && [ -f "$STASH/probe.csv" ]; then  # the data probe of an earlier call (gpu_session.sh probe)
-  picked=$($PY - "$STASH/probe.csv" <<'EOF'
+  picked=$($PY - "$STASH/probe.csv" "$PROBE_MAX_BATCH" <<'EOF'
 import csv, sys
-rows = [r for r in csv.DictReader(open(sys.argv[1])) if r.get("attention", "grouped") == "grouped" and r["ours_tok_s"]]
+rows = [r for r in csv.DictReader(open(sys.argv[1])) if r.get("attention", "grouped") == "grouped"
+        and r["ours_tok_s"] and int(r["batch"]) <= int(sys.argv[2])]
 if rows:
     best = max(rows, key=lambda r: float(r["ours_tok_s"]))
     print(f"--data-batch-size {best['batch']} --dtype {best['dtype']}")
