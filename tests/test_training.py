@@ -245,3 +245,23 @@ def test_data_files(tmp_path, demo_run):
     text.write_text("x = 1\n" * 200)
     windows, continue_them = token_sequences(text, tokenizer, 64)
     assert not continue_them and len(windows) > 1 and all(2 <= len(w) <= 64 for w in windows)
+
+
+def test_labels_in_groups_equal_one_forward(demo_run):
+    """The labelling forward in groups of similar length (data.LABEL_GROUPS) keeps the examples'
+    order and gives what one forward over the whole right-padded batch gives, up to float16
+    rounding of the log-probs."""
+    from specdecode.training import data
+
+    target, _, _ = demo_run
+    gen = torch.Generator().manual_seed(0)
+    lengths = [7, 31, 2, 19, 31, 11, 5]
+    sequences = [torch.randint(0, 200, (n,), generator=gen).tolist() for n in lengths]
+    starts = [n // 2 for n in lengths]
+    grouped = data._label(target, sequences, starts, 8, (-1,))
+    whole = data._label_forward(target, sequences, starts, 8, (-1,))
+    assert [e.input_ids.tolist() for e in grouped] == sequences and [e.start for e in grouped] == starts
+    for a, b in zip(grouped, whole):
+        torch.testing.assert_close(a.top_logp.float(), b.top_logp.float(), atol=2e-2, rtol=0)
+        torch.testing.assert_close(a.features.float(), b.features.float(), atol=2e-2, rtol=1e-2)
+        assert (a.top_ids[:, 0] == b.top_ids[:, 0]).float().mean() > 0.9

@@ -264,9 +264,33 @@ def data_key(sequences: list[list[int]], continue_them: bool, settings: DataSett
     return hashlib.sha256(record.encode()).hexdigest()[:16]
 
 
-@torch.no_grad()
+#: The labelling forward runs over a batch's sequences in this many groups of similar length
+#: (sorted by length, equal row counts): less right padding and a quarter of the logits in memory
+#: at a time. SmolLM2 on the CPU, 32 continued prompts: 10.8 s in one forward, 8.8 s in 2 groups,
+#: 8.7 s in 4 (the same labels up to float16 rounding).
+LABEL_GROUPS = 4
+
+
 def _label(target: Any, sequences: list[list[int]], starts: list[int], top_k: int,
            feature_layers: tuple[int, ...] | None = None) -> list[Example]:
+    """The target's top-k log-probs (and its hidden states at ``feature_layers``) at every
+    position of ``sequences``, labelled in :data:`LABEL_GROUPS` groups of similar length; the
+    examples in the order of ``sequences``."""
+    order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))
+    groups = min(LABEL_GROUPS, len(order))
+    examples: list[Example | None] = [None] * len(sequences)
+    for g in range(groups):
+        rows = order[g * len(order) // groups: (g + 1) * len(order) // groups]
+        labelled = _label_forward(target, [sequences[i] for i in rows], [starts[i] for i in rows], top_k,
+                                  feature_layers)
+        for i, example in zip(rows, labelled):
+            examples[i] = example
+    return examples  # type: ignore[return-value]
+
+
+@torch.no_grad()
+def _label_forward(target: Any, sequences: list[list[int]], starts: list[int], top_k: int,
+                   feature_layers: tuple[int, ...] | None = None) -> list[Example]:
     """Run the target once over right-padded ``sequences`` and keep its top-k log-probs (and
     its hidden states at ``feature_layers``)."""
     device = next(target.parameters()).device
