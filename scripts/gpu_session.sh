@@ -15,6 +15,7 @@
 #   bash scripts/build_gpu_extension.sh     # the CUDA extension for the device's Python 3.12 / torch 2.11
 #   bash scripts/gguf_parts.sh              # .gguf-parts/: the SmolLM2 GGUF in parts, their manifest, the gguf
 #                                           # reader, the gzipped extension; prints the calls with its sizes
+#   bash scripts/device_versions_tests.sh   # the CPU tests under the device's torch 2.11 + transformers 5.17
 # The device calls (sizes as measured on 2026-11-28: 3 parts). What the H200 session of 2026-11-28 ran
 # (calls 1-3 of the training plan, then a cut-short benchmark: 15 minutes, the machine's start 32 s)
 # showed that the data stage's own throughput is what the drafters wait on (10.7k generated
