@@ -16,21 +16,23 @@
 #   bash scripts/gguf_parts.sh              # .gguf-parts/: the SmolLM2 GGUF in parts, their manifest, the gguf
 #                                           # reader, the gzipped extension; prints the calls with its sizes
 #   bash scripts/device_versions_tests.sh   # the CPU tests under the device's torch 2.11 + transformers 5.17
-# The device calls (sizes as measured on 2026-11-28: 3 parts). What the H200 session of 2026-11-28 ran
-# (calls 1-3 of the training plan, then a cut-short benchmark: 15 minutes, the machine's start 32 s)
-# showed that the data stage's own throughput is what the drafters wait on (10.7k generated
-# tokens/s at 512 prompts per batch, float32): the next session measures it first, then trains:
+# The device calls (sizes as measured on 2026-11-28: 3 parts). The second H200 session of 2026-11-28
+# ran calls 1-4 below with the earlier probe (float32 first, both attentions): folding SDPA's grouped
+# heads took the data stage from 10.7k to 24k generated tokens/s (512 prompts, float32), and the
+# float32 GEMMs (no tensor cores) and the labelling forward are what is left; the probe now times
+# bfloat16 first, with the fold only:
 #   1. run  command='bash scripts/gpu_session.sh stash'  timeout_s=90
 #           carry=[".gguf-parts/manifest", ".gguf-parts/part-1", ".gguf-parts/_C.cpython-312-x86_64-linux-gnu.so.gz"]
 #   2. run  command='bash scripts/gpu_session.sh stash'  timeout_s=60
 #           carry=[".gguf-parts/manifest", ".gguf-parts/part-2"]
-#   3. run  command='bash scripts/gpu_session.sh probe'  timeout_s=200   (the data probe: ~150 s)
+#   3. run  command='bash scripts/gpu_session.sh probe'  timeout_s=150   (the data probe: ~115 s)
 #           carry=[".gguf-parts/manifest", ".gguf-parts/part-3", ".gguf-parts/site"]
-#   4. run  command='MINUTES=6.5 bash scripts/gpu_session.sh train'  timeout_s=590
+#   4. run  command='MINUTES=7.5 bash scripts/gpu_session.sh train'  timeout_s=590
 #           carry=[".gguf-parts/manifest", ".gguf-parts/part-3", ".gguf-parts/site"]
 #      (MINUTES = the device minutes left after call 3, minus 3 for loading, packing and the margin,
-#      at most 7.5: 7.5 took 473 s on the H200; the script stops the training at TOTAL_S = 560 s;
-#      with the probe's 200 s, 6.5 leaves room for call 5)
+#      at most 7.5: 7.5 took 473 s on the H200, 6.5 took 410 s; the script stops the training at
+#      TOTAL_S = 560 s; the session of 2026-11-28 used 31 s to start, 5 for the stash calls, 167 for
+#      a 150 s probe, 422 for a 6.5-minute train call)
 #   5. with 4 or more minutes left:
 #      run  command='TESTS_S=40 BENCH_S=150 bash scripts/gpu_session.sh bench'  timeout_s=220
 #           carry=[".gguf-parts/manifest", ".gguf-parts/site"]
@@ -45,10 +47,11 @@
 # Stages (the first argument):
 #   stash   copy the parts this call carried into /tmp (the extension too: restored by later calls)
 #   probe   join the GGUF, restore the extension, then time the data stage's continuations on the
-#           graphed path alone (benchmarks/bench_data_stage.py PROBE_ARGS: SmolLM2 in float32 and
-#           bfloat16, 512 and 1024 prompts per batch, grouped-query attention folded and
-#           Transformers' SDPA, T = 0.7, and a torch.profiler table of one batch of each; float32
-#           first, so a run cut at its limit keeps those), at most PROBE_S seconds
+#           graphed path alone (benchmarks/bench_data_stage.py PROBE_ARGS: SmolLM2 in bfloat16 and
+#           float32, 1024 and 512 prompts per batch, grouped-query attention folded (Transformers'
+#           SDPA, which copies the heads, ran at 0.45x of it on the H200), T = 0.7, and a
+#           torch.profiler table of one batch of each; bfloat16 first, so a run cut at its limit
+#           keeps those), at most PROBE_S seconds
 #   bench   join the GGUF (sha256 checked), restore the extension, then run CUDA_TESTS (at most
 #           TESTS_S seconds) and the GPU benchmark (at most BENCH_S seconds; it writes its results
 #           after every group, so a cut-short run still returns what it finished)
@@ -57,7 +60,7 @@
 #           demo pair, tiny sizes, the compiled methods left out: their compiles take minutes on a
 #           CPU; tests/test_bench_gpu_rows.py runs HF's) (the test suite runs it:
 #           tests/test_bench_gpu_rows.py)
-# Environment: PROBE_S [150], PROBE_ARGS [the probe's arguments above], TESTS_S [60], BENCH_S [360], CUDA_TESTS [the CUDA test files named below], BENCH_ARGS
+# Environment: PROBE_S [110], PROBE_ARGS [the probe's arguments above], TESTS_S [60], BENCH_S [360], CUDA_TESTS [the CUDA test files named below], BENCH_ARGS
 # [--preset gpu-session], DRY_BENCH_ARGS [--preset gpu-session --quick], PY [python3], OUT [./gpu_out],
 # and gpu_train_drafters.sh's variables.
 set -uo pipefail
@@ -68,8 +71,8 @@ TESTS_S=${TESTS_S:-60}
 BENCH_S=${BENCH_S:-360}
 CUDA_TESTS=${CUDA_TESTS:-tests/test_cuda_static_compiled.py tests/test_cuda_static_trees.py tests/test_training_cuda.py tests/test_training_data_path.py}
 BENCH_ARGS=${BENCH_ARGS:---preset gpu-session}
-PROBE_S=${PROBE_S:-150}
-PROBE_ARGS=${PROBE_ARGS:---targets smollm2 --device cuda --dtype float32 bfloat16 --batch-size 512 1024 --attention grouped sdpa --temperatures 0.7 --repeats 1 --ours-only --profile}
+PROBE_S=${PROBE_S:-110}
+PROBE_ARGS=${PROBE_ARGS:---targets smollm2 --device cuda --dtype bfloat16 float32 --batch-size 1024 512 --attention grouped --temperatures 0.7 --repeats 1 --ours-only --profile}
 export OUT PY
 mkdir -p "$OUT"
 START=$(date +%s)

@@ -22,9 +22,9 @@
 #             carry=[".gguf-parts/manifest", ".gguf-parts/part-1", ".gguf-parts/_C.cpython-312-x86_64-linux-gnu.so.gz"]
 #     2. run  command='bash scripts/gpu_session.sh stash'  timeout_s=60
 #             carry=[".gguf-parts/manifest", ".gguf-parts/part-2"]
-#     3. run  command='bash scripts/gpu_session.sh probe'  timeout_s=200   (gpu_session.sh's data probe;
+#     3. run  command='bash scripts/gpu_session.sh probe'  timeout_s=150   (gpu_session.sh's data probe;
 #             it joins the parts)  carry=[".gguf-parts/manifest", ".gguf-parts/part-3", ".gguf-parts/site"]
-#     4. run  command='MINUTES=6.5 bash scripts/gpu_session.sh train'  timeout_s=590   (this script's train stage)
+#     4. run  command='MINUTES=7.5 bash scripts/gpu_session.sh train'  timeout_s=590   (this script's train stage)
 #             carry=[".gguf-parts/manifest", ".gguf-parts/part-3", ".gguf-parts/site"]
 #     (then, with 4 minutes left, gpu_session.sh's short benchmark: 'bash scripts/gpu_session.sh bench')
 #   here:  mkdir -p runs/gpu-drafters && for t in FILES_AT/*.tar; do tar -xf "$t" -C runs/gpu-drafters; done
@@ -48,7 +48,7 @@
 # record without its loss curve): at most 7 files, each under 16 MiB with the default KIND_ARGS.
 #
 # Environment (defaults in brackets):
-#   MINUTES       the training run's budget, data and every kind [6.5]
+#   MINUTES       the training run's budget, data and every kind [7.5]
 #   DATA_MINUTES  the data stage's part of it [2]
 #   KINDS         kinds, in training order [eagle medusa hydra exit draft]
 #   NUM_PROMPTS   prompts the data stage may continue (it stops at its time) [150000]
@@ -61,8 +61,9 @@
 #   PROBE_PICK    1: when an earlier call of this machine ran the data probe (`gpu_session.sh probe`
 #                 leaves its table in $STASH/probe.csv), train with the data batch size and dtype of
 #                 its fastest row (grouped attention, as the data stage runs) of at most
-#                 PROBE_MAX_BATCH prompts [512: the batch whose labelling forward is known to fit,
-#                 53.8 GB on the H200 in float32; the probe does not label]; flags in EXTRA_ARGS
+#                 PROBE_MAX_BATCH prompts [1024: the probe does not label; the whole data stage,
+#                 labelling in 4 groups, peaked at 17.7 GB with 512 prompts in float32 on the H200
+#                 (2026-11-28)]; flags in EXTRA_ARGS
 #                 come after and win; 0: ignore the probe [1]
 #   TARGET        [smollm2]; "demo" (the embedded demo target) needs no GGUF: the CPU tests use it
 #   DEVICE        [cuda]
@@ -80,7 +81,7 @@ SITE=${SITE:-/tmp/specdecode-site}
 WORK=${WORK:-/tmp/specdecode-run}
 TARGET=${TARGET:-smollm2}
 DEVICE=${DEVICE:-cuda}
-MINUTES=${MINUTES:-6.5}
+MINUTES=${MINUTES:-7.5}
 DATA_MINUTES=${DATA_MINUTES:-2}
 KINDS=${KINDS:-eagle medusa hydra exit draft}
 NUM_PROMPTS=${NUM_PROMPTS:-150000}
@@ -89,7 +90,7 @@ if [ "$TARGET" = smollm2 ]; then INIT_FROM=${INIT_FROM-eagle=python/specdecode/p
 KIND_ARGS=${KIND_ARGS---draft-vocab 8192 --freeze-head --unroll 2 --num-layers 2}
 EXTRA_ARGS=${EXTRA_ARGS:-}
 PROBE_PICK=${PROBE_PICK:-1}
-PROBE_MAX_BATCH=${PROBE_MAX_BATCH:-512}
+PROBE_MAX_BATCH=${PROBE_MAX_BATCH:-1024}
 TOTAL_S=${TOTAL_S:-560}  # the train command is stopped this many seconds after the script started
 mkdir -p "$OUT" "$STASH"
 START=$(date +%s)

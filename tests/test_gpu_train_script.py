@@ -147,14 +147,14 @@ def test_the_training_call_on_the_demo_target(tmp_path):
     stash.mkdir()
     (stash / "probe.csv").write_text("target,dtype,batch,ours_tok_s,attention\n"
                                      "demo,float32,4,900.0,grouped\ndemo,bfloat16,8,800.0,grouped\n"
-                                     "demo,bfloat16,16,5000.0,sdpa\ndemo,bfloat16,1024,9000.0,grouped\n")
+                                     "demo,bfloat16,16,5000.0,sdpa\ndemo,bfloat16,2048,9000.0,grouped\n")
     done = _run(RUN, "train", cwd=ROOT, TARGET="demo", DEVICE="cpu", MINUTES="0.4", DATA_MINUTES="0.1", STASH=str(stash),
                 NUM_PROMPTS="8", KIND_ARGS="--num-layers 1", PROMPT_MIX="templates=0.5,code=0.25,prose=0.25",
                 EXTRA_ARGS="--threads 1 --max-length 48 --max-new-tokens 16 --data-batch-size 4 --batch-size 4 "
                 "--max-steps 2",
                 WORK=str(tmp_path / "work"), OUT=str(out), PY="python")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    # the probe's fastest grouped-attention row (the data stage's attention) of at most 512 prompts picks
+    # the probe's fastest grouped-attention row (the data stage's attention) of at most 1024 prompts picks
     # the data batch and dtype
     assert "data stage as the probe found fastest: --data-batch-size 4 --dtype float32" in done.stdout
     files = sorted(p.name for p in out.iterdir())
