@@ -35,7 +35,7 @@ import torch
 from torch import Tensor, nn
 
 from specdecode._ops import ops
-from specdecode.hf_attention import attention_configs, register_attention
+from specdecode.hf_attention import attention_configs, register_attention, sdpa_fallback
 
 __all__ = ["ATTENTION_NAME", "MAX_QUERIES", "install", "installed_configs", "skinny_attention_applies",
            "skinny_sdpa_attention", "uninstall"]
@@ -96,10 +96,7 @@ def skinny_sdpa_attention(module: nn.Module, query: Tensor, key: Tensor, value: 
         scale = query.shape[-1] ** -0.5 if scaling is None else float(scaling)
         out = _skinny_attention(query, key, value, attention_mask, scale)
         return out.transpose(1, 2).contiguous(), None
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
-    return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                                  is_causal=is_causal, **kwargs)
+    return sdpa_fallback(module, query, key, value, attention_mask, dropout, scaling, is_causal, **kwargs)
 
 
 def install(model: nn.Module) -> list[weakref.ref]:

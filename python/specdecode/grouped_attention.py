@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from specdecode.hf_attention import attention_configs, register_attention
+from specdecode.hf_attention import attention_configs, register_attention, sdpa_fallback
 
 __all__ = ["ATTENTION_NAME", "MAX_QUERIES", "grouped_attention_applies", "grouped_sdpa_attention", "installed"]
 
@@ -91,17 +91,23 @@ def grouped_sdpa_attention(module: nn.Module, query: Tensor, key: Tensor, value:
                 mask.shape[0], 1, groups * n, mask.shape[3])
         out = F.scaled_dot_product_attention(folded, key, value, attn_mask=mask, scale=scaling)
         return out.reshape(B, H, n, D).transpose(1, 2).contiguous(), None
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
-    return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                                  is_causal=is_causal, **kwargs)
+    return sdpa_fallback(module, query, key, value, attention_mask, dropout, scaling, is_causal, **kwargs)
 
 
 @contextmanager
 def installed(model: nn.Module) -> Iterator[int]:
     """Within the block, every config of ``model`` whose attention implementation is ``"sdpa"``
     runs :data:`ATTENTION_NAME`; yields how many were switched and puts ``"sdpa"`` back on them
-    at the end (those still switched). Other implementations are left alone."""
+    at the end (those still switched). Other implementations are left alone.
+
+    Example::
+
+        from specdecode import grouped_attention
+
+        with grouped_attention.installed(target) as switched:  # target on CUDA, "sdpa" attention
+            out = target.generate(input_ids, attention_mask=mask, max_new_tokens=32)
+        # switched: the configs that ran grouped_attention.ATTENTION_NAME (0: none was "sdpa")
+    """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
     switched = []

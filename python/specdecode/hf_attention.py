@@ -1,6 +1,8 @@
 """What specdecode's Transformers attention implementations share: registering one under its
 name (:func:`register_attention`, with SDPA's own mask function, so that masks are built as for
-SDPA) and finding the configs that name a model's implementation (:func:`attention_configs`).
+SDPA), finding the configs that name a model's implementation (:func:`attention_configs`), and
+handing a call that an implementation does not take to Transformers' own SDPA function
+(:func:`sdpa_fallback`).
 The implementations: :mod:`specdecode.cpu_attention` (the CPU fast path's) and
 :mod:`specdecode.grouped_attention` (grouped-query heads on a GPU)."""
 
@@ -8,9 +10,9 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from torch import nn
+from torch import Tensor, nn
 
-__all__ = ["attention_configs", "register_attention"]
+__all__ = ["attention_configs", "register_attention", "sdpa_fallback"]
 
 _registered: set[str] = set()
 
@@ -37,3 +39,17 @@ def attention_configs(model: nn.Module) -> list[Any]:
         if config is not None and hasattr(config, "_attn_implementation") and not any(c is config for c in seen):
             seen.append(config)
     return seen
+
+
+def sdpa_fallback(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None,
+                  dropout: float, scaling: float | None, is_causal: bool | None, **kwargs: Any) -> tuple[Tensor, Any]:
+    """Transformers' ``sdpa_attention_forward`` with the arguments of an attention-implementation
+    call: what specdecode's implementations run where their own kernel does not apply.
+
+    Shape:
+        query ``[B, H, n, D]``, key and value ``[B, Hkv, C, D]`` -> ``([B, n, H, D], None)``.
+    """
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                  is_causal=is_causal, **kwargs)
