@@ -2,7 +2,7 @@
 another: tokens per target call and tokens/s of every (drafter, setting) against Hugging Face's
 own ``target.generate`` and HF prompt lookup, every method interleaved prompt by prompt.
 
-    # tune: the 4 prompts the settings are chosen on
+    # tune: the 16 prompts the settings are chosen on (4 until 2026-11-28)
     python benchmarks/bench_drafter_settings.py --prompt-set tune --drafter-dir runs/eagle \\
         --settings chain:4 dynamic:6:3 dynamic:10:5 dynamic:16:6 --repeats 3
     # report: the 16 held-out prompts, never looked at while tuning

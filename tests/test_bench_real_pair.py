@@ -93,7 +93,7 @@ def test_chat_prompts_and_the_pair_option() -> None:
     assert all(ids.shape[0] == 1 and ids[0, 0] == BOS and ids[0, -1] == 112 for ids in report)
     assert len(real_pair.chat_prompts(tok, "tune", 2)) == 2
     with pytest.raises(ValueError, match="num_prompts"):
-        real_pair.chat_prompts(tok, "tune", 5)
+        real_pair.chat_prompts(tok, "tune", 17)
     assert real_pair.names_real_pair(["--quick", "--pair", "smollm2"])
     assert real_pair.names_real_pair(["--pair=smollm2"])
     assert not real_pair.names_real_pair(["--pair", "demo", "--quick"]) and not real_pair.names_real_pair([])

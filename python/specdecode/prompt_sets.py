@@ -25,7 +25,7 @@ Each kind has two disjoint halves:
 (16, True)
 
 **Chat** requests for chat targets (SmolLM2-135M-Instruct), :data:`CHAT_PROMPT_SETS`, in the same
-two halves: ``"tune"`` (4) and ``"report"`` (16). None of them is among the training kit's
+two halves: ``"tune"`` (16; 4 until 2026-11-28) and ``"report"`` (16). None of them is among the training kit's
 default prompts (:mod:`specdecode.training.prompts`), and their subjects are not in its lists.
 """
 
@@ -135,6 +135,21 @@ CHAT_PROMPT_SETS: dict[str, list[str]] = {
         "What are three common mistakes new programmers make?",
         "Explain how a refrigerator keeps food cold.",
         "Give me a simple recipe for pancakes.",
+        # 12 more since 2026-11-28 (4 prompts of 64 tokens were too few to choose between close drafters);
+        # none is a near-copy of a training-kit prompt (tests/test_training_prompts.py) or of the
+        # shipped SmolLM2 prompt file's
+        "How does a hot air balloon rise, and how does the pilot steer it?",
+        "Write a thank-you note to a neighbor who watered my plants while I was away.",
+        "What should I pack for a weekend camping trip in the mountains?",
+        "What are some good habits for keeping a tidy kitchen?",
+        "Give me three ideas for a rainy afternoon with two young children.",
+        "Describe the life cycle of a butterfly.",
+        "Explain how a lock and key work.",
+        "Write a short poem about an autumn walk through a forest.",
+        "How do vaccines teach the body to fight a disease?",
+        "Explain how the gears on a bicycle make pedaling easier.",
+        "What makes a good first pet for a family with small kids?",
+        "Write an email asking my landlord to repair the heating in my apartment.",
     ],
     "report": [
         "What is the difference between a virus and a bacterium?",

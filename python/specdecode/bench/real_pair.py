@@ -290,7 +290,7 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     parser.add_argument("--tree-depth", type=cli_args.int_at_least("tree_depth", 1),
                         help="with --tree: the deepest draft (default: the builder's)")
     parser.add_argument("--prompt-set", choices=["report", "tune"], default="report",
-                        help="held-out chat requests: 'report' (16, never tuned on) or 'tune' (4)")
+                        help="held-out chat requests: 'report' (16, never tuned on) or 'tune' (16)")
     parser.add_argument("--num-prompts", type=cli_args.int_at_least("num_prompts", 1),
                         help=f"the first N prompts of the set (default: all; --quick: {QUICK['num_prompts']})")
     add_run_options(parser, FULL, QUICK, gamma=4, gamma_users="specdecode and HF prompt lookup")
