@@ -127,6 +127,44 @@ def test_greedy_equals_target_generate(arch):
     assert torch.equal(static(target, None, ids, mask).sequences, ref4)
 
 
+def _record_key_lengths(monkeypatch, num_columns: int) -> list[int]:
+    """Record the key length of every forward (layer 0) that feeds ``num_columns`` columns: the
+    target's steps (the draft model feeds fewer, the prefill more)."""
+    lengths, original = [], ColumnCache.update
+
+    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+        keys, values = original(self, key_states, value_states, layer_idx, *args, **kwargs)
+        if layer_idx == 0 and key_states.shape[2] == num_columns:
+            lengths.append(keys.shape[2])
+        return keys, values
+
+    monkeypatch.setattr(ColumnCache, "update", update)
+    return lengths
+
+
+@pytest.mark.parametrize("gamma", [0, 3])
+def test_static_steps_attend_only_to_reachable_columns(gamma, monkeypatch):
+    """A chain step reads the columns a row can have reached (a step moves a row by at most
+    gamma + 1), not the whole capacity; the output stays the target's greedy output, and with a
+    broken bound (one column short; one that forgets the steps taken) it does not."""
+    target, draft = make_pair("llama")
+    ids, mask = left_padded([5, 9, 2, 7], seed=1)
+    ref = hf_greedy(target, ids, mask)
+    steps = _record_key_lengths(monkeypatch, gamma + 1)
+    out = static(target, draft if gamma else None, ids, mask, num_draft_tokens=max(gamma, 1))
+    assert torch.equal(out.sequences, ref)
+    assert steps[0] == ids.shape[1] + 1 + gamma  # the prompt (and its leading pad column), then gamma drafts
+    assert all(b - a == gamma + 1 or b == max(steps) for a, b in zip(steps, steps[1:]))  # until the capacity
+    assert steps[0] < max(steps)
+    original = static_loop.visible_columns
+    if gamma == 0:  # the target alone moves every row by exactly one column a step: the bound is tight
+        monkeypatch.setattr(static_loop, "visible_columns", lambda *args: original(*args) - 1)  # one column short
+    else:  # a bound that forgets the steps taken
+        monkeypatch.setattr(static_loop, "visible_columns", lambda width, step, g, cap: original(width, 0, g, cap))
+    assert not torch.equal(static(target, draft if gamma else None, ids, mask,
+                                  num_draft_tokens=max(gamma, 1)).sequences, ref)
+
+
 def test_greedy_one_token_prompt_and_draft_equal_to_target():
     target, draft = make_pair("llama")
     ids = left_padded([1], seed=2)[0]

@@ -108,6 +108,14 @@ class TargetOnly:
         raise RuntimeError("TargetOnly proposes nothing")
 
 
+def visible_columns(prompt_width: int, step: int, gamma: int, capacity: int) -> int:
+    """The columns a chain step ``step`` (from 0) of the static path attends to: every row starts
+    at column ``prompt_width - 1``, moves by at most ``gamma + 1`` a step and feeds ``gamma + 1``
+    columns, so none reaches column ``prompt_width + step * (gamma + 1) + gamma``; at most the
+    whole ``capacity``. Recorded steps (graphed, compiled) attend to the whole capacity."""
+    return min(capacity, prompt_width + step * (gamma + 1) + gamma)
+
+
 # ---------------------------------------------------------------------- state
 class _Session:
     """One static layout: state, target cache, output buffers, counters and the step program.
@@ -138,6 +146,9 @@ class _Session:
         self.drafter: Any = None  # set only while a generation runs
         self.program: StepProgram | None = None
         self.prefill: StepProgram | None = None  # the target's prefill, where the layout fixes the prompt block
+        # Steps run by the host (the static path): the columns a step may attend to, a host bound
+        # on every row's last column (None: the whole capacity, as recorded steps need)
+        self.visible: int | None = None
 
 
 # ---------------------------------------------------------------------- engine
@@ -226,8 +237,12 @@ class StaticEngine:
         steps = 0
         previous: tuple[Any, int] | None = None  # CUDA: the event and host slot of the last flag copy
         syncs.stepping = True
+        bounded = self.decode_path == "static" and self.tree is None  # steps run by the host, chains
+        state = session.state
         try:
             while steps < max_steps:
+                if bounded:
+                    session.visible = visible_columns(state.prompt_width, steps, self.gamma, state.capacity)
                 program.run()
                 steps += 1
                 if steps % every or steps == max_steps:
@@ -250,6 +265,7 @@ class StaticEngine:
                 previous = (event, slot)
         finally:
             syncs.stepping = False
+            session.visible = None
         return steps
 
     # ------------------------------------------------------------------ setup
@@ -370,11 +386,16 @@ class StaticEngine:
         def score() -> None:
             from specdecode.models.static_cache import column_inputs
 
-            columns, positions, mask = column_inputs(state.lengths, state.start, gamma + 1, state.capacity, dtype)
-            session.cache.columns = columns
-            ids = state.tokens.gather(1, columns)
-            logits = target_forward(target_ref(), ids, mask, positions, session.cache, state, layers, last_only=False,
-                                    logits_to_keep_ok=logits_to_keep_ok)
+            visible = session.visible  # None on recorded steps: the whole capacity
+            columns, positions, mask = column_inputs(state.lengths, state.start, gamma + 1,
+                                                     state.capacity if visible is None else visible, dtype)
+            session.cache.columns, session.cache.visible = columns, visible
+            try:
+                ids = state.tokens.gather(1, columns)
+                logits = target_forward(target_ref(), ids, mask, positions, session.cache, state, layers,
+                                        last_only=False, logits_to_keep_ok=logits_to_keep_ok)
+            finally:
+                session.cache.visible = None
             scratch.target_logits = scored_logits(logits, s.vocab_size, device)
 
         def verify() -> None:
