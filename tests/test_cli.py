@@ -86,7 +86,7 @@ MISUSE = [
     (["bench", "--drafters", "model", "eagle"], "--drafters", None),
     (["bench", "--drafter-dir", "runs/smol-eagle"], "--drafter-dir", None),
     (["bench", "--pair", "smollm2", "--num-prompts", "17"], "--num-prompts", None),
-    (["bench", "--pair", "smollm2", "--prompt-set", "tune", "--num-prompts", "5"], "--num-prompts", None),
+    (["bench", "--pair", "smollm2", "--prompt-set", "tune", "--num-prompts", "17"], "--num-prompts", None),
     (["bench", "--pair", "smollm2", "--gamma", "0"], "--num-draft-tokens", lambda: check_int("num_draft_tokens", 0, 1)),
     (["bench", "--pair", "smollm2", "--temperatures", "-1"], "--temperatures", lambda: SamplingParams(temperature=-1.0)),
     (["bench", "--pair", "smollm2", "--clock", "cpu", "--threads", "2"], "--clock", None),
