@@ -48,6 +48,10 @@ def sdpa_fallback(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, 
 
     Shape:
         query ``[B, H, n, D]``, key and value ``[B, Hkv, C, D]`` -> ``([B, n, H, D], None)``.
+
+    Example (an implementation's last line)::
+
+        return sdpa_fallback(module, query, key, value, attention_mask, dropout, scaling, is_causal, **kwargs)
     """
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 

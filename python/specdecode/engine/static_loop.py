@@ -112,7 +112,13 @@ def visible_columns(prompt_width: int, step: int, gamma: int, capacity: int) -> 
     """The columns a chain step ``step`` (from 0) of the static path attends to: every row starts
     at column ``prompt_width - 1``, moves by at most ``gamma + 1`` a step and feeds ``gamma + 1``
     columns, so none reaches column ``prompt_width + step * (gamma + 1) + gamma``; at most the
-    whole ``capacity``. Recorded steps (graphed, compiled) attend to the whole capacity."""
+    whole ``capacity``. Recorded steps (graphed, compiled) attend to the whole capacity.
+
+    >>> visible_columns(prompt_width=10, step=0, gamma=3, capacity=64)  # columns 9 .. 12 fed
+    13
+    >>> visible_columns(prompt_width=10, step=20, gamma=3, capacity=64)
+    64
+    """
     return min(capacity, prompt_width + step * (gamma + 1) + gamma)
 
 
