@@ -19,6 +19,7 @@ ratio ours / HF of tokens/s.
     python benchmarks/bench_data_stage.py --targets smollm2 --device cuda --batch-size 512 --dtype bfloat16
     python benchmarks/bench_data_stage.py --threads 1 --clock cpu           # a busy machine
     python benchmarks/bench_data_stage.py --quick                           # smoke run
+    python benchmarks/bench_data_stage.py --labels --batch-size 32          # the whole stage, labels too
     # the GPU probe (scripts/gpu_session.sh probe): our path alone, two dtypes, two batch sizes,
     # and where one batch's time goes (torch.profiler, the top operators by device time)
     python benchmarks/bench_data_stage.py --targets smollm2 --device cuda --dtype float32 bfloat16 \
@@ -45,8 +46,8 @@ import torch
 from specdecode import grouped_attention
 from specdecode.engine.static_layouts import clear_static_sessions
 from specdecode.bench.harness import CLOCKS, base_parser, environment, format_table, median, write_results
-from specdecode.training.continuations import continue_prompts, data_decode_path
-from specdecode.training.data import DataSettings, default_prompts, encode_prompt
+from specdecode.training.continuations import continue_and_label, continue_prompts, data_decode_path
+from specdecode.training.data import DataSettings, default_prompts, encode_prompt, label_sequences
 from specdecode.training.device import CPU_DATA_BATCH
 
 PATHS = ("hf_generate", "auto")
@@ -154,6 +155,54 @@ def bench_target(name: str, target: Any, prompts: list[list[int]], args: Any, at
     return rows
 
 
+LABEL_METHODS = ("hf_generate+forward", "ours+forward", "ours_decode_labels")
+
+
+def bench_labels(name: str, target: Any, prompts: list[list[int]], args: Any) -> dict[str, Any]:
+    """``--labels``: one batch's whole data-stage work (continuations and their labels, top
+    ``k`` = 64 and the last hidden state), the three ways in turn within each repeat: HF
+    ``generate`` then the labelling forward (the stage before specdecode's path), our path then
+    the labelling forward (the stage before the decode labels), our path keeping the labels of
+    its own decode steps (the stage now). T = 0.7, EOS off. Reported: median seconds per batch and
+    the generated tokens per second of the whole work, and each against HF + forward."""
+    device = next(target.parameters()).device
+    sync, clock = _sync(device), CLOCKS[args.clock]
+    settings = DataSettings(max_new_tokens=args.max_new_tokens, temperature=0.7, batch_size=len(prompts),
+                            feature_layers=(-1,))
+    starts = [len(p) - 1 for p in prompts]
+
+    def run(method: str, seed: int) -> None:
+        if method == "ours_decode_labels":
+            continue_and_label(target, prompts, settings, seed)
+            return
+        path = "hf_generate" if method.startswith("hf") else "auto"
+        out = continue_prompts(target, prompts, settings, seed, decode_path=path)
+        label_sequences(target, out, starts, settings.top_k, settings.feature_layers)
+
+    eos, target.generation_config.eos_token_id = target.generation_config.eos_token_id, None
+    seconds: dict[str, list[float]] = {m: [] for m in LABEL_METHODS}
+    try:
+        for i in range(1 + args.repeats):
+            for method in LABEL_METHODS[i % 3:] + LABEL_METHODS[:i % 3]:
+                sync()
+                start = clock()
+                run(method, args.seed + 1 + i)
+                sync()
+                if i:  # the first round warms up
+                    seconds[method].append(clock() - start)
+    finally:
+        target.generation_config.eos_token_id = eos
+    new_tokens = len(prompts) * args.max_new_tokens
+    row: dict[str, Any] = {"target": name, "device": str(device), "dtype": str(target.dtype).replace("torch.", ""),
+                           "batch": len(prompts)}
+    base = median(seconds[LABEL_METHODS[0]])
+    for method in LABEL_METHODS:
+        row[f"{method}_s"] = median(seconds[method])
+        row[f"{method}_tok_s"] = new_tokens / row[f"{method}_s"]
+        row[f"{method}/hf"] = base / row[f"{method}_s"]
+    return row
+
+
 def main() -> None:
     parser = base_parser(__doc__.splitlines()[0])
     parser.add_argument("--targets", nargs="+", choices=["demo", "smollm2"], default=["demo"], help="targets to time")
@@ -167,6 +216,9 @@ def main() -> None:
     parser.add_argument("--attention", nargs="+", choices=["grouped", "sdpa"], default=["grouped"],
                         help="our path's attention on CUDA: grouped heads folded (the data stage's), or "
                              "Transformers' SDPA function; each timed in turn")
+    parser.add_argument("--labels", action="store_true",
+                        help="time the whole labelled stage instead: HF generate + labelling forward, ours + "
+                             "labelling forward, ours with the decode steps' labels")
     parser.add_argument("--profile", action="store_true",
                         help="profile one more batch of our path per (target, dtype, batch) with torch.profiler")
     parser.add_argument("--max-new-tokens", type=int, default=None,
@@ -192,6 +244,12 @@ def main() -> None:
             settings = DataSettings(max_new_tokens=args.max_new_tokens)
             for batch_size in args.batch_size:
                 prompts = batch_prompts(name, tokenizer, settings, batch_size, args.seed)
+                if args.labels:
+                    rows.append(bench_labels(name, target, prompts, args))
+                    keys = [k for k in rows[-1] if k.endswith(("_tok_s", "/hf"))]
+                    print(format_table(rows[-1:], ["target", "dtype", "batch", *keys]), flush=True)
+                    write_results(args.out, "data_stage_labels", rows, {**environment(), "args": vars(args)})
+                    continue
                 for attention in args.attention:
                     clear_static_sessions(target)  # graphs recorded with the other attention are not replayed
                     with _attention(attention):
@@ -204,6 +262,8 @@ def main() -> None:
             del target
             if args.device.startswith("cuda"):
                 torch.cuda.empty_cache()
+    if args.labels:
+        return
     print(format_table(rows, ["target", "device", "dtype", "batch", "attention", "T", "eos", "path", "greedy_equal", "hf_s",
                               "ours_s", "hf_tok_s", "ours_tok_s", "ours_tok_min", "ours/hf"],
                        title=f"data-stage continuations, {args.max_new_tokens} new tokens, HF generate vs ours "

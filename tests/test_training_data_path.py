@@ -28,7 +28,7 @@ import specdecode.engine.static_state as static_state
 import specdecode.training.continuations as continuations
 import specdecode.training.data as data
 from specdecode.engine.static_layouts import clear_static_sessions, kept_layouts
-from specdecode.training.continuations import continue_prompts, data_decode_path
+from specdecode.training.continuations import continue_and_label, continue_prompts, data_decode_path
 from specdecode.training.data import DataSettings, DataStats, distill_examples
 
 PASS_P, FAIL_P = 1e-4, 1e-6
@@ -256,7 +256,8 @@ def test_the_data_stage_keeps_its_rates_and_frees_its_layouts(tmp_path, capsys):
     examples, batches = distill_examples(target, sequences, True, settings, tmp_path, "hash", stats=stats)
     assert batches == 2 and len(examples) == 5
     assert stats.decode_path == "static" and stats.batches == 2
-    assert stats.generated_tokens == sum(len(e.input_ids) - len(s) for e, s in zip(examples, sequences)) > 0
+    # each example: the prompt and every new token but the last (labelled by the decode steps)
+    assert stats.generated_tokens == sum(len(e.input_ids) - len(s) + 1 for e, s in zip(examples, sequences)) > 0
     assert stats.labelled_tokens == sum(len(e.input_ids) for e in examples)
     assert stats.generated_per_second > 0 and stats.tokens_per_second > 0
     assert "target tokens generated (static path)" in capsys.readouterr().err
@@ -289,14 +290,14 @@ def test_graphed_stage_batches_share_one_width_and_row_count(tmp_path, monkeypat
 
     def recording(target, prompts, settings, seed, *, decode_path, **shape):
         shapes.append(shape)
-        return continue_prompts(target, prompts, settings, seed, decode_path="static", **shape)
+        return continue_and_label(target, prompts, settings, seed, decode_path="static", **shape)
 
     monkeypatch.setattr(data, "data_decode_path", lambda target, settings: "graphed")
-    monkeypatch.setattr(data, "continue_prompts", recording)
+    monkeypatch.setattr(data, "continue_and_label", recording)
     examples, _ = distill_examples(target, sequences, True, settings, tmp_path, "hash", progress=False)
     assert shapes == [dict(width=10, rows=3)] * 3  # 10 = max_length - max_new_tokens, the longest kept
     want = _hf_greedy(target, [s[-10:] for s in sequences], 6)
-    assert [e.input_ids.tolist() for e in examples] == want
+    assert [e.input_ids.tolist() for e in examples] == [w[:-1] for w in want]  # all new tokens but the last
 
 
 def test_a_run_records_the_data_stage_rate(tmp_path):

@@ -76,6 +76,7 @@ from specdecode.engine.static_features import drafter_modules, feature_layers_of
 from specdecode.engine.static_layouts import SESSION_CACHE_SIZE, clear_static_sessions  # noqa: F401 (re-exported)
 from specdecode.engine.static_layouts import keep_layout, kept_layout
 from specdecode.engine.static_state import StaticState, StepScratch
+from specdecode.engine.static_target import TargetOnly, label_phase
 from specdecode.engine.static_tree import record_tree_acceptance, tree_phases, tree_span
 from specdecode.engine.stats import SpeculativeStats
 from specdecode.engine.step_phases import scored_logits, verify_chain
@@ -91,22 +92,6 @@ CAPACITY_MULTIPLE = 16
 #: prefill is compiled or recorded once per bucket).
 PROMPT_MULTIPLE = 16
 DECODE_PATHS = ("eager", "static", "compiled", "graphed")
-
-class TargetOnly:
-    """The "drafter" of plain decoding on the static path: no drafts; each step is one target
-    forward and one sampled token (``specdecode.generate(target, None, ...)``)."""
-
-    name = "none"
-
-    def static_key(self) -> tuple:
-        return ("none",)
-
-    def static_prefill(self, state: Any, num_tokens: int) -> None:
-        return None
-
-    def static_propose(self, state: Any, num_tokens: int) -> tuple[Tensor, Tensor]:  # pragma: no cover
-        raise RuntimeError("TargetOnly proposes nothing")
-
 
 def visible_columns(prompt_width: int, step: int, gamma: int, capacity: int) -> int:
     """The columns a chain step ``step`` (from 0) of the static path attends to: every row starts
@@ -454,6 +439,8 @@ class StaticEngine:
                                                layers)
         phases: list[tuple[str, Callable[[], None]]] = [("draft", draft)] if gamma > 0 else []
         phases += [("target", score), ("verify", verify), ("bookkeeping", commit)]
+        if isinstance(self.drafter, TargetOnly) and self.drafter.label_top_k is not None:  # training labels
+            phases.insert(-2, ("labels", label_phase(state, scratch, self.drafter.label_top_k)))
         return StepProgram(phases, self.device, graphed=self.graphed, phase_timing=self.phase_timing,
                            syncs=session.syncs, compiled=self.compiled)
 

@@ -19,6 +19,13 @@ continued by Hugging Face's ``target.generate`` instead, with a one-line warning
 ``decode_path="hf_generate"`` asks for that path (the baseline of
 ``benchmarks/bench_data_stage.py``); its sampling also uses the target's ``generation_config``
 besides the temperature (repetition penalties and the like, when it sets any).
+
+:func:`continue_and_label` makes the same continuations (the same tokens for the same seed) and
+keeps what the decode steps computed on the way: the target's top-``k`` log-probabilities at
+every new position and its hidden states at every position
+(:class:`specdecode.engine.static_target.TargetOnly`), so that the data stage needs no second,
+labelling forward. Each row is then the prompt and every new token but the last (whose own next
+distribution was never computed), labelled from the last prompt position on.
 """
 
 from __future__ import annotations
@@ -30,7 +37,7 @@ from typing import Any, Sequence
 import torch
 from torch import Tensor
 
-__all__ = ["DATA_DECODE_PATHS", "continue_prompts", "data_decode_path", "pad_id"]
+__all__ = ["DATA_DECODE_PATHS", "continue_and_label", "continue_prompts", "data_decode_path", "pad_id"]
 
 #: The paths :func:`continue_prompts` takes: ``"auto"`` picks ``"graphed"`` on CUDA and
 #: ``"static"`` on the CPU; ``"hf_generate"`` is Hugging Face's ``target.generate``.
@@ -134,14 +141,15 @@ def _left_padded(prompts: list[list[int]], pad: int, width: int, rows: int) -> t
 
 
 def _static_generate(target: Any, ids: Tensor, mask: Tensor, settings: Any, decode_path: str,
-                     seed: int) -> Tensor:
+                     seed: int, drafter: Any = None) -> Tensor:
     from specdecode import cpu, grouped_attention
     from specdecode.engine.static_loop import StaticEngine, TargetOnly
 
     engine_settings = _engine_settings(target, settings.temperature, settings.max_new_tokens, seed)
     on_gpu = _device(target).type == "cuda"  # grouped heads without copying the cache (the CPU has its own op)
     with cpu.accelerated(target), (grouped_attention.installed(target) if on_gpu else nullcontext()):
-        engine = StaticEngine(target, TargetOnly(), engine_settings, decode_path=decode_path)
+        engine = StaticEngine(target, TargetOnly() if drafter is None else drafter, engine_settings,
+                              decode_path=decode_path)
         return engine.generate(ids, mask)
 
 
@@ -180,6 +188,47 @@ def continue_prompts(target: Any, prompts: list[list[int]], settings: Any, batch
     ``width`` columns and ``rows`` rows (extra rows repeat the first prompt and are dropped), so
     that batches of one stage share a static layout. ``prompts`` is not modified.
     """
+    prompts, path, ids, mask, width = _batch(target, prompts, settings, batch_seed, decode_path, width, rows)
+    if path == "hf_generate":
+        out = _hf_generate(target, ids, mask, settings, batch_seed)
+    else:
+        out = _static_generate(target, ids, mask, settings, path, batch_seed)
+    eos_ids = set(_eos_ids(target))
+    result = []
+    for row, prompt in enumerate(prompts):
+        new = out[row, width:].tolist()
+        cut = next((i + 1 for i, t in enumerate(new) if t in eos_ids), len(new))
+        result.append(prompt + new[:cut])
+    return result
+
+
+@torch.no_grad()
+def continue_and_label(target: Any, prompts: list[list[int]], settings: Any, batch_seed: int, *,
+                       decode_path: str = "auto", width: int | None = None,
+                       rows: int | None = None) -> list[dict[str, Any]] | None:
+    """The continuations of :func:`continue_prompts` (the same tokens for the same seed) with the
+    labels their decode steps computed: per prompt, the fields of
+    :class:`specdecode.training.data.Example` (``input_ids``: the prompt and every new token
+    but the last; ``top_logp`` / ``top_ids``: the target's top ``settings.top_k``
+    log-probabilities from the last prompt position on, zeros before; ``features``: its hidden
+    states at ``settings.feature_layers``, or None; ``start``: the last prompt position).
+    Returns None where the continuations take Hugging Face's ``generate`` (the caller labels
+    them with a forward of its own). Arguments as :func:`continue_prompts`.
+    """
+    from specdecode.engine.static_target import TargetOnly
+
+    prompts, path, ids, mask, _ = _batch(target, prompts, settings, batch_seed, decode_path, width, rows)
+    if path == "hf_generate":
+        return None
+    labeller = TargetOnly(feature_layers=settings.feature_layers, label_top_k=settings.top_k)
+    _static_generate(target, ids, mask, settings, path, batch_seed, labeller)
+    return labeller.labelled_rows(len(prompts))
+
+
+def _batch(target: Any, prompts: Any, settings: Any, batch_seed: Any, decode_path: str, width: Any,
+           rows: Any) -> tuple[list[list[int]], str, Tensor, Tensor, int]:
+    """The checked prompts, the path taken, the left-padded ``(input_ids, attention_mask)`` and
+    their width."""
     prompts = _check_prompts(prompts)
     if not all(hasattr(settings, name) for name in ("temperature", "max_new_tokens")):
         raise TypeError(f"settings: expected a DataSettings, got {type(settings).__name__}")
@@ -198,14 +247,4 @@ def continue_prompts(target: Any, prompts: list[list[int]], settings: Any, batch
         if reason is not None:
             path = _fall_back(reason)
     ids, mask = _left_padded(prompts, pad_id(target), width, rows)
-    if path == "hf_generate":
-        out = _hf_generate(target, ids, mask, settings, batch_seed)
-    else:
-        out = _static_generate(target, ids, mask, settings, path, batch_seed)
-    eos_ids = set(_eos_ids(target))
-    result = []
-    for row, prompt in enumerate(prompts):
-        new = out[row, width:].tolist()
-        cut = next((i + 1 for i, t in enumerate(new) if t in eos_ids), len(new))
-        result.append(prompt + new[:cut])
-    return result
+    return prompts, path, ids, mask, width

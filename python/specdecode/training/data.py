@@ -15,9 +15,13 @@ Sources (:func:`token_sequences`):
 * a file: ``.jsonl`` lines (``{"prompt": "..."}`` or a JSON string) are prompts as above; any
   other file is plain text, cut into windows of ``max_length`` tokens and used as it is.
 
-Every example is then run through the target once and stored with the target's top-``k``
-log-probabilities at each position (all of them when the vocabulary has at most ``k`` ids), so
-training never runs the target again. Examples are computed in batches and each batch is saved
+Every example is stored with the target's top-``k`` log-probabilities at each position (all of
+them when the vocabulary has at most ``k`` ids) and its hidden states at ``feature_layers``, so
+training never runs the target again. Continuations made on the static decode path keep what
+their own decode steps computed (:func:`~specdecode.training.continuations.continue_and_label`:
+the prompt and every new token but the last, labelled from the last prompt position on, zeros
+before); text, and continuations from Hugging Face's ``generate``, are run through the target
+once more (the labelling forward). Examples are computed in batches and each batch is saved
 as it is finished under ``OUT/data/<target hash>-<data hash>/``: an interrupted run, or a second
 run with the same target and data, reuses them. The progress bar shows the target's generated
 tokens per second, and :class:`DataStats` keeps them for the run's record.
@@ -38,7 +42,7 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from specdecode.training.continuations import continue_prompts, data_decode_path
+from specdecode.training.continuations import continue_and_label, continue_prompts, data_decode_path
 
 __all__ = ["GENERAL_PROMPTS", "Example", "DataSettings", "DataStats", "continue_prompts", "data_key",
            "default_prompts", "distill_examples", "encode_prompt", "token_sequences"]
@@ -97,7 +101,7 @@ GENERAL_PROMPTS: tuple[str, ...] = (
 )
 
 
-_CACHE_FORMAT = 2  # part of the data key: a cache written by another format is not read
+_CACHE_FORMAT = 3  # part of the data key: a cache written by another format is not read
 
 
 @dataclass(frozen=True)
@@ -271,7 +275,7 @@ def data_key(sequences: list[list[int]], continue_them: bool, settings: DataSett
 LABEL_GROUPS = 4
 
 
-def _label(target: Any, sequences: list[list[int]], starts: list[int], top_k: int,
+def label_sequences(target: Any, sequences: list[list[int]], starts: list[int], top_k: int,
            feature_layers: tuple[int, ...] | None = None) -> list[Example]:
     """The target's top-k log-probs (and its hidden states at ``feature_layers``) at every
     position of ``sequences``, labelled in :data:`LABEL_GROUPS` groups of similar length; the
@@ -354,18 +358,29 @@ def distill_examples(target: Any, sequences: list[list[int]], continue_them: boo
             chunk = [s[-settings.max_length:] for s in
                      sequences[index * settings.batch_size: (index + 1) * settings.batch_size]]
             starts = [0] * len(chunk)
+            batch = None
             if continue_them:
                 if path is None:
                     path = stats.decode_path = data_decode_path(target, settings)
                 prompts = [s[-keep:] for s in chunk]
                 shape = (dict(width=min(keep, max(len(s) for s in sequences)), rows=settings.batch_size)
                          if path == "graphed" else {})
-                chunk = continue_prompts(target, prompts, settings, settings.seed * 100_003 + index,
-                                         decode_path=path, **shape)
+                seed = settings.seed * 100_003 + index
+                # labelled by the decode steps themselves (no second forward), or None: HF generate
+                rows = None if path == "hf_generate" else continue_and_label(target, prompts, settings, seed,
+                                                                              decode_path=path, **shape)
+                if rows is None:
+                    chunk = continue_prompts(target, prompts, settings, seed, decode_path="hf_generate")
+                    generated = sum(len(c) - len(p) for c, p in zip(chunk, prompts))
+                else:
+                    batch = [Example(**row) for row in rows]
+                    chunk = [e.input_ids.tolist() for e in batch]
+                    generated = sum(len(c) - len(p) + 1 for c, p in zip(chunk, prompts))  # + the last new token
                 stats.generate_seconds += time.perf_counter() - start
-                stats.generated_tokens += sum(len(c) - len(p) for c, p in zip(chunk, prompts))
+                stats.generated_tokens += generated
                 starts = [len(p) - 1 for p in prompts]  # the prompt's last position predicts the first new token
-            batch = _label(target, chunk, starts, settings.top_k, settings.feature_layers)
+            if batch is None:
+                batch = label_sequences(target, chunk, starts, settings.top_k, settings.feature_layers)
             torch.save([row.__dict__ for row in batch], file.with_suffix(".tmp"))
             file.with_suffix(".tmp").replace(file)
             stats.batches += 1

@@ -129,11 +129,12 @@ def build(target: nn.Module, *, feature_layers: tuple[int, ...] | list[int] = (-
 
 def draft_vocabulary(examples: list[Any], vocab_size: int, size: int) -> Tensor:
     """The ``size`` ids most frequent in ``examples`` (their tokens and the target's top-1
-    predictions), most frequent first, ties by id. Shape: returns ``[size]`` int64."""
+    predictions at the positions that count, from ``start`` on), most frequent first, ties by id.
+    Shape: returns ``[size]`` int64."""
     counts = torch.zeros(vocab_size, dtype=torch.long)
     for e in examples:
         counts += torch.bincount(e.input_ids.long().clamp(0, vocab_size - 1), minlength=vocab_size)
-        counts += torch.bincount(e.top_ids[:, 0].long().clamp(0, vocab_size - 1), minlength=vocab_size)
+        counts += torch.bincount(e.top_ids[e.start:, 0].long().clamp(0, vocab_size - 1), minlength=vocab_size)
     order = sorted(range(vocab_size), key=lambda i: (-int(counts[i]), i))
     return torch.tensor(order[:size], dtype=torch.long)
 

@@ -195,7 +195,7 @@ def prepare(built: Built, examples: list[Any]) -> None:
     counts = torch.zeros(size, dtype=torch.long)
     for example in examples:
         counts += torch.bincount(example.input_ids.long().clamp(0, size - 1), minlength=size)
-        counts += torch.bincount(example.top_ids[:, 0].long().clamp(0, size - 1), minlength=size)
+        counts += torch.bincount(example.top_ids[example.start:, 0].long().clamp(0, size - 1), minlength=size)
     keep = min(wanted, size)
     _use_head_tokens(model, counts.topk(keep).indices.sort().values)
 
