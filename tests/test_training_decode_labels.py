@@ -19,24 +19,12 @@ from __future__ import annotations
 import pytest
 import torch
 from test_generate_models import _one_thread, make_model  # noqa: F401
+from test_training_data_path import _fresh_sessions, _prompts  # noqa: F401 (an autouse fixture)
 
 import specdecode.engine.static_target as static_target
-from specdecode.engine.static_layouts import clear_static_sessions
 from specdecode.training.continuations import continue_and_label, continue_prompts
 from specdecode.training.data import DataSettings, DataStats, Example, distill_examples, label_sequences
 from specdecode.training.eagle import draft_vocabulary
-
-
-@pytest.fixture(autouse=True)
-def _fresh_sessions():
-    clear_static_sessions()
-    yield
-    clear_static_sessions()
-
-
-def _prompts(lengths: list[int], vocab: int, seed: int) -> list[list[int]]:
-    g = torch.Generator().manual_seed(seed)
-    return [torch.randint(3, vocab, (n,), generator=g).tolist() for n in lengths]
 
 
 def _mismatch(rows: list[dict], reference: list[Example]) -> str | None:
