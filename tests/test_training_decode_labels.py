@@ -180,3 +180,27 @@ def test_graphed_labels_equal_the_labelling_forward():
     prompts = _prompts([3, 7, 5, 1], 111, seed=9)
     settings = DataSettings(max_new_tokens=9, temperature=0.7, batch_size=4, top_k=16, feature_layers=(-1,))
     assert _compare(target, prompts, settings, width=16, rows=6) is None
+
+
+def test_the_labelling_forward_on_request(tmp_path, monkeypatch):
+    import argparse
+
+    import specdecode.training.data as data
+    from specdecode.training.command import _run_settings, train_parser
+
+    target = make_model("llama", vocab=60, init=0.08, seed=10)
+    settings = DataSettings(max_length=16, max_new_tokens=6, batch_size=3, top_k=8, temperature=0.7, labels="forward")
+    sequences = _prompts([3, 5, 2, 7], 60, seed=11)
+    forwards = []
+    real = data.label_sequences
+    monkeypatch.setattr(data, "label_sequences", lambda *args: forwards.append(1) or real(*args))
+    examples, _ = distill_examples(target, sequences, True, settings, tmp_path, "hash", progress=False)
+    assert len(forwards) == 2  # one labelling forward per batch
+    whole = [s for i in (0, 3) for s in continue_prompts(target, sequences[i:i + 3], settings, i // 3)]
+    assert [e.input_ids.tolist() for e in examples] == whole  # the whole continuations, the last token too
+    with pytest.raises(ValueError, match="labels"):
+        DataSettings(labels="both")
+    sub = argparse.ArgumentParser().add_subparsers()
+    args = train_parser(sub).parse_args(["draft", "--target", "demo", "--out", str(tmp_path), "--data-labels",
+                                         "forward"])
+    assert _run_settings(args)["data_settings"].labels == "forward"

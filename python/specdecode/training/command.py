@@ -212,6 +212,9 @@ def train_parser(sub: Any) -> argparse.ArgumentParser:
                         "as its free memory allows)")
     t.add_argument("--max-new-tokens", type=cli_args.int_at_least("max_new_tokens", 1), default=None,
                    help="tokens of the target's answer to each prompt (default 96; longer answers: 256)")
+    t.add_argument("--data-labels", choices=["decode", "forward"], default=None,
+                   help="where the continuations' labels come from: their own decode steps (default) or a second "
+                        "forward over the finished sequences")
     t.add_argument("--max-length", type=cli_args.int_at_least("max_length", 2), default=None,
                    help="tokens per example, prompt and answer (default 192)")
     t.add_argument("--data-cache", type=Path, default=None,
@@ -275,7 +278,8 @@ def _run_settings(args: argparse.Namespace) -> dict[str, Any]:
             settings[name] = getattr(args, name)
     data = {name: getattr(args, flag) for flag, name in (("data_batch_size", "batch_size"),
                                                          ("max_new_tokens", "max_new_tokens"),
-                                                         ("max_length", "max_length"))
+                                                         ("max_length", "max_length"),
+                                                         ("data_labels", "labels"))
             if getattr(args, flag, None) is not None}
     if data:  # a batch size left out (None) is sized for the device when the run starts
         settings["data_settings"] = DataSettings(**data)

@@ -104,6 +104,10 @@ GENERAL_PROMPTS: tuple[str, ...] = (
 _CACHE_FORMAT = 3  # part of the data key: a cache written by another format is not read
 
 
+#: Where :class:`DataSettings` ``labels`` may come from.
+LABEL_SOURCES = ("decode", "forward")
+
+
 @dataclass(frozen=True)
 class DataSettings:
     """How examples are made. ``max_length``: tokens per example (prompt plus continuation, or a
@@ -111,7 +115,10 @@ class DataSettings:
     target log-probabilities kept per position; ``batch_size``: prompts per generate call (None:
     sized for the target's device when a run starts, :func:`specdecode.training.device.data_batch_size`);
     ``temperature``: of the target's continuations (0: greedy); ``feature_layers``: indices
-    into the target's ``hidden_states`` also kept per position (feature drafters), or None."""
+    into the target's ``hidden_states`` also kept per position (feature drafters), or None;
+    ``labels``: where continuations on the static path get their labels, ``"decode"`` (their own
+    decode steps, :func:`~specdecode.training.continuations.continue_and_label`) or
+    ``"forward"`` (a second forward over the finished sequences, as text always is)."""
 
     max_length: int = 192
     max_new_tokens: int = 96
@@ -120,6 +127,12 @@ class DataSettings:
     temperature: float = 0.7
     seed: int = 0
     feature_layers: tuple[int, ...] | None = None
+    labels: str = "decode"
+
+    def __post_init__(self) -> None:
+        if self.labels not in LABEL_SOURCES:
+            raise ValueError(f"labels: expected one of {LABEL_SOURCES}, got {self.labels!r}")
+
 
 
 @dataclass
@@ -367,10 +380,13 @@ def distill_examples(target: Any, sequences: list[list[int]], continue_them: boo
                          if path == "graphed" else {})
                 seed = settings.seed * 100_003 + index
                 # labelled by the decode steps themselves (no second forward), or None: HF generate
-                rows = None if path == "hf_generate" else continue_and_label(target, prompts, settings, seed,
-                                                                              decode_path=path, **shape)
-                if rows is None:
-                    chunk = continue_prompts(target, prompts, settings, seed, decode_path="hf_generate")
+                rows = None
+                if path != "hf_generate" and settings.labels == "decode":
+                    rows = continue_and_label(target, prompts, settings, seed, decode_path=path, **shape)
+                if rows is None:  # the labelling forward below labels them
+                    decode = path if settings.labels == "forward" else "hf_generate"
+                    chunk = continue_prompts(target, prompts, settings, seed, decode_path=decode,
+                                             **(shape if decode == path else {}))
                     generated = sum(len(c) - len(p) for c, p in zip(chunk, prompts))
                 else:
                     batch = [Example(**row) for row in rows]
