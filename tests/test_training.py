@@ -265,3 +265,33 @@ def test_labels_in_groups_equal_one_forward(demo_run):
         torch.testing.assert_close(a.top_logp.float(), b.top_logp.float(), atol=2e-2, rtol=0)
         torch.testing.assert_close(a.features.float(), b.features.float(), atol=2e-2, rtol=1e-2)
         assert (a.top_ids[:, 0] == b.top_ids[:, 0]).float().mean() > 0.9
+
+
+def _flag_during_run_loop(monkeypatch, device: str) -> bool:
+    from specdecode.training import loop
+
+    seen = []
+    monkeypatch.setattr(loop, "_run_loop", lambda *args, **kwargs: seen.append(torch.backends.cuda.matmul.allow_tf32))
+    model = torch.nn.Linear(2, 2).to(device)
+    loop.run_loop(model, {}, None, [], [], Path("."), LoopSettings(), run_key="k", max_steps=1, deadline=None)
+    return seen[0]
+
+
+def test_tf32_is_on_for_the_training_steps_on_cuda_only(monkeypatch):
+    from specdecode.training import loop
+
+    flag = torch.backends.cuda.matmul
+    before = flag.allow_tf32
+    flag.allow_tf32 = False
+    try:
+        with loop._matmuls(torch.device("cuda"), True):
+            assert flag.allow_tf32
+        assert not flag.allow_tf32  # restored: the target's own forwards never run in TF32
+        for device, tf32 in ((torch.device("cuda"), False), (torch.device("cpu"), True)):
+            with loop._matmuls(device, tf32):
+                assert not flag.allow_tf32
+        assert _flag_during_run_loop(monkeypatch, "cpu") is False and not flag.allow_tf32
+        if torch.cuda.is_available():
+            assert _flag_during_run_loop(monkeypatch, "cuda") is True and not flag.allow_tf32
+    finally:
+        flag.allow_tf32 = before

@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import math
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 from torch import Tensor
@@ -48,6 +49,24 @@ class LoopSettings:
     checkpoint_every: int = 25
     loss: str = "kl"
     seed: int = 0
+    tf32: bool = True  # on CUDA: the drafter's float32 matrix products on tensor cores (TF32), see _matmuls
+
+
+@contextmanager
+def _matmuls(device: torch.device, tf32: bool) -> Iterator[None]:
+    """The training steps' float32 matrix products on CUDA in TF32 (tensor cores: several times
+    the SIMT float32 rate, 10 mantissa bits per input, float32 accumulation) when ``tf32``; the
+    global switch is restored afterwards, so the target's own forwards (the data stage, greedy
+    checks, generation) never run in TF32. Nothing changes on the CPU."""
+    if device.type != "cuda" or not tf32:
+        yield
+        return
+    before = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = True
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = before
 
 
 @dataclass
@@ -184,6 +203,17 @@ def run_loop(model: torch.nn.Module, params: dict[str, torch.nn.Parameter], forw
              train: list[Example], val: list[Example], out_dir: Path, settings: LoopSettings, *,
              run_key: str, max_steps: int | None, deadline: float | None, progress: bool = True,
              callback: Callable[[StepInfo], None] | None = None, desc: str = "train") -> LoopResult:
+    """Train ``params``; see :func:`_run_loop` (the same arguments), run with the matrix
+    products of ``settings.tf32`` (:func:`_matmuls`)."""
+    with _matmuls(next(model.parameters()).device, settings.tf32):
+        return _run_loop(model, params, forward, train, val, out_dir, settings, run_key=run_key, max_steps=max_steps,
+                         deadline=deadline, progress=progress, callback=callback, desc=desc)
+
+
+def _run_loop(model: torch.nn.Module, params: dict[str, torch.nn.Parameter], forward: Forward,
+              train: list[Example], val: list[Example], out_dir: Path, settings: LoopSettings, *,
+              run_key: str, max_steps: int | None, deadline: float | None, progress: bool = True,
+              callback: Callable[[StepInfo], None] | None = None, desc: str = "train") -> LoopResult:
     """Train ``params`` (parameters of ``model``, by name) to match the target's distributions
     in ``train``. ``forward(model, input_ids, attention_mask)`` gives the drafter's logits ``[b, t, V]``
     (with ``features=`` when the examples carry target features; it may return ``(logits,
