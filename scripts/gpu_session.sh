@@ -25,7 +25,7 @@
 #           carry=[".gguf-parts/manifest", ".gguf-parts/part-1", ".gguf-parts/_C.cpython-312-x86_64-linux-gnu.so.gz"]
 #   2. run  command='bash scripts/gpu_session.sh stash'  timeout_s=60
 #           carry=[".gguf-parts/manifest", ".gguf-parts/part-2"]
-#   3. run  command='bash scripts/gpu_session.sh probe'  timeout_s=150   (the data probe: ~115 s)
+#   3. run  command='bash scripts/gpu_session.sh probe'  timeout_s=170   (decode-label tests + the data probe: ~135 s)
 #           carry=[".gguf-parts/manifest", ".gguf-parts/part-3", ".gguf-parts/site"]
 #   4. run  command='MINUTES=7.5 bash scripts/gpu_session.sh train'  timeout_s=590
 #           carry=[".gguf-parts/manifest", ".gguf-parts/part-3", ".gguf-parts/site"]
@@ -46,7 +46,9 @@
 #
 # Stages (the first argument):
 #   stash   copy the parts this call carried into /tmp (the extension too: restored by later calls)
-#   probe   join the GGUF, restore the extension, then time the data stage's continuations on the
+#   probe   join the GGUF, restore the extension, run the CUDA tests of the data stage's decode labels
+#           (PROBE_TESTS, at most PROBE_TESTS_S seconds; a failure leaves $STASH/labels-forward, and the
+#           train call then passes --data-labels forward), then time the data stage's continuations on the
 #           graphed path alone (benchmarks/bench_data_stage.py PROBE_ARGS: SmolLM2 in bfloat16 and
 #           float32, 1024 and 512 prompts per batch, grouped-query attention folded (Transformers'
 #           SDPA, which copies the heads, ran at 0.45x of it on the H200), T = 0.7, and a
@@ -60,7 +62,8 @@
 #           demo pair, tiny sizes, the compiled methods left out: their compiles take minutes on a
 #           CPU; tests/test_bench_gpu_rows.py runs HF's) (the test suite runs it:
 #           tests/test_bench_gpu_rows.py)
-# Environment: PROBE_S [110], PROBE_ARGS [the probe's arguments above], TESTS_S [60], BENCH_S [360], CUDA_TESTS [the CUDA test files named below], BENCH_ARGS
+# Environment: PROBE_S [110], PROBE_ARGS [the probe's arguments above], PROBE_TESTS
+# [tests/test_training_decode_labels.py], PROBE_TESTS_S [30], TESTS_S [60], BENCH_S [360], CUDA_TESTS [the CUDA test files named below], BENCH_ARGS
 # [--preset gpu-session], DRY_BENCH_ARGS [--preset gpu-session --quick], PY [python3], OUT [./gpu_out],
 # and gpu_train_drafters.sh's variables.
 set -uo pipefail
@@ -72,6 +75,8 @@ BENCH_S=${BENCH_S:-360}
 CUDA_TESTS=${CUDA_TESTS:-tests/test_cuda_static_compiled.py tests/test_cuda_static_trees.py tests/test_training_cuda.py tests/test_training_data_path.py}
 BENCH_ARGS=${BENCH_ARGS:---preset gpu-session}
 PROBE_S=${PROBE_S:-110}
+PROBE_TESTS=${PROBE_TESTS:-tests/test_training_decode_labels.py}
+PROBE_TESTS_S=${PROBE_TESTS_S:-30}
 PROBE_ARGS=${PROBE_ARGS:---targets smollm2 --device cuda --dtype bfloat16 float32 --batch-size 1024 512 --attention grouped --temperatures 0.7 --repeats 1 --ours-only --profile}
 export OUT PY
 mkdir -p "$OUT"
@@ -103,6 +108,16 @@ $PY -c "import torch, transformers; print('torch', torch.__version__, 'transform
 torch.cuda.get_device_name() if torch.cuda.is_available() else 'no GPU')" 2>&1 | tee -a "$OUT/session.log"
 
 if [ "$STAGE" = probe ]; then
+  # The data stage's decode labels on the graphed path, first (a few seconds): when they fail, the
+  # train call labels with the second forward instead (gpu_train_drafters.sh reads the marker)
+  log "CUDA tests of the decode labels (at most ${PROBE_TESTS_S}s): $PROBE_TESTS"
+  # shellcheck disable=SC2086  # PROBE_TESTS is a word list
+  timeout "$PROBE_TESTS_S" $PY -m pytest -q -x -p no:randomly -m cuda $PROBE_TESTS > "$OUT/probe_tests.log" 2>&1
+  rc=$?
+  log "CUDA tests of the decode labels rc=$rc: $(tail -n 1 "$OUT/probe_tests.log")"
+  mkdir -p "${STASH:-/tmp/specdecode-gguf}"
+  if [ "$rc" != 0 ]; then touch "${STASH:-/tmp/specdecode-gguf}/labels-forward"
+  else rm -f "${STASH:-/tmp/specdecode-gguf}/labels-forward"; fi
   log "data probe (at most ${PROBE_S}s): python benchmarks/bench_data_stage.py $PROBE_ARGS"
   # shellcheck disable=SC2086  # PROBE_ARGS is a word list
   timeout "$PROBE_S" $PY benchmarks/bench_data_stage.py $PROBE_ARGS --out "$OUT" > "$OUT/probe.log" 2>&1

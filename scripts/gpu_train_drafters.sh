@@ -64,7 +64,8 @@
 #                 PROBE_MAX_BATCH prompts [1024: the probe does not label; the whole data stage,
 #                 labelling in 4 groups, peaked at 17.7 GB with 512 prompts in float32 on the H200
 #                 (2026-11-28)]; flags in EXTRA_ARGS
-#                 come after and win; 0: ignore the probe [1]
+#                 come after and win; 0: ignore the probe [1]. When the probe's CUDA tests of the
+#                 decode labels failed ($STASH/labels-forward), --data-labels forward is added.
 #   TARGET        [smollm2]; "demo" (the embedded demo target) needs no GGUF: the CPU tests use it
 #   DEVICE        [cuda]
 #   PARTS_DIR [.gguf-parts]  STASH [/tmp/specdecode-gguf]  SITE [/tmp/specdecode-site]
@@ -169,6 +170,10 @@ EOF
     EXTRA_ARGS="$picked $EXTRA_ARGS"
     log "data stage as the probe found fastest: $picked"
   fi
+fi
+if [ -f "$STASH/labels-forward" ]; then  # the probe's CUDA tests of the decode labels failed
+  EXTRA_ARGS="--data-labels forward $EXTRA_ARGS"
+  log "the probe's decode-label tests failed: the data stage labels with a second forward"
 fi
 left=$(( TOTAL_S - ($(date +%s) - START) ))
 rm -rf "$WORK" "$WORK-export"
