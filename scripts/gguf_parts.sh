@@ -103,6 +103,6 @@ last_extra=""
 [ "$parts" -eq 1 ] && last_extra=$ext_carry
 last_carry="[\"$PARTS_DIR/manifest\", \"$PARTS_DIR/part-$parts\", \"$PARTS_DIR/site\"$last_extra]"
 echo "then (see scripts/gpu_session.sh): the data probe, the training run, and with 4 minutes left a short benchmark:"
-echo "  run  command='bash scripts/gpu_session.sh probe'  carry=$last_carry  timeout_s=200"
+echo "  run  command='bash scripts/gpu_session.sh probe'  carry=$last_carry  timeout_s=170"
 echo "  run  command='MINUTES=6.5 bash scripts/gpu_session.sh train'  carry=$last_carry  timeout_s=590"
 echo "  run  command='TESTS_S=40 BENCH_S=150 bash scripts/gpu_session.sh bench'  carry=$last_carry  timeout_s=220"
