@@ -33,7 +33,8 @@ def _train_small(target, out: Path, steps: int = 4, **kwargs):
 
 @pytest.fixture(scope="module")
 def demo_run(tmp_path_factory):
-    """The demo target, its tokenizer, and a draft drafter distilled from it for 20 steps (32 prompts: 3 of them validate)."""
+    """The demo target, its tokenizer, and a draft drafter distilled from it for 20 steps (32
+    prompts: 3 of them validate)."""
     target, _, tokenizer = specdecode.load_demo_pair()
     out = tmp_path_factory.mktemp("demo-draft")
     result = train_drafter("draft", target, out, tokenizer=tokenizer, target_name="demo", max_steps=20, num_prompts=32,

@@ -81,7 +81,8 @@ class TargetOnly:
         """
         state = self._state
         if state is None:
-            raise RuntimeError("labelled_rows: no labelled generation ran (TargetOnly(label_top_k=k) on the static path)")
+            raise RuntimeError("labelled_rows: no labelled generation ran "
+                               "(TargetOnly(label_top_k=k) on the static path)")
         first_label = state.prompt_width - 1  # the last prompt token's column
         starts, lengths = state.start.tolist(), state.lengths.tolist()
         tokens = state.tokens.cpu()

@@ -44,8 +44,8 @@ from tqdm.auto import tqdm
 
 from specdecode.training.continuations import continue_and_label, continue_prompts, data_decode_path
 
-__all__ = ["GENERAL_PROMPTS", "Example", "DataSettings", "DataStats", "continue_prompts", "data_key",
-           "default_prompts", "distill_examples", "encode_prompt", "token_sequences"]
+__all__ = ["GENERAL_PROMPTS", "LABEL_SOURCES", "Example", "DataSettings", "DataStats", "continue_prompts", "data_key",
+           "default_prompts", "distill_examples", "encode_prompt", "label_sequences", "token_sequences"]
 
 #: Default prompts for targets other than ``demo``: everyday chat and instruction requests,
 #: written for this kit (no data set is downloaded).
@@ -132,7 +132,6 @@ class DataSettings:
     def __post_init__(self) -> None:
         if self.labels not in LABEL_SOURCES:
             raise ValueError(f"labels: expected one of {LABEL_SOURCES}, got {self.labels!r}")
-
 
 
 @dataclass
@@ -289,7 +288,7 @@ LABEL_GROUPS = 4
 
 
 def label_sequences(target: Any, sequences: list[list[int]], starts: list[int], top_k: int,
-           feature_layers: tuple[int, ...] | None = None) -> list[Example]:
+                    feature_layers: tuple[int, ...] | None = None) -> list[Example]:
     """The target's top-k log-probs (and its hidden states at ``feature_layers``) at every
     position of ``sequences``, labelled in :data:`LABEL_GROUPS` groups of similar length; the
     examples in the order of ``sequences``."""
