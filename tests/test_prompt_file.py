@@ -153,13 +153,15 @@ def test_a_run_draws_from_the_file_and_asks_the_target_for_nothing_before_its_co
     assert sum(p in ("Plan a picnic for six people.", "Name three rivers in Peru.") for p in prompts) == 5
     assert sum(p == conversation_ids(tokenizer, EXCHANGE) for p in prompts) == 5  # repeated: the file holds one
     calls = []
-    continued = data_module.continue_prompts
 
-    def counted(target_, batch, *args, **kwargs):
-        calls.append(len(batch))
-        return continued(target_, batch, *args, **kwargs)
+    def counted(continued):
+        def call(target_, batch, *args, **kwargs):
+            calls.append(len(batch))
+            return continued(target_, batch, *args, **kwargs)
+        return call
 
-    monkeypatch.setattr(data_module, "continue_prompts", counted)
+    for name in ("continue_prompts", "continue_and_label"):  # labelled by the forward, or by the decode steps
+        monkeypatch.setattr(data_module, name, counted(getattr(data_module, name)))
     result = train_drafter("draft", target, tmp_path / "run", tokenizer=tokenizer, target_name="demo", max_steps=1,
                            num_prompts=8, prompt_mix=mix, prompts=path, data_settings=SMALL,
                            loop_settings=LoopSettings(batch_size=4), progress=False, num_layers=1)
