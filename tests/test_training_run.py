@@ -155,6 +155,9 @@ def test_batch_sizes_follow_the_device(demo, monkeypatch):
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda dev=None: (2**26, 80 * 2**30))
     small = data_batch_size(target, 192)
     assert 1 <= small < MAX_DATA_BATCH and small & (small - 1) == 0
+    # the decode steps' labels need no second forward's logits at every position: more prompts fit
+    decoded = data_batch_size(target, 192, decode_labels=True, num_feature_layers=2)
+    assert small < decoded <= MAX_DATA_BATCH and decoded & (decoded - 1) == 0
     assert device.loop_batch_size(torch.device("cuda")) == 64 and device.loop_batch_size(torch.device("cpu")) == 8
 
 

@@ -17,7 +17,7 @@ run (data and training); a second run with the same arguments resumes an interru
 Several kinds train in one run from one labelled-data cache: each is saved in OUT/KIND, and
 with --minutes the data stage gets --data-minutes (default 40%) and each kind its share of the
 rest (--shares; default: eagle 40%, or twice each other kind's share when that is more, the
-other kinds equal). --device cuda puts the target on a GPU (batch sizes follow: up to 512
+other kinds equal). --device cuda puts the target on a GPU (batch sizes follow: up to 1024
 prompts per data batch, up to 64 examples per step as the memory left after the data stage
 allows); --export DIR writes half-precision copies for shipping. --init-from continues saved
 drafters (KIND=DIR,...) on this run's data, with a third of the learning rate; their records
@@ -208,7 +208,7 @@ def train_parser(sub: Any) -> argparse.ArgumentParser:
     t.add_argument("--num-prompts", type=cli_args.int_at_least("num_prompts", 1), default=None,
                    help="default prompts to continue with the target (default 256; ignored with --data FILE)")
     t.add_argument("--data-batch-size", type=cli_args.int_at_least("data_batch_size", 1), default=None,
-                   help="prompts per batch of target generations (default: 32 on the CPU; on a GPU up to 512, "
+                   help="prompts per batch of target generations (default: 32 on the CPU; on a GPU up to 1024, "
                         "as its free memory allows)")
     t.add_argument("--max-new-tokens", type=cli_args.int_at_least("max_new_tokens", 1), default=None,
                    help="tokens of the target's answer to each prompt (default 96; longer answers: 256)")

@@ -30,8 +30,9 @@ __all__ = ["DTYPES", "OutOfDeviceMemory", "check_device", "check_dtype", "data_b
 
 #: ``dtype`` names a run accepts (the target is cast to it; drafters are built in it).
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-#: Most prompts per data batch on a GPU, and drafter examples per step.
-MAX_DATA_BATCH = 512
+#: Most prompts per data batch on a GPU (1024 generated 1.15x the tokens/s of 512 on the H200,
+#: SmolLM2 in float32, 2026-11-28), and drafter examples per step.
+MAX_DATA_BATCH = 1024
 GPU_LOOP_BATCH = 64
 #: 32 rows: the most the CPU fast path takes in one forward (past it the static path's lead over
 #: HF generate falls: `benchmarks/bench_data_stage.py --batch-size 32` / `64`, docs/training.md).
@@ -109,12 +110,20 @@ def _device_of(target: torch.nn.Module) -> torch.device:
     return next(target.parameters()).device
 
 
-def data_batch_size(target: torch.nn.Module, max_length: int) -> int:
+def data_batch_size(target: torch.nn.Module, max_length: int, *, decode_labels: bool = False,
+                    num_feature_layers: int = 1, top_k: int = 64) -> int:
     """Prompts per data batch for ``target`` where it is: :data:`CPU_DATA_BATCH` on the CPU; on
-    a GPU the largest power of two up to :data:`MAX_DATA_BATCH` whose labelling forward (its
-    logits, their float32 log-softmax and the hidden states, ``max_length`` positions per
-    prompt) fits in 80% of the free device memory (SmolLM2-135M in float32 on an 80 GB GPU:
-    512, which the reference run used at a 38 GB peak)."""
+    a GPU the largest power of two up to :data:`MAX_DATA_BATCH` whose memory fits in 80% of the
+    free device memory, ``max_length`` positions per prompt:
+
+    - labelled by a second forward (``decode_labels`` False): that forward's logits, their
+      float32 log-softmax and the hidden states (SmolLM2-135M in float32 on an 80 GB GPU: 512,
+      which the reference run used at a 38 GB peak);
+    - labelled by the decode steps (the graphed path's continuations of prompts): the static
+      caches (keys and values), the features of ``num_feature_layers`` layers and the top
+      ``top_k`` labels at every column, the prefill's hidden states of every layer, and one
+      step's logits with their float32 copies (SmolLM2 in float32: about 25 MB a prompt, 1024 on
+      an 80 GB GPU, 512 on a 24 GB one)."""
     device = _device_of(target)
     if device.type != "cuda":
         return CPU_DATA_BATCH
@@ -124,8 +133,16 @@ def data_batch_size(target: torch.nn.Module, max_length: int) -> int:
     layers = int(getattr(config, "num_hidden_layers", 1)) + 1
     hidden = int(getattr(config, "hidden_size", 0))
     item = next(target.parameters()).element_size()
-    logits = item + 4 + (0 if item == 4 else 4)  # the logits, their float32 copy (unless float32), the log-softmax
-    per_prompt = max_length * (vocab * logits + layers * hidden * item)
+    if decode_labels:
+        heads = int(getattr(config, "num_attention_heads", 1))
+        kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
+        head_dim = int(getattr(config, "head_dim", None) or hidden // max(heads, 1))
+        capacity = max_length + 32  # the prompt block and the capacity are rounded up
+        column = 2 * (layers - 1) * kv_heads * head_dim * item + num_feature_layers * hidden * item + 12 * top_k
+        per_prompt = capacity * column + max_length * layers * hidden * item + vocab * (item + 12)
+    else:
+        logits = item + 4 + (0 if item == 4 else 4)  # the logits, their float32 copy (unless float32), the log-softmax
+        per_prompt = max_length * (vocab * logits + layers * hidden * item)
     return plan_batch_size(free, 0, per_prompt, largest=MAX_DATA_BATCH)
 
 
