@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from tqdm.auto import tqdm
 
 HF = "HF target.generate"
 LOOKUP = "HF prompt lookup"
@@ -80,12 +81,19 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     methods: list[tuple[str, Any]] = [(HF, None), (LOOKUP, None)]
     methods += [(f"{Path(folder).name} {name}", (drafter, kw)) for folder, drafter in drafters.items()
                 for name, kw in settings.items()]
+    for name, (drafter, kw) in methods[2:]:  # a setting a drafter refuses stops the run before it starts
+        try:
+            specdecode.generate(target, drafter, prompts[0], max_new_tokens=2, pad_token_id=pad, **kw)
+        except ValueError as exc:
+            parser.error(f"settings: {name}: {exc}")
     rows = []
     for temperature in args.temperatures:
         common = dict(max_new_tokens=args.max_new_tokens, pad_token_id=pad, **sampling(temperature))
         seconds = {name: [0.0] * args.repeats for name, _ in methods}
         calls = {name: 0 for name, _ in methods}
         greedy: dict[int, torch.Tensor] = {}
+        bar = tqdm(total=(1 + args.repeats) * len(prompts), unit="prompt",
+                   desc=f"T={temperature}: prompts x rounds (the first round warms up)")
         for repeat in range(-1, args.repeats):  # repeat -1: a warm-up, not timed
             for p, ids in enumerate(prompts):
                 for name, how in methods:
@@ -111,7 +119,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
                             calls[name] += stats.row_steps
                         continue
                     seconds[name][repeat] += elapsed
-            print(f"T={temperature} repeat {repeat} done", flush=True)
+                bar.update(1)
+        bar.close()
         tokens = args.max_new_tokens * len(prompts)
         base = {n: statistics.median(seconds[n]) for n in (HF, LOOKUP)}
         for name, how in methods:
