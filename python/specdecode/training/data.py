@@ -179,14 +179,16 @@ class Example:
     Shape:
         input_ids: ``[t]`` int64, the tokens.
         top_logp: ``[t, k]`` float16, the target's largest log-probabilities of the next token
-            at each position, in decreasing order.
+            at each position, in decreasing order (zeros before ``start`` when the decode steps
+            labelled the example).
         top_ids: ``[t, k]`` int32, the token ids of ``top_logp``.
         features: ``[t, F]`` float16 or None, the target's hidden states at the data's
-            ``feature_layers`` (concatenated), from the same labelling forward.
+            ``feature_layers`` (concatenated), from the same forwards as the labels.
 
     ``start``: the first position that counts (in the loss and the acceptance estimates): the
     last prompt position for a continued prompt (so only the target's own continuation is
-    learned and scored, not a chat template repeated in every example), 0 for text.
+    learned and scored, not a chat template repeated in every example), 0 for text. Nothing
+    may read the labels before it.
     """
 
     input_ids: Tensor
