@@ -7,9 +7,9 @@ Labels from the decode steps
 A drafter is trained on the target's own continuations, labelled with the target's top-``k``
 log-probabilities at every position and (feature drafters) its hidden states there
 (:class:`specdecode.training.data.Example`). The decode steps that *make* a continuation
-already compute both: step ``i`` scores the pending column (the last prompt token, then new
-token ``i``), whose logits give the distribution of the next token and whose forward gives the
-hidden states. ``TargetOnly(feature_layers=..., label_top_k=k)`` keeps them:
+already compute both: each step scores the pending column (the first step the last prompt
+token, step ``i + 1`` new token ``i``), whose logits give the distribution of the next token
+and whose forward gives the hidden states there. ``TargetOnly(feature_layers=..., label_top_k=k)`` keeps them:
 
 - the features through the static path's feature buffer
   (:mod:`specdecode.engine.static_features`: the prefill writes the prompt's columns, each
@@ -25,8 +25,9 @@ never computed). :meth:`TargetOnly.labelled_rows` reads them back: the prompt an
 but the last, every position with its features, and labels from the last prompt position on
 (the positions before it carry zeros: the training loss and acceptance estimates start there).
 
-Finished rows keep being scored, masked, at the same column with the same context, so the
-values written there again are the same.
+Finished rows keep being scored, masked, at the same column with the same context, so what is
+written there again is the same up to rounding (on the static path a later step's attention
+may span more, masked, columns).
 """
 
 from __future__ import annotations
