@@ -22,6 +22,7 @@ from test_generate_models import _one_thread, make_model  # noqa: F401
 from test_training_data_path import _fresh_sessions, _prompts  # noqa: F401 (an autouse fixture)
 
 import specdecode.engine.static_target as static_target
+import specdecode.training.continuations as continuations
 from specdecode.training.continuations import continue_and_label, continue_prompts
 from specdecode.training.data import DataSettings, DataStats, Example, distill_examples, label_sequences
 from specdecode.training.eagle import draft_vocabulary
@@ -166,9 +167,18 @@ def test_bad_arguments_are_named():
         static_target.TargetOnly(label_top_k=True)
     with pytest.raises(RuntimeError, match="labelled_rows"):
         static_target.TargetOnly(label_top_k=4).labelled_rows(1)
+    with pytest.raises(ValueError, match="num_rows"):
+        static_target.TargetOnly(label_top_k=4).labelled_rows(-1)
     target = make_model("llama", vocab=30, seed=8)
     with pytest.raises(ValueError, match="prompts"):
         continue_and_label(target, [], DataSettings(max_new_tokens=2, batch_size=1), 0)
+    labeller = static_target.TargetOnly(label_top_k=4)
+    continuations._static_generate(target, torch.tensor([[3, 4]]), torch.ones(1, 2, dtype=torch.long),
+                                   DataSettings(max_new_tokens=2, batch_size=1), "static", 0, labeller)
+    with pytest.raises(ValueError, match="num_rows: the generation had 1 rows, asked for 2"):
+        labeller.labelled_rows(2)
+    with pytest.raises(ValueError, match="feature_layers"):
+        continue_and_label(target, [[3, 4]], DataSettings(max_new_tokens=2, batch_size=1, feature_layers=(99,)), 0)
 
 
 @pytest.mark.cuda

@@ -49,6 +49,12 @@ class TargetOnly:
     ``feature_layers``: the target hidden states to keep at every scored column (indices into
     ``hidden_states``, checked by the engine); ``label_top_k``: record the top ``k``
     log-probabilities of every step (see the module docstring). Both None: plain decoding.
+
+    Example (what :func:`specdecode.training.continuations.continue_and_label` does)::
+
+        labeller = TargetOnly(feature_layers=(-1,), label_top_k=64)
+        StaticEngine(target, labeller, engine_settings).generate(input_ids, attention_mask)
+        rows = labeller.labelled_rows(len(prompts))  # dicts of Example fields, on the CPU
     """
 
     name = "none"
@@ -81,6 +87,10 @@ class TargetOnly:
             per row: input_ids ``[t]``; top_logp, top_ids ``[t, k]``; features ``[t, F]``.
         """
         state = self._state
+        if isinstance(num_rows, bool) or not isinstance(num_rows, int) or num_rows < 0:
+            raise ValueError(f"num_rows: expected an int >= 0, got {num_rows!r}")
+        if state is not None and num_rows > state.batch_size:
+            raise ValueError(f"num_rows: the generation had {state.batch_size} rows, asked for {num_rows}")
         if state is None:
             raise RuntimeError("labelled_rows: no labelled generation ran "
                                "(TargetOnly(label_top_k=k) on the static path)")
@@ -128,9 +138,12 @@ def record_labels(state: Any, logits: Tensor, top_k: int) -> None:
 
 
 def label_phase(state: Any, scratch: Any, top_k: int) -> Callable[[], None]:
-    """The step phase that records the labels of the score phase's logits (``scratch.target_logits``
-    ``[B, 1, V]``), run between the score and the commit (the length pointers still on the
-    scored column)."""
+    """The step phase that records the labels of the score phase's logits, run between the
+    score and the commit (the length pointers still on the scored column).
+
+    Shape:
+        scratch.target_logits: ``[B, 1, V]`` (a chain step of the target alone).
+    """
 
     def labels() -> None:
         record_labels(state, scratch.target_logits[:, 0], top_k)

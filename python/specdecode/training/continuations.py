@@ -214,6 +214,16 @@ def continue_and_label(target: Any, prompts: list[list[int]], settings: Any, bat
     states at ``settings.feature_layers``, or None; ``start``: the last prompt position).
     Returns None where the continuations take Hugging Face's ``generate`` (the caller labels
     them with a forward of its own). Arguments as :func:`continue_prompts`.
+
+    Shape:
+        per row: ``input_ids`` ``[t]`` int64; ``top_logp`` ``[t, k]`` float16; ``top_ids``
+        ``[t, k]`` int32; ``features`` ``[t, F]`` float16 or None.
+
+    Example::
+
+        settings = DataSettings(max_new_tokens=96, temperature=0.7, top_k=64, feature_layers=(-1,))
+        rows = continue_and_label(target, [[1, 2, 3], [4, 5]], settings, batch_seed=0)
+        examples = [Example(**row) for row in rows]
     """
     from specdecode.engine.static_target import TargetOnly
 
