@@ -45,7 +45,8 @@ from tqdm.auto import tqdm
 from specdecode.training.continuations import continue_and_label, continue_prompts, data_decode_path
 
 __all__ = ["GENERAL_PROMPTS", "LABEL_SOURCES", "Example", "DataSettings", "DataStats", "continue_prompts", "data_key",
-           "default_prompts", "distill_examples", "encode_prompt", "label_sequences", "token_sequences"]
+           "default_prompts", "distill_examples", "encode_prompt", "is_text_data", "label_sequences",
+           "token_sequences"]
 
 #: Default prompts for targets other than ``demo``: everyday chat and instruction requests,
 #: written for this kit (no data set is downloaded).
@@ -241,7 +242,7 @@ def token_sequences(data: Any, tokenizer: Any, max_length: int) -> tuple[list[li
         if tokenizer is None:
             raise ValueError("tokenizer: needed to read the data file (pass the target's tokenizer)")
         text = path.read_text(encoding="utf-8")
-        if path.suffix == ".jsonl":
+        if not is_text_data(path):
             prompts = [json.loads(line) for line in text.splitlines() if line.strip()]
             prompts = [p["prompt"] if isinstance(p, dict) else p for p in prompts]
             return token_sequences(prompts, tokenizer, max_length)
@@ -273,6 +274,17 @@ def token_sequences(data: Any, tokenizer: Any, max_length: int) -> tuple[list[li
             raise ValueError(f"data[{i}]: empty prompt")
         out.append(ids)
     return out, True
+
+
+def is_text_data(data: Any) -> bool:
+    """Whether ``data`` (as :func:`token_sequences` takes it) is plain text, used as it is and
+    labelled by a forward, rather than prompts the target continues: a path not ending in
+    ``.jsonl``.
+
+    >>> is_text_data("corpus.txt"), is_text_data("prompts.jsonl"), is_text_data(["Hello"])
+    (True, False, False)
+    """
+    return isinstance(data, (str, Path)) and Path(data).suffix != ".jsonl"
 
 
 def data_key(sequences: list[list[int]], continue_them: bool, settings: DataSettings) -> str:

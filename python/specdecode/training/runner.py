@@ -39,7 +39,7 @@ from specdecode.training.continuing import (
     read_sources,
 )
 from specdecode.training.data import (DataSettings, DataStats, Example, data_key, default_prompts, distill_examples,
-                                      token_sequences)
+                                      is_text_data, token_sequences)
 from specdecode.training.device import (
     check_device,
     check_dtype,
@@ -185,8 +185,8 @@ def _load(target: Any, spec: RunSpec) -> tuple[torch.nn.Module, Any, str]:
 def _data_settings(target: torch.nn.Module, spec: RunSpec, layers: tuple[int, ...] | None) -> DataSettings:
     data_cfg = spec.data_settings or DataSettings()
     if data_cfg.batch_size is None:
-        text = isinstance(spec.data, (str, Path)) and Path(spec.data).suffix != ".jsonl"  # labelled by a forward
-        size = data_batch_size(target, data_cfg.max_length, decode_labels=data_cfg.labels == "decode" and not text,
+        decode = data_cfg.labels == "decode" and not is_text_data(spec.data)  # text: labelled by a forward
+        size = data_batch_size(target, data_cfg.max_length, decode_labels=decode,
                                num_feature_layers=len(layers or ()), top_k=data_cfg.top_k)
         data_cfg = replace(data_cfg, batch_size=size)
     return replace(data_cfg, seed=spec.seed, feature_layers=layers)
