@@ -5,6 +5,8 @@ refused."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from test_generate_models import PAD, _one_thread, left_padded, make_model  # noqa: F401
@@ -142,43 +144,121 @@ def test_bad_options_are_refused(tmp_path):
                            torch.ones((1, 3), dtype=torch.long))
 
 
-def test_second_step_is_what_drafting_computes():
-    """The training-time test's second pass at position t equals the drafter fed positions
-    0..t-1 with the target's features (its cache) and then position t with its own o_{t-1}."""
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+def test_unrolled_steps_are_what_drafting_computes(arch):
+    """The training-time test's step c at position t equals drafting a chain: the drafter's
+    cache fed positions 0..t-c+1 with the target's features, then c - 1 one-token steps, each
+    reading the previous step's own prediction (and the true next token). Left padding is
+    not used in training; a right-padded row's real positions are checked too."""
     from specdecode.models import kv_cache
-    from specdecode.training.eagle import _second_step
+    from specdecode.training.eagle import unrolled_steps
 
-    target = make_model("qwen2", vocab=111, layers=2)
-    model = eagle_kind.build(target, unroll=2).model.eagle
-    ids = torch.randint(3, 111, (1, 7), generator=torch.Generator().manual_seed(0))
+    target = make_model(arch, vocab=111, layers=2)
+    model = eagle_kind.build(target, unroll=4).model.eagle
+    ids = torch.randint(3, 111, (2, 9), generator=torch.Generator().manual_seed(0))
     mask = torch.ones_like(ids)
-    positions = torch.arange(7)[None]
+    mask[1, 7:] = 0  # row 1: 7 real positions, right padding
+    positions = (mask.cumsum(1) - 1).clamp_min(0)
+    with torch.no_grad():
+        feats = target(ids, attention_mask=mask, output_hidden_states=True).hidden_states[-1]
+        previous = torch.cat([torch.zeros_like(feats[:, :1]), feats[:, :-1]], 1)
+        embeds = target.get_input_embeddings()(ids)
+        cache = kv_cache.new_cache()
+        hidden = model(previous, embeds, mask, positions, cache)
+        steps = unrolled_steps(model, embeds, hidden, mask, positions, 4, cache)
+        assert len(steps) == 3
+        for row, length in ((0, 9), (1, 7)):
+            for step in (2, 3, 4):
+                for t in range(step - 1, length):
+                    fed = t - step + 2  # positions 0..t-c+1 teacher-forced
+                    own = kv_cache.new_cache()
+                    out = model(previous[row:row + 1, :fed], embeds[row:row + 1, :fed], None,
+                                positions[row:row + 1, :fed], own)[:, -1:]
+                    for s in range(fed, t + 1):
+                        out = model(out, embeds[row:row + 1, s:s + 1], None, positions[row:row + 1, s:s + 1], own)
+                    torch.testing.assert_close(steps[step - 2][row, t], out[0, 0], rtol=1e-4, atol=1e-5)
+
+
+def test_unrolled_steps_broken_mask_is_caught():
+    """The same check rejects a step that also sees step 1's entry at its own position (the
+    classic off-by-one of a training-time-test mask)."""
+    from specdecode.models import kv_cache
+
+    target = make_model("llama", vocab=111, layers=2)
+    model = eagle_kind.build(target, unroll=2).model.eagle
+    ids = torch.randint(3, 111, (1, 6), generator=torch.Generator().manual_seed(1))
+    mask, positions = torch.ones_like(ids), torch.arange(6)[None]
     with torch.no_grad():
         feats = target(ids, output_hidden_states=True).hidden_states[-1]
         previous = torch.cat([torch.zeros_like(feats[:, :1]), feats[:, :-1]], 1)
         embeds = target.get_input_embeddings()(ids)
-        hidden = model(previous, embeds, mask, positions)
-        second = _second_step(model, previous, embeds, hidden, mask, positions)
-        for t in (1, 4, 6):
-            cache = kv_cache.new_cache()
-            model(previous[:, :t], embeds[:, :t], None, positions[:, :t], cache)
-            step = model(hidden[:, t - 1: t], embeds[:, t: t + 1], None, positions[:, t: t + 1], cache)
-            torch.testing.assert_close(second[:, t], step[:, 0], rtol=1e-4, atol=1e-5)
+        cache = kv_cache.new_cache()
+        hidden = model(previous, embeds, mask, positions, cache)
+        i = torch.arange(6)
+        allowed = torch.cat([(i[None, :] <= i[:, None])[None], (i[None, :] == i[:, None])[None]], 2)  # broken
+        additive = torch.zeros(allowed.shape).masked_fill(~allowed, torch.finfo(torch.float32).min)[:, None]
+        own_inputs = torch.cat([torch.zeros_like(hidden[:, :1]), hidden[:, :-1]], 1)
+        broken = model(own_inputs, embeds, additive, positions, cache)
+        own = kv_cache.new_cache()
+        model(previous[:, :4], embeds[:, :4], None, positions[:, :4], own)
+        step = model(hidden[:, 3:4], embeds[:, 4:5], None, positions[:, 4:5], own)
+        assert not torch.allclose(broken[:, 4], step[:, 0], rtol=1e-4, atol=1e-5)
 
 
-def test_unroll_trains_and_is_checked(tmp_path):
+@pytest.mark.parametrize("unroll, draft_vocab_size", [(2, None), (4, 16)])
+def test_unroll_trains_and_is_checked(tmp_path, unroll, draft_vocab_size):
     target = make_model("llama", vocab=111, layers=2)
     g = torch.Generator().manual_seed(3)
     prompts = [torch.randint(3, 111, (4,), generator=g).tolist() for _ in range(4)]
-    result = train_drafter("eagle", target, tmp_path, data=prompts, max_steps=2, progress=False, unroll=2,
+    result = train_drafter("eagle", target, tmp_path, data=prompts, max_steps=2, progress=False, unroll=unroll,
+                           draft_vocab_size=draft_vocab_size,
                            data_settings=DataSettings(max_length=16, max_new_tokens=8, batch_size=4, top_k=16),
                            loop_settings=LoopSettings(batch_size=4, warmup_steps=1))
-    assert result.record["training"]["steps"] == 2 and result.record["training"]["options"]["unroll"] == 2
-    for bad in (0, 3, True):
+    training = result.record["training"]
+    assert training["steps"] == 2 and training["options"]["unroll"] == unroll
+    assert all(math.isfinite(x) for x in training["losses"])
+    for bad in (0, 8, 2.5, True):
         with pytest.raises(ValueError, match="unroll"):
             eagle_kind.build(target, unroll=bad)
     with pytest.raises(ValueError, match="unroll"):
         eagle_kind.build(target, unroll=2, feature_layers=(0, -1))
+
+
+def test_unrolled_kl_of_a_reduced_head_is_the_full_vocabulary_kl():
+    """The unrolled steps' KL over a reduced head's own ids equals the KL over the full
+    vocabulary with -inf outside the head (ids it cannot propose left out)."""
+    from specdecode.training.eagle import UNROLL_DECAY, _unrolled_loss, unrolled_steps
+    from specdecode.models import kv_cache
+
+    target = make_model("llama", vocab=111, layers=2)
+    built = eagle_kind.build(target, unroll=3, draft_vocab_size=20)
+    examples = [type("E", (), {"input_ids": torch.arange(40) % 111, "top_ids": torch.arange(120).view(40, 3) % 111,
+                               "start": 0})()]
+    eagle_kind.prepare(built, examples)
+    eagle = built.model.eagle
+    ids = torch.randint(3, 111, (2, 7), generator=torch.Generator().manual_seed(2))
+    mask = torch.ones_like(ids)
+    mask[0, 5:] = 0
+    positions = (mask.cumsum(1) - 1).clamp_min(0)
+    head = target.get_output_embeddings()
+    with torch.no_grad():
+        feats = target(ids, attention_mask=mask, output_hidden_states=True).hidden_states[-1]
+        previous = torch.cat([torch.zeros_like(feats[:, :1]), feats[:, :-1]], 1)
+        embeds = target.get_input_embeddings()(ids)
+        cache = kv_cache.new_cache()
+        hidden = eagle(previous, embeds, mask, positions, cache)
+        got = _unrolled_loss(built.model, embeds, hidden, feats, mask, positions, head, cache)
+        cache = kv_cache.new_cache()
+        eagle(previous, embeds, mask, positions, cache)
+        log_p = torch.log_softmax(head(feats).float(), -1)
+        want = 0.0
+        for step, out in enumerate(unrolled_steps(eagle, embeds, hidden, mask, positions, 3, cache), start=2):
+            log_q = torch.log_softmax(eagle.logits(out, head, 111).float(), -1)
+            kl = torch.where(torch.isneginf(log_q), torch.zeros_like(log_q), log_p.exp() * (log_p - log_q)).sum(-1)
+            counted = mask.bool().clone()
+            counted[:, : step - 1] = False
+            want += UNROLL_DECAY ** (step - 2) * kl[counted].mean()
+    torch.testing.assert_close(got, torch.as_tensor(want, dtype=torch.float32), rtol=1e-5, atol=1e-6)
 
 
 def test_command_refuses_eagle_options_for_other_kinds():

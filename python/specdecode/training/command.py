@@ -191,8 +191,9 @@ def train_parser(sub: Any) -> argparse.ArgumentParser:
                         "each other kind's share when that is more, the others equal)")
     t.add_argument("--draft-vocab", type=cli_args.int_at_least("draft_vocab", 1), default=None,
                    help="eagle: a reduced head over the N most frequent tokens (default: the target's head)")
-    t.add_argument("--unroll", type=int, choices=[1, 2], default=None,
-                   help="eagle: 2 also trains the second draft step on the drafter's own feature (default 1)")
+    t.add_argument("--unroll", type=int, choices=range(1, 8), default=None, metavar="{1..7}",
+                   help="eagle: C > 1 also trains draft steps 2..C on the drafter's own features (training-time "
+                        "test; default 1)")
     t.add_argument("--layer", type=cli_args.int_at_least("layer", 1), default=None,
                    help="exit: the target layers run before the adapter (default: a quarter of them)")
     t.add_argument("--adapter", choices=("layer", "linear"), default=None,

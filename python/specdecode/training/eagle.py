@@ -37,16 +37,20 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from specdecode.drafters.eagle import EagleDrafter, EagleModel
-from specdecode.models import check_feature_layers, vocab_rows
+from specdecode.models import check_feature_layers, kv_cache, vocab_rows
 from specdecode.training.artifacts import WEIGHTS_FILE
 
 __all__ = ["CONFIG_FILE", "DESCRIPTION", "NAME", "Built", "EagleTraining", "build", "drafter", "forward", "load",
-           "prepare", "save", "saved_options", "start_from", "vocab_record"]
+           "prepare", "save", "saved_options", "start_from", "unrolled_steps", "vocab_record"]
 
 NAME = "eagle"
 DESCRIPTION = "a feature drafter (EAGLE): one decoder layer on the target's hidden state and the next token"
 CONFIG_FILE = "eagle_config.json"
 _INIT_SEED = 0
+#: Draft steps ``unroll`` can train (1: teacher forcing only).
+MAX_UNROLL = 7
+#: The weight of each further unrolled step's KL (step 2 weighs 1).
+UNROLL_DECAY = 0.8
 
 
 class EagleTraining(nn.Module):
@@ -101,9 +105,9 @@ def build(target: nn.Module, *, feature_layers: tuple[int, ...] | list[int] = (-
     (chosen from the data in :func:`prepare`), None for the target's own; ``feature_weight``:
     the weight of the feature regression (used when the feature is the last hidden state);
     ``init_from_target``: start from the target's first decoder layer (a one-layer layer-skip
-    drafter before training) instead of a random layer; ``unroll``: 2 also trains the second
-    draft step, which reads the drafter's own predicted feature (training-time test), 1 teacher
-    forcing only; ``train_head``: train a reduced head (True) or keep it the target head's rows
+    drafter before training) instead of a random layer; ``unroll``: ``c > 1`` also trains draft
+    steps 2 to ``c``, which read the drafter's own predicted features (training-time test; step
+    ``c``'s KL weighs ``UNROLL_DECAY ** (c - 2)``), 1 teacher forcing only; ``train_head``: train a reduced head (True) or keep it the target head's rows
     of its ids (False: not saved either)."""
     layers = check_feature_layers(target, tuple(feature_layers) if isinstance(feature_layers, list)
                                   else feature_layers)
@@ -113,10 +117,10 @@ def build(target: nn.Module, *, feature_layers: tuple[int, ...] | list[int] = (-
         raise ValueError(f"draft_vocab_size: expected an int in [1, {vocab}] or None, got {draft_vocab_size!r}")
     if isinstance(feature_weight, bool) or not isinstance(feature_weight, (int, float)) or feature_weight < 0:
         raise ValueError(f"feature_weight: expected a number >= 0, got {feature_weight!r}")
-    if unroll not in (1, 2) or isinstance(unroll, bool):
-        raise ValueError(f"unroll: expected 1 or 2, got {unroll!r}")
-    if unroll == 2 and layers != (-1,):
-        raise ValueError("unroll: the second draft step is trained against the target's last hidden state; "
+    if isinstance(unroll, bool) or not isinstance(unroll, int) or not 1 <= unroll <= MAX_UNROLL:
+        raise ValueError(f"unroll: expected an int in [1, {MAX_UNROLL}], got {unroll!r}")
+    if unroll > 1 and layers != (-1,):
+        raise ValueError("unroll: the later draft steps are trained against the target's last hidden state; "
                          f"use feature_layers=(-1,), got {layers}")
     if not isinstance(init_from_target, bool):
         raise ValueError(f"init_from_target: expected a bool, got {init_from_target!r}")
@@ -199,7 +203,8 @@ def forward(model: EagleTraining, input_ids: Tensor, attention_mask: Tensor, fea
     with torch.no_grad():
         embeds = target.get_input_embeddings()(input_ids)
     positions = (attention_mask.long().cumsum(1) - 1).clamp_min(0)
-    hidden = eagle(eagle.input_features(previous), embeds, attention_mask, positions)
+    cache = kv_cache.new_cache() if model.unroll > 1 else None  # step 1's entries, for the later steps
+    hidden = eagle(eagle.input_features(previous), embeds, attention_mask, positions, cache)
     head = target.get_output_embeddings()
     weight = head.weight.detach()
     bias = None if getattr(head, "bias", None) is None else head.bias.detach()
@@ -210,41 +215,75 @@ def forward(model: EagleTraining, input_ids: Tensor, attention_mask: Tensor, fea
     if model.feature_weight > 0 and eagle.feature_layers == (-1,):
         terms.append(model.feature_weight * F.smooth_l1_loss(hidden[mask].float(), feats[mask].float()))
     if model.unroll > 1:
-        second = _second_step(eagle, eagle.input_features(previous), embeds, hidden, attention_mask, positions)
-        log_p = torch.log_softmax(head_fn(feats).float()[..., : logits.shape[-1]], -1)
-        log_q = torch.log_softmax(eagle.logits(second, head_fn, vocab_rows(target)).float(), -1)
-        kl = torch.where(torch.isneginf(log_q), torch.zeros_like(log_q), log_p.exp() * (log_p - log_q)).sum(-1)
-        counted = mask.clone()
-        counted[:, 0] = False  # position 0 has no previous feature, predicted or not
-        terms.append(kl[counted].mean())
+        terms.append(_unrolled_loss(model, embeds, hidden, feats, attention_mask, positions, head_fn, cache))
     return logits, (sum(terms) if terms else None)
 
 
-def _second_step(eagle: EagleModel, inputs: Tensor, embeds: Tensor, hidden: Tensor, attention_mask: Tensor,
-                 positions: Tensor) -> Tensor:
-    """The drafter's outputs at its *second* draft step (training-time test): position ``t``
-    reads its own prediction ``o_{t-1}`` instead of the target's ``f_{t-1}``, while attending
-    to the earlier positions as they were fed with the target's features (as when drafting).
-    One forward over both copies of the sequence with a 4D mask.
+def _log_probs(eagle: EagleModel, hidden: Tensor, head_fn: Any, vocab: int) -> Tensor:
+    """The drafter's log-probabilities over the ids it can propose: its reduced head's columns,
+    or the target's first ``vocab`` ids. Shape: hidden ``[b, t, H]``; returns ``[b, t, Vd or vocab]``."""
+    logits = head_fn(hidden)[..., :vocab] if eagle.lm_head is None else eagle.lm_head(hidden)
+    return torch.log_softmax(logits.float(), -1)
+
+
+def _unrolled_loss(model: EagleTraining, embeds: Tensor, hidden: Tensor, feats: Tensor, attention_mask: Tensor,
+                   positions: Tensor, head_fn: Any, cache: Any) -> Tensor:
+    """The KL of draft steps ``2 .. model.unroll`` against the target's distribution of the same
+    positions (step ``c`` at position ``t`` still predicts token ``t + 1``), step ``c`` weighed
+    ``UNROLL_DECAY ** (c - 2)``. A reduced head's KL runs over its own ids (the ids it cannot
+    propose are left out, as in the kit's loss), so no ``[b, t, V]`` tensor is kept per step.
 
     Shape:
-        inputs, embeds, hidden: ``[b, t, hidden]``; attention_mask, positions: ``[b, t]``.
-        Returns ``[b, t, hidden]``.
+        embeds, hidden, feats: ``[b, t, hidden]``; attention_mask, positions: ``[b, t]``.
     """
-    b, t, _ = embeds.shape
-    own = torch.cat([torch.zeros_like(hidden[:, :1]), hidden[:, :-1]], 1)
+    eagle = model.eagle
+    vocab = vocab_rows(model.target)
+    with torch.no_grad():
+        log_p = torch.log_softmax(head_fn(feats).float()[..., :vocab], -1)
+        if eagle.lm_head is not None:
+            log_p = log_p[..., eagle.draft_to_target]
+        p = log_p.exp()
+    total = hidden.new_zeros((), dtype=torch.float32)
+    mask = attention_mask.bool()
+    for step, out in enumerate(unrolled_steps(eagle, embeds, hidden, attention_mask, positions, model.unroll,
+                                              cache), start=2):
+        kl = (p * (log_p - _log_probs(eagle, out, head_fn, vocab))).sum(-1)
+        counted = mask.clone()
+        counted[:, : step - 1] = False  # step c reads a prediction made at t - 1 by step c - 1: t >= c - 1
+        if bool(counted.any()):
+            total = total + UNROLL_DECAY ** (step - 2) * kl[counted].mean()
+    return total
+
+
+def unrolled_steps(eagle: EagleModel, embeds: Tensor, hidden: Tensor, attention_mask: Tensor, positions: Tensor,
+                   steps: int, cache: Any) -> list[Tensor]:
+    """The drafter's outputs at draft steps ``2 .. steps`` (training-time test), as drafting a
+    chain computes them. Step ``c`` at position ``t`` reads step ``c - 1``'s output at ``t - 1``
+    and the true token ``x_t``, and attends to what drafting's cache holds then: positions
+    ``<= t - c + 1`` as fed with the target's features (step 1, teacher-forced), step ``m``'s
+    entry at ``t - c + m`` for ``2 <= m < c``, and itself. ``cache``: the KV cache step 1's
+    forward filled (its ``t`` columns); each step appends its own with one forward and a 4D mask
+    over the steps before it.
+
+    Shape:
+        embeds, hidden: ``[b, t, hidden]`` (``hidden``: step 1's outputs); attention_mask,
+        positions: ``[b, t]``. Returns ``steps - 1`` tensors ``[b, t, hidden]``.
+    """
+    t = embeds.shape[1]
+    dtype = eagle.fc.weight.dtype
     i = torch.arange(t, device=embeds.device)
     real = attention_mask.bool()[:, None, :]
-    first = (i[None, :] <= i[:, None])[None] & real  # [b, t, t]
-    earlier = (i[None, :] < i[:, None])[None] & real
-    itself = torch.eye(t, dtype=torch.bool, device=embeds.device)[None].expand(b, -1, -1)
-    allowed = torch.cat([torch.cat([first, torch.zeros_like(first)], 2), torch.cat([earlier, itself], 2)], 1)
-    dtype = eagle.fc.weight.dtype
-    additive = torch.zeros(allowed.shape, dtype=dtype, device=embeds.device).masked_fill(
-        ~allowed, torch.finfo(dtype).min)[:, None]
-    out = eagle(torch.cat([inputs, own], 1), torch.cat([embeds, embeds], 1), additive,
-                torch.cat([positions, positions], 1))
-    return out[:, t:]
+    previous, outs = hidden, []
+    for step in range(2, steps + 1):
+        blocks = [(i[None, :] <= i[:, None] - (step - 1))[None] & real]  # step 1's entries
+        blocks += [(i[None, :] == i[:, None] - (step - m))[None] & real for m in range(2, step + 1)]
+        allowed = torch.cat(blocks, 2)  # [b, t, step * t]
+        additive = torch.zeros(allowed.shape, dtype=dtype, device=embeds.device).masked_fill(
+            ~allowed, torch.finfo(dtype).min)[:, None]
+        own = torch.cat([torch.zeros_like(previous[:, :1]), previous[:, :-1]], 1)
+        previous = eagle(own, embeds, additive, positions, cache)
+        outs.append(previous)
+    return outs
 
 
 def save(model: EagleTraining, out_dir: Path) -> None:
