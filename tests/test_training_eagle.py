@@ -144,6 +144,23 @@ def test_bad_options_are_refused(tmp_path):
                            torch.ones((1, 3), dtype=torch.long))
 
 
+def _step_one(target, model, ids, padded_from=None):
+    """A right-padded batch's teacher-forced step 1 through a fresh KV cache: (mask, positions,
+    feats, previous, embeds, hidden, cache). ``padded_from``: {row: first padded column}."""
+    from specdecode.models import kv_cache
+
+    mask = torch.ones_like(ids)
+    for row, column in (padded_from or {}).items():
+        mask[row, column:] = 0
+    positions = (mask.cumsum(1) - 1).clamp_min(0)
+    feats = target(ids, attention_mask=mask, output_hidden_states=True).hidden_states[-1]
+    previous = torch.cat([torch.zeros_like(feats[:, :1]), feats[:, :-1]], 1)
+    embeds = target.get_input_embeddings()(ids)
+    cache = kv_cache.new_cache()
+    hidden = model(previous, embeds, mask, positions, cache)
+    return mask, positions, feats, previous, embeds, hidden, cache
+
+
 @pytest.mark.parametrize("arch", ["qwen2", "llama"])
 def test_unrolled_steps_are_what_drafting_computes(arch):
     """The training-time test's step c at position t equals drafting a chain: the drafter's
@@ -156,15 +173,8 @@ def test_unrolled_steps_are_what_drafting_computes(arch):
     target = make_model(arch, vocab=111, layers=2)
     model = eagle_kind.build(target, unroll=4).model.eagle
     ids = torch.randint(3, 111, (2, 9), generator=torch.Generator().manual_seed(0))
-    mask = torch.ones_like(ids)
-    mask[1, 7:] = 0  # row 1: 7 real positions, right padding
-    positions = (mask.cumsum(1) - 1).clamp_min(0)
-    with torch.no_grad():
-        feats = target(ids, attention_mask=mask, output_hidden_states=True).hidden_states[-1]
-        previous = torch.cat([torch.zeros_like(feats[:, :1]), feats[:, :-1]], 1)
-        embeds = target.get_input_embeddings()(ids)
-        cache = kv_cache.new_cache()
-        hidden = model(previous, embeds, mask, positions, cache)
+    with torch.no_grad():  # row 1: 7 real positions, right padding
+        mask, positions, _, previous, embeds, hidden, cache = _step_one(target, model, ids, {1: 7})
         steps = unrolled_steps(model, embeds, hidden, mask, positions, 4, cache)
         assert len(steps) == 3
         for row, length in ((0, 9), (1, 7)):
@@ -187,13 +197,8 @@ def test_unrolled_steps_broken_mask_is_caught():
     target = make_model("llama", vocab=111, layers=2)
     model = eagle_kind.build(target, unroll=2).model.eagle
     ids = torch.randint(3, 111, (1, 6), generator=torch.Generator().manual_seed(1))
-    mask, positions = torch.ones_like(ids), torch.arange(6)[None]
     with torch.no_grad():
-        feats = target(ids, output_hidden_states=True).hidden_states[-1]
-        previous = torch.cat([torch.zeros_like(feats[:, :1]), feats[:, :-1]], 1)
-        embeds = target.get_input_embeddings()(ids)
-        cache = kv_cache.new_cache()
-        hidden = model(previous, embeds, mask, positions, cache)
+        mask, positions, _, previous, embeds, hidden, cache = _step_one(target, model, ids)
         i = torch.arange(6)
         allowed = torch.cat([(i[None, :] <= i[:, None])[None], (i[None, :] == i[:, None])[None]], 2)  # broken
         additive = torch.zeros(allowed.shape).masked_fill(~allowed, torch.finfo(torch.float32).min)[:, None]
@@ -237,16 +242,9 @@ def test_unrolled_kl_of_a_reduced_head_is_the_full_vocabulary_kl():
     eagle_kind.prepare(built, examples)
     eagle = built.model.eagle
     ids = torch.randint(3, 111, (2, 7), generator=torch.Generator().manual_seed(2))
-    mask = torch.ones_like(ids)
-    mask[0, 5:] = 0
-    positions = (mask.cumsum(1) - 1).clamp_min(0)
     head = target.get_output_embeddings()
     with torch.no_grad():
-        feats = target(ids, attention_mask=mask, output_hidden_states=True).hidden_states[-1]
-        previous = torch.cat([torch.zeros_like(feats[:, :1]), feats[:, :-1]], 1)
-        embeds = target.get_input_embeddings()(ids)
-        cache = kv_cache.new_cache()
-        hidden = eagle(previous, embeds, mask, positions, cache)
+        mask, positions, feats, previous, embeds, hidden, cache = _step_one(target, eagle, ids, {0: 5})
         got = _unrolled_loss(built.model, embeds, hidden, feats, mask, positions, head, cache)
         cache = kv_cache.new_cache()
         eagle(previous, embeds, mask, positions, cache)
