@@ -38,6 +38,11 @@ def test_demo_training_lowers_the_loss_and_raises_acceptance(demo_eagle):
     assert result.record["kind"] == "eagle" and result.record["layers"] == [-1]
     assert t["steps"] == 30 and t["after"]["loss"] < t["before"]["loss"]
     assert t["after"]["greedy_acceptance"] > t["before"]["greedy_acceptance"]
+    # greedy acceptance by draft step (validation): step 1 is the loop's own greedy acceptance
+    for when in ("before", "after"):
+        by_step = t[when]["greedy_acceptance_by_step"]
+        assert len(by_step) == eagle_kind.MEASURED_STEPS and all(0.0 <= a <= 1.0 for a in by_step)
+        assert by_step[0] == pytest.approx(t[when]["greedy_acceptance"], abs=1e-4)
     # In generation, on held-out prompts never trained on (the benchmark's), against the untrained drafter.
     tokenizer.padding_side = "left"
     batch = tokenizer(demo_prompts(3), return_tensors="pt", padding=True)
@@ -227,6 +232,18 @@ def test_unroll_trains_and_is_checked(tmp_path, unroll, draft_vocab_size):
             eagle_kind.build(target, unroll=bad)
     with pytest.raises(ValueError, match="unroll"):
         eagle_kind.build(target, unroll=2, feature_layers=(0, -1))
+
+
+def test_acceptance_by_step_refuses_bad_input():
+    target = make_model("llama", vocab=111, layers=2)
+    model = eagle_kind.build(target).model
+    for bad in (0, 8, True, 2.0):
+        with pytest.raises(ValueError, match="steps"):
+            eagle_kind.acceptance_by_step(model, [], steps=bad)
+    example = type("E", (), {"input_ids": torch.arange(3, 8), "top_logp": torch.zeros(5, 2),
+                             "top_ids": torch.zeros(5, 2, dtype=torch.int32), "start": 1, "features": None})()
+    with pytest.raises(ValueError, match="examples"):
+        eagle_kind.acceptance_by_step(model, [example])
 
 
 def test_unrolled_kl_of_a_reduced_head_is_the_full_vocabulary_kl():

@@ -14,7 +14,9 @@ A *kind* is one module with ``NAME``, ``DESCRIPTION``, ``build(target, **options
 ``load(folder, target, record)``, and one entry in :data:`KINDS` (optional: ``Built.feature_layers``
 to label the data with target features too, ``prepare(built, examples)`` once the data is
 made, ``drafter(model, target)`` for the object to pass as ``draft``, ``vocab_record(model)``,
-``record_extras(model)`` (a dict merged into the saved record), ``RETURNS_DRAFTER = True`` when
+``record_extras(model)`` (a dict merged into the saved record), ``acceptance_by_step(model,
+examples, batch_size)`` (greedy acceptance per draft step on the validation examples, before and
+after training, in the record's ``before``/``after``), ``RETURNS_DRAFTER = True`` when
 :class:`TrainResult` should hold the drafter loaded back from the folder, ``cached_bytes(built,
 examples)`` for device memory the kind fills over a run; and, to be continued with
 ``init_from``, ``saved_options(folder, record)`` and ``start_from(built, folder, record)``);

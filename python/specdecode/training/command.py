@@ -312,6 +312,10 @@ def _describe(kind_result: Any, out: Path) -> None:
           f"{after['loss']:.3f}; greedy acceptance {before['greedy_acceptance']:.2f} -> "
           f"{after['greedy_acceptance']:.2f}; sampled acceptance {before['sampled_acceptance']:.2f} -> "
           f"{after['sampled_acceptance']:.2f} (validation examples)")
+    if "greedy_acceptance_by_step" in after:
+        print("greedy acceptance by draft step (validation, the drafter reading its own features): "
+              f"{' '.join(f'{a:.2f}' for a in before['greedy_acceptance_by_step'])} -> "
+              f"{' '.join(f'{a:.2f}' for a in after['greedy_acceptance_by_step'])}")
     memory = t.get("memory", {})
     print(f"total time: {t['total_seconds']:.0f} s; peak memory: data stage {memory.get('data_peak_mib', 0):.0f} MiB, "
           f"training {t['peak_memory_mib']:.0f} MiB; {t.get('batch_size')} examples per step "

@@ -373,6 +373,8 @@ def _fit(run: _Run, kind: str, module: Any, built: Any, source: InitSource | Non
     if source is not None:  # a continued kind resumes only from the same saved weights
         identity.append(source.weights_hash)
     run_key = f"{_key(*identity)}-{run.num_batches}"
+    by_step = getattr(module, "acceptance_by_step", None) if val else None
+    steps_before = by_step(built.model, val, loop_cfg.batch_size) if by_step is not None else None
     with memory_errors(f"training {kind} ({loop_cfg.batch_size} examples per step)",
                        "lower the training batch size (--batch-size)"):
         result = run_loop(built.model, built.params, module.forward, train, val, out, loop_cfg, run_key=run_key,
@@ -387,6 +389,9 @@ def _fit(run: _Run, kind: str, module: Any, built: Any, source: InitSource | Non
                 "warmup_steps": loop_cfg.warmup_steps, **run.common,
                 "total_seconds": round(time.monotonic() - run.start, 1), "options": options,
                 "memory": {**run_memory, "train_peak_mib": result.peak_memory_mib, "batch_plan": plan}}
+    if steps_before is not None:  # greedy acceptance by draft step (validation), before and after
+        training["before"]["greedy_acceptance_by_step"] = steps_before
+        training["after"]["greedy_acceptance_by_step"] = by_step(built.model, val, loop_cfg.batch_size)
     training.update(lineage_fields(source, training))
     record = {
         "kind": kind,
