@@ -224,3 +224,30 @@ def test_every_kind_in_one_run_on_the_gpu(cuda, tmp_path, capsys):
         assert record["training"]["device"].startswith("cuda") and record["training"]["data_batch_size"] >= 8
         drafter = specdecode.load_drafter(tmp_path / "fp16" / kind, target)
         assert torch.equal(specdecode.generate(target, drafter, ids, max_new_tokens=8).sequences, want), kind
+
+
+def test_data_batch_plan_follows_the_path_the_data_will_take(demo, monkeypatch):
+    """The batch planner assumes the decode steps' labels only where the static path will run:
+    a target it refuses is continued by HF generate and labelled by a second forward, whose
+    memory the plan must then count (and the planner itself warns nothing)."""
+    import warnings
+
+    import specdecode.training.runner as runner
+
+    target, _ = demo
+    seen = []
+    monkeypatch.setattr(runner, "data_batch_size", lambda *a, **k: seen.append(k["decode_labels"]) or 16)
+    spec = runner.RunSpec()
+    assert runner._data_settings(target, spec, (-1,)).batch_size == 16 and seen == [True]
+
+    def refused(target, settings, decode_path="auto"):
+        warnings.warn("data: the target's continuations fall back to Hugging Face generate: test", UserWarning)
+        return "hf_generate"
+
+    monkeypatch.setattr(runner, "data_decode_path", refused)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        runner._data_settings(target, spec, (-1,))
+    assert seen == [True, False]
+    runner._data_settings(target, runner.RunSpec(data_settings=DataSettings(labels="forward")), None)
+    assert seen == [True, False, False]

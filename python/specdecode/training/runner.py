@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+import warnings
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -38,6 +39,7 @@ from specdecode.training.continuing import (
     load_saved_weights,
     read_sources,
 )
+from specdecode.training.continuations import data_decode_path
 from specdecode.training.data import (DataSettings, DataStats, Example, data_key, default_prompts, distill_examples,
                                       is_text_data, token_sequences)
 from specdecode.training.device import (
@@ -186,6 +188,10 @@ def _data_settings(target: torch.nn.Module, spec: RunSpec, layers: tuple[int, ..
     data_cfg = spec.data_settings or DataSettings()
     if data_cfg.batch_size is None:
         decode = data_cfg.labels == "decode" and not is_text_data(spec.data)  # text: labelled by a forward
+        if decode:  # a target the static path refuses goes to HF generate and the labelling forward
+            with warnings.catch_warnings():  # the data stage warns once, when it takes that path
+                warnings.simplefilter("ignore")
+                decode = data_decode_path(target, data_cfg) != "hf_generate"
         size = data_batch_size(target, data_cfg.max_length, decode_labels=decode,
                                num_feature_layers=len(layers or ()), top_k=data_cfg.top_k)
         data_cfg = replace(data_cfg, batch_size=size)
