@@ -227,6 +227,8 @@ def test_unroll_trains_and_is_checked(tmp_path, unroll, draft_vocab_size):
     training = result.record["training"]
     assert training["steps"] == 2 and training["options"]["unroll"] == unroll
     assert all(math.isfinite(x) for x in training["losses"])
+    # four examples: no validation split (the loop evaluates on the training examples), so no rates by step
+    assert training["val_examples"] == 0 and "greedy_acceptance_by_step" not in training["after"]
     for bad in (0, 8, 2.5, True):
         with pytest.raises(ValueError, match="unroll"):
             eagle_kind.build(target, unroll=bad)

@@ -379,13 +379,17 @@ def _fit(run: _Run, kind: str, module: Any, built: Any, source: InitSource | Non
     if source is not None:  # a continued kind resumes only from the same saved weights
         identity.append(source.weights_hash)
     run_key = f"{_key(*identity)}-{run.num_batches}"
-    by_step = getattr(module, "acceptance_by_step", None) if val else None
-    steps_before = by_step(built.model, val, loop_cfg.batch_size) if by_step is not None else None
+    by_step = getattr(module, "acceptance_by_step", None) if n_val else None  # held-out examples only
+    steps = {}
     with memory_errors(f"training {kind} ({loop_cfg.batch_size} examples per step)",
                        "lower the training batch size (--batch-size)"):
+        if by_step is not None:
+            steps["before"] = by_step(built.model, val, loop_cfg.batch_size)
         result = run_loop(built.model, built.params, module.forward, train, val, out, loop_cfg, run_key=run_key,
                           max_steps=max_steps, deadline=deadline, progress=spec.progress, callback=spec.callback,
                           desc=f"train {kind}")
+        if by_step is not None:
+            steps["after"] = by_step(built.model, val, loop_cfg.batch_size)
     module.save(built.model, out)
     vocab = vocab_rows(target)
     training = {**result.as_dict(), "examples": len(train), "val_examples": len(val) if n_val else 0,
@@ -395,9 +399,8 @@ def _fit(run: _Run, kind: str, module: Any, built: Any, source: InitSource | Non
                 "warmup_steps": loop_cfg.warmup_steps, **run.common,
                 "total_seconds": round(time.monotonic() - run.start, 1), "options": options,
                 "memory": {**run_memory, "train_peak_mib": result.peak_memory_mib, "batch_plan": plan}}
-    if steps_before is not None:  # greedy acceptance by draft step (validation), before and after
-        training["before"]["greedy_acceptance_by_step"] = steps_before
-        training["after"]["greedy_acceptance_by_step"] = by_step(built.model, val, loop_cfg.batch_size)
+    for when, rates in steps.items():  # greedy acceptance by draft step (validation)
+        training[when]["greedy_acceptance_by_step"] = rates
     training.update(lineage_fields(source, training))
     record = {
         "kind": kind,
