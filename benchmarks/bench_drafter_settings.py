@@ -9,8 +9,14 @@ own ``target.generate`` and HF prompt lookup, every method interleaved prompt by
     python benchmarks/bench_drafter_settings.py --prompt-set report --drafter-dir runs/eagle \\
         --settings chain:4 dynamic:10:5 --repeats 3 --temperatures 0 1
 
-A setting is ``chain:K`` (a chain of K draft tokens) or ``dynamic:N:D`` (an EAGLE-2 dynamic tree
-of N nodes, root included, at most D deep). Per repeat and per prompt, every method runs once,
+A setting is ``chain:K`` (a chain of K draft tokens), ``dynamic:N:D`` (an EAGLE-2 dynamic tree
+of N nodes, root included, at most D deep) or, for Medusa heads, ``sparse:N`` (Medusa's sparse
+tree of N rank paths, from the heads' rank accuracies measured on ``--calibration-data``: a data
+cache of the training kit, e.g. ``runs/ttt/data``, whose prompts are none of the benchmark's;
+never on the prompt sets themselves):
+
+    python benchmarks/bench_drafter_settings.py --prompt-set tune --drafter-dir runs/gpu/medusa \
+        --settings chain:3 sparse:16 sparse:32 --calibration-data runs/ttt/data --repeats 1 Per repeat and per prompt, every method runs once,
 in the same order, so that a slow minute of a shared machine hits every method alike; a method's
 time is the sum over the prompts of one repeat, and the table shows its median over repeats.
 EOS is off: every method makes exactly ``--max-new-tokens`` tokens per prompt. At temperature 0
@@ -39,23 +45,48 @@ LOOKUP = "HF prompt lookup"
 
 
 def parse_setting(text: str) -> dict[str, Any]:
-    """``chain:K`` or ``dynamic:N:D`` as ``specdecode.generate`` keywords (``ValueError`` else)."""
+    """``chain:K`` or ``dynamic:N:D`` as ``specdecode.generate`` keywords, ``sparse:N`` as
+    ``{"sparse_nodes": N}`` (``ValueError`` else)."""
     parts = text.split(":")
     try:
         if parts[0] == "chain" and len(parts) == 2:
             return {"tree": None, "num_draft_tokens": int(parts[1])}
         if parts[0] == "dynamic" and len(parts) == 3:
             return {"tree": "dynamic", "num_nodes": int(parts[1]), "tree_depth": int(parts[2])}
+        if parts[0] == "sparse" and len(parts) == 2:
+            return {"sparse_nodes": int(parts[1])}
     except ValueError:
         pass
-    raise ValueError(f"settings: expected chain:K or dynamic:N:D, got {text!r}")
+    raise ValueError(f"settings: expected chain:K, dynamic:N:D or sparse:N, got {text!r}")
+
+
+def rank_accuracies(drafter: Any, target: Any, calibration: str | None) -> torch.Tensor:
+    """``[K, 8]``: how often each Medusa head's rank-r token is the target's, over the first 512
+    examples of the data cache ``calibration`` (``ValueError`` for other drafters or no data)."""
+    import glob
+
+    from specdecode.drafters.medusa import MedusaDrafter
+    from specdecode.training.data import Example
+    from specdecode.training.medusa import head_accuracies
+
+    if not isinstance(drafter, MedusaDrafter):
+        raise ValueError(f"sparse:N is for Medusa heads, not {type(drafter).__name__}")
+    if calibration is None:
+        raise ValueError("sparse:N needs --calibration-data (a data cache folder of the training kit)")
+    files = sorted(glob.glob(f"{calibration}/**/batch_*.pt", recursive=True))
+    examples = [Example(**row) for f in files for row in torch.load(f)][:512]
+    if not examples:
+        raise ValueError(f"calibration_data: no batch_*.pt under {calibration}")
+    return head_accuracies(drafter.heads, target, examples)
 
 
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--prompt-set", choices=["tune", "report"], required=True)
     parser.add_argument("--drafter-dir", nargs="+", required=True, help="trained drafter folders")
-    parser.add_argument("--settings", nargs="+", required=True, help="chain:K or dynamic:N:D")
+    parser.add_argument("--settings", nargs="+", required=True, help="chain:K, dynamic:N:D or sparse:N")
+    parser.add_argument("--calibration-data", default=None,
+                        help="sparse:N: a data cache folder whose examples give the heads' rank accuracies")
     parser.add_argument("--temperatures", type=float, nargs="+", default=[0.0])
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
@@ -79,8 +110,20 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     prompts = chat_prompts(tok, args.prompt_set, args.num_prompts)
     drafters = {folder: load_drafter(folder, target) for folder in args.drafter_dir}
     methods: list[tuple[str, Any]] = [(HF, None), (LOOKUP, None)]
-    methods += [(f"{Path(folder).name} {name}", (drafter, kw)) for folder, drafter in drafters.items()
-                for name, kw in settings.items()]
+    for folder, drafter in drafters.items():
+        accuracies = None  # measured once per drafter, at its first sparse:N setting
+        for name, kw in settings.items():
+            how = (drafter, kw)
+            if "sparse_nodes" in kw:
+                from specdecode.drafters.medusa import MedusaDrafter, sparse_tree
+
+                try:
+                    accuracies = (rank_accuracies(drafter, target, args.calibration_data) if accuracies is None
+                                  else accuracies)
+                except ValueError as exc:
+                    parser.error(f"settings: {Path(folder).name} {name}: {exc}")
+                how = (MedusaDrafter(target, drafter.heads, tree=sparse_tree(accuracies, kw["sparse_nodes"])), {})
+            methods.append((f"{Path(folder).name} {name}", how))
     for name, (drafter, kw) in methods[2:]:  # a setting a drafter refuses stops the run before it starts
         try:
             specdecode.generate(target, drafter, prompts[0], max_new_tokens=2, pad_token_id=pad, **kw)
