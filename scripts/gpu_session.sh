@@ -39,6 +39,11 @@
 #   then give_back, and here: the files of each call (probe: probe.log, data_stage.csv/json and
 #   data_stage_profiles.txt; training: KIND.tar per kind, train.log, summary.json, see
 #   scripts/gpu_train_drafters.sh; benchmark: bench.log, cuda_tests.log, bench_gpu.csv/json).
+#   Each EAGLE record in summary.json holds its greedy acceptance by draft step on the validation
+#   examples, before and after (the drafter reading its own features; the train call continues
+#   the shipped drafter with --unroll 4): compare them before benchmarking. Then choose settings on
+#   the tune prompts and report held-out (benchmarks/bench_drafter_settings.py: chain:K,
+#   dynamic:N:D, and sparse:N for Medusa heads with --calibration-data).
 #   The full benchmark (up to 8 minutes: `bash scripts/gpu_session.sh bench` with its defaults,
 #   timeout_s=480, as call 3) and a training run worth having do not both fit one session.
 # A call that finds a part missing (the machine went back between calls) says so in one line: start
