@@ -48,7 +48,7 @@ from specdecode.engine.static_layouts import clear_static_sessions
 from specdecode.bench.harness import CLOCKS, base_parser, environment, format_table, median, write_results
 from specdecode.training.continuations import continue_and_label, continue_prompts, data_decode_path
 from specdecode.training.data import DataSettings, default_prompts, encode_prompt, label_sequences
-from specdecode.training.device import CPU_DATA_BATCH
+from specdecode.training.device import cpu_data_batch
 
 PATHS = ("hf_generate", "auto")
 
@@ -210,7 +210,7 @@ def main() -> None:
     parser.add_argument("--dtype", nargs="+", choices=["float32", "bfloat16"], default=["float32"],
                         help="the targets' dtypes (each timed in turn)")
     parser.add_argument("--batch-size", type=int, nargs="+", default=None,
-                        help="prompts per batch, each timed in turn (default: the CPU data batch, CPU_DATA_BATCH; "
+                        help="prompts per batch, each timed in turn (default: the CPU data batch, cpu_data_batch(); "
                              "--quick: 3)")
     parser.add_argument("--ours-only", action="store_true", help="time specdecode's path alone (no HF baseline)")
     parser.add_argument("--attention", nargs="+", choices=["grouped", "sdpa"], default=["grouped"],
@@ -231,7 +231,7 @@ def main() -> None:
     if args.clock == "cpu" and (args.threads != 1 or args.device != "cpu"):
         parser.error("clock: 'cpu' measures one thread's CPU time; use it with --threads 1 on the CPU")
     args.repeats = args.repeats or (1 if args.quick else 5)
-    args.batch_size = args.batch_size or [3 if args.quick else CPU_DATA_BATCH]
+    args.batch_size = args.batch_size or [3 if args.quick else cpu_data_batch()]
     args.max_new_tokens = args.max_new_tokens or (8 if args.quick else 96)
     torch.set_num_threads(args.threads)
     rows = []

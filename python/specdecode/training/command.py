@@ -209,7 +209,7 @@ def train_parser(sub: Any) -> argparse.ArgumentParser:
     t.add_argument("--num-prompts", type=cli_args.int_at_least("num_prompts", 1), default=None,
                    help="default prompts to continue with the target (default 256; ignored with --data FILE)")
     t.add_argument("--data-batch-size", type=cli_args.int_at_least("data_batch_size", 1), default=None,
-                   help="prompts per batch of target generations (default: 32 on the CPU; on a GPU up to 1024, "
+                   help="prompts per batch of target generations (default on the CPU: 64 with AVX-512, else 32; on a GPU up to 1024, "
                         "as its free memory allows)")
     t.add_argument("--max-new-tokens", type=cli_args.int_at_least("max_new_tokens", 1), default=None,
                    help="tokens of the target's answer to each prompt (default 96; longer answers: 256)")

@@ -24,7 +24,8 @@ from typing import Any, Iterator
 
 import torch
 
-__all__ = ["DTYPES", "OutOfDeviceMemory", "check_device", "check_dtype", "data_batch_size", "free_memory_bytes",
+__all__ = ["DTYPES", "OutOfDeviceMemory", "check_device", "check_dtype", "cpu_data_batch", "data_batch_size",
+           "free_memory_bytes",
            "loop_batch_size", "memory_error", "memory_errors", "peak_memory_mib", "place_target", "plan_batch_size",
            "release_memory", "reset_peak_memory"]
 
@@ -34,9 +35,6 @@ DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bf
 #: SmolLM2 in float32, 2026-11-28), and drafter examples per step.
 MAX_DATA_BATCH = 1024
 GPU_LOOP_BATCH = 64
-#: 32 rows: the most the CPU fast path takes in one forward (past it the static path's lead over
-#: HF generate falls: `benchmarks/bench_data_stage.py --batch-size 32` / `64`, docs/training.md).
-CPU_DATA_BATCH = 32
 CPU_LOOP_BATCH = 8
 #: Share of the free device memory that a planned batch (data or training) may use.
 MEMORY_SHARE = 0.8
@@ -112,7 +110,7 @@ def _device_of(target: torch.nn.Module) -> torch.device:
 
 def data_batch_size(target: torch.nn.Module, max_length: int, *, decode_labels: bool = False,
                     num_feature_layers: int = 1, top_k: int = 64) -> int:
-    """Prompts per data batch for ``target`` where it is: :data:`CPU_DATA_BATCH` on the CPU; on
+    """Prompts per data batch for ``target`` where it is: :func:`cpu_data_batch` on the CPU; on
     a GPU the largest power of two up to :data:`MAX_DATA_BATCH` whose memory fits in 80% of the
     free device memory, ``max_length`` positions per prompt:
 
@@ -126,7 +124,7 @@ def data_batch_size(target: torch.nn.Module, max_length: int, *, decode_labels: 
       an 80 GB GPU, 512 on a 24 GB one)."""
     device = _device_of(target)
     if device.type != "cuda":
-        return CPU_DATA_BATCH
+        return cpu_data_batch()
     free, _ = torch.cuda.mem_get_info(device)
     config = target.config
     vocab = int(target.get_output_embeddings().weight.shape[0])
@@ -144,6 +142,18 @@ def data_batch_size(target: torch.nn.Module, max_length: int, *, decode_labels: 
         logits = item + 4 + (0 if item == 4 else 4)  # the logits, their float32 copy (unless float32), the log-softmax
         per_prompt = max_length * (vocab * logits + layers * hidden * item)
     return plan_batch_size(free, 0, per_prompt, largest=MAX_DATA_BATCH)
+
+
+def cpu_data_batch() -> int:
+    """Prompts per data batch on the CPU: the most rows the CPU fast path takes in one forward
+    (:func:`specdecode.cpu.default_max_rows`: 64 where its kernels run AVX-512, else 32). Past it
+    the static path's lead over HF ``generate`` falls; up to it a larger batch is faster: the demo
+    target's whole data stage made 2,736 tokens/s at 64 prompts against 2,362 at 32 on an AVX-512
+    CPU (2.57x and 2.38x the stage through HF ``generate``; SmolLM2's continuations 336 against 296,
+    `benchmarks/bench_data_stage.py --batch-size 32 64`, 2026-11-29)."""
+    from specdecode.cpu import default_max_rows
+
+    return default_max_rows()
 
 
 def loop_batch_size(device: torch.device) -> int:
