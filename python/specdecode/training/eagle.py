@@ -12,6 +12,10 @@ target forward with its top-k log-probabilities *and* its features
 (every position reads the target's true feature of the position before it) with the loss of
 EAGLE: a feature regression (smooth L1 between the predicted and the target's feature, weight
 ``feature_weight``) plus the kit's token-distribution loss against the target's distribution.
+With ``unroll=C`` the later draft steps are trained too (EAGLE-3's training-time test): step
+``c`` reads the drafter's own features from the step before, attending to what a drafting cache
+would hold (:func:`unrolled_steps`), with the KL against the target's distribution of the same
+position; :func:`acceptance_by_step` measures each step's greedy agreement on held-out examples.
 
 ``draft_vocab_size=Vd`` gives a reduced head over the ``Vd`` token ids most frequent in the
 training data (counted over the examples' tokens and the target's top-1 predictions), started
@@ -107,10 +111,14 @@ def build(target: nn.Module, *, feature_layers: tuple[int, ...] | list[int] = (-
     (chosen from the data in :func:`prepare`), None for the target's own; ``feature_weight``:
     the weight of the feature regression (used when the feature is the last hidden state);
     ``init_from_target``: start from the target's first decoder layer (a one-layer layer-skip
-    drafter before training) instead of a random layer; ``unroll``: ``c > 1`` also trains draft
-    steps 2 to ``c``, which read the drafter's own predicted features (training-time test; step
-    ``c``'s KL weighs ``UNROLL_DECAY ** (c - 2)``), 1 teacher forcing only; ``train_head``: train a reduced head (True) or keep it the target head's rows
-    of its ids (False: not saved either)."""
+    drafter before training) instead of a random layer; ``unroll``: ``C > 1`` also trains draft
+    steps 2 to ``C`` (at most :data:`MAX_UNROLL`), which read the drafter's own predicted
+    features (training-time test, :func:`unrolled_steps`; step ``c``'s KL weighs
+    ``UNROLL_DECAY ** (c - 2)``), 1 teacher forcing only; ``train_head``: train a reduced head
+    (True) or keep it the target head's rows of its ids (False: not saved either).
+
+    >>> built = build(target, draft_vocab_size=8192, unroll=4, train_head=False)  # doctest: +SKIP
+    """
     layers = check_feature_layers(target, tuple(feature_layers) if isinstance(feature_layers, list)
                                   else feature_layers)
     vocab = vocab_rows(target)
