@@ -81,6 +81,12 @@ def test_head_accuracies_and_a_sparse_tree(demo_medusa):
     acc = medusa_kind.head_accuracies(result.drafter.heads, target, examples, ranks=4)
     assert acc.shape == (3, 4) and bool((acc.sum(1) <= 1 + 1e-9).all())
     assert acc[0, 0] > acc[2, 0]  # the nearer head is the better one
+    # the record's greedy acceptance by draft step (validation examples): head i is draft step i + 1
+    t = result.record["training"]
+    for when in ("before", "after"):
+        by_step = t[when]["greedy_acceptance_by_step"]
+        assert len(by_step) == 3 and all(0.0 <= a <= 1.0 for a in by_step)
+    assert t["after"]["greedy_acceptance_by_step"][0] > t["before"]["greedy_acceptance_by_step"][0]
     choices = sparse_tree(acc, 6)
     drafter = MedusaDrafter(target, result.drafter.heads, tree=choices)
     ids = torch.tensor([[5, 17, 40, 99, 12]])

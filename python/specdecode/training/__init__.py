@@ -16,7 +16,8 @@ to label the data with target features too, ``prepare(built, examples)`` once th
 made, ``drafter(model, target)`` for the object to pass as ``draft``, ``vocab_record(model)``,
 ``record_extras(model)`` (a dict merged into the saved record), ``acceptance_by_step(model,
 examples, batch_size)`` (greedy acceptance per draft step on the validation examples, before and
-after training, in the record's ``before``/``after``), ``RETURNS_DRAFTER = True`` when
+after training, in the record's ``before``/``after``: ``eagle`` and ``medusa`` have it),
+``RETURNS_DRAFTER = True`` when
 :class:`TrainResult` should hold the drafter loaded back from the folder, ``cached_bytes(built,
 examples)`` for device memory the kind fills over a run; and, to be continued with
 ``init_from``, ``saved_options(folder, record)`` and ``start_from(built, folder, record)``);

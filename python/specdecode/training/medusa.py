@@ -34,7 +34,7 @@ from specdecode.drafters.medusa import MedusaDrafter, MedusaHeads
 from specdecode.models import vocab_rows
 from specdecode.training.artifacts import WEIGHTS_FILE, read_weights, write_weights
 
-__all__ = ["CONFIG_FILE", "DESCRIPTION", "NAME", "Built", "MedusaTraining", "build", "check_decay", "check_features",
+__all__ = ["CONFIG_FILE", "DESCRIPTION", "NAME", "Built", "MedusaTraining", "acceptance_by_step", "build", "check_decay", "check_features",
            "drafter", "forward", "frozen_head", "head_accuracies", "heads_forward", "load", "load_heads", "save",
            "saved_options", "shifted_kl", "start_from", "target_log_probs"]
 
@@ -188,6 +188,13 @@ def head_accuracies(heads: MedusaHeads, target: nn.Module, examples: list[Any], 
             hits[i] += (got == want[lo + shift: n, None]).double().sum(0)
             counts[i] += n - shift - lo
     return hits / counts.clamp_min(1)[:, None]
+
+
+def acceptance_by_step(model: MedusaTraining, examples: list[Any], batch_size: int = 8) -> list[float]:
+    """Greedy acceptance by draft step on ``examples`` (the run's held-out validation examples):
+    how often head ``i`` (draft step ``i + 1``) has the target's most likely token on top, the
+    first column of :func:`head_accuracies` (``batch_size`` is unused: one example at a time)."""
+    return [round(float(a), 4) for a in head_accuracies(model.heads, model.target, examples, ranks=1)[:, 0]]
 
 
 def save(model: MedusaTraining, out_dir: Path) -> None:
