@@ -313,7 +313,7 @@ def _describe(kind_result: Any, out: Path) -> None:
           f"{after['greedy_acceptance']:.2f}; sampled acceptance {before['sampled_acceptance']:.2f} -> "
           f"{after['sampled_acceptance']:.2f} (validation examples)")
     if "greedy_acceptance_by_step" in after:
-        print("greedy acceptance by draft step (validation, the drafter reading its own features): "
+        print("greedy acceptance by draft step (validation examples): "
               f"{' '.join(f'{a:.2f}' for a in before['greedy_acceptance_by_step'])} -> "
               f"{' '.join(f'{a:.2f}' for a in after['greedy_acceptance_by_step'])}")
     memory = t.get("memory", {})
