@@ -101,6 +101,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     import specdecode
     from specdecode.bench.real_pair import chat_prompts
     from specdecode.cli_args import sampling
+    from specdecode.drafters.medusa import MedusaDrafter, sparse_tree
     from specdecode.training.artifacts import load_drafter
 
     torch.set_num_threads(args.threads)
@@ -115,8 +116,6 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         for name, kw in settings.items():
             how = (drafter, kw)
             if "sparse_nodes" in kw:
-                from specdecode.drafters.medusa import MedusaDrafter, sparse_tree
-
                 try:
                     accuracies = (rank_accuracies(drafter, target, args.calibration_data) if accuracies is None
                                   else accuracies)

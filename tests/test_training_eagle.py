@@ -236,6 +236,49 @@ def test_unroll_trains_and_is_checked(tmp_path, unroll, draft_vocab_size):
         eagle_kind.build(target, unroll=2, feature_layers=(0, -1))
 
 
+def test_acceptance_by_step_counts_what_chain_drafting_proposes():
+    """Each step's rate equals drafting a chain by hand at every counted position t (t >= start
+    and t >= c - 1): the cache fed positions 0..t-c+1 with target features, then one-token steps
+    on the drafter's own outputs, the draft's argmax against the target's top-1 at t."""
+    from specdecode.models import kv_cache
+    from specdecode.training.data import Example
+
+    target = make_model("llama", vocab=111, layers=2)
+    model = eagle_kind.build(target).model
+    eagle, head = model.eagle, target.get_output_embeddings()
+    g = torch.Generator().manual_seed(4)
+    examples = []
+    with torch.no_grad():
+        for n, start in ((9, 2), (6, 0)):
+            ids = torch.randint(3, 111, (n,), generator=g)
+            feats = target(ids[None], output_hidden_states=True).hidden_states[-1][0]
+            top = torch.randint(0, 111, (n, 2), generator=g, dtype=torch.int32)
+            top[::2, 0] = head(eagle(torch.cat([torch.zeros_like(feats[:1]), feats[:-1]])[None],
+                                     target.get_input_embeddings()(ids)[None], None,
+                                     torch.arange(n)[None]))[0, ::2].argmax(-1).int()  # some agree
+            examples.append(Example(input_ids=ids, top_logp=torch.zeros(n, 2, dtype=torch.float16), top_ids=top,
+                                    start=start, features=feats.half()))
+        want = []
+        for step in (1, 2, 3):
+            hits = count = 0
+            for e in examples:
+                feats = e.features.float()
+                previous = torch.cat([torch.zeros_like(feats[:1]), feats[:-1]])[None]
+                embeds = target.get_input_embeddings()(e.input_ids)[None]
+                positions = torch.arange(len(e.input_ids))[None]
+                for t in range(max(e.start, step - 1), len(e.input_ids)):
+                    fed = t - step + 2
+                    cache = kv_cache.new_cache()
+                    out = eagle(previous[:, :fed], embeds[:, :fed], None, positions[:, :fed], cache)[:, -1:]
+                    for s_ in range(fed, t + 1):
+                        out = eagle(out, embeds[:, s_:s_ + 1], None, positions[:, s_:s_ + 1], cache)
+                    hits += int(head(out)[0, 0].argmax() == e.top_ids[t, 0])
+                    count += 1
+            want.append(round(hits / count, 4))
+    assert eagle_kind.acceptance_by_step(model, examples, batch_size=2, steps=3) == pytest.approx(want, abs=1e-4)
+    assert 0 < want[0] < 1
+
+
 def test_acceptance_by_step_refuses_bad_input():
     target = make_model("llama", vocab=111, layers=2)
     model = eagle_kind.build(target).model

@@ -25,9 +25,8 @@ from typing import Any, Iterator
 import torch
 
 __all__ = ["DTYPES", "OutOfDeviceMemory", "check_device", "check_dtype", "cpu_data_batch", "data_batch_size",
-           "free_memory_bytes",
-           "loop_batch_size", "memory_error", "memory_errors", "peak_memory_mib", "place_target", "plan_batch_size",
-           "release_memory", "reset_peak_memory"]
+           "free_memory_bytes", "loop_batch_size", "memory_error", "memory_errors", "peak_memory_mib", "place_target",
+           "plan_batch_size", "release_memory", "reset_peak_memory"]
 
 #: ``dtype`` names a run accepts (the target is cast to it; drafters are built in it).
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

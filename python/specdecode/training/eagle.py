@@ -44,8 +44,9 @@ from specdecode.drafters.eagle import EagleDrafter, EagleModel
 from specdecode.models import check_feature_layers, kv_cache, vocab_rows
 from specdecode.training.artifacts import WEIGHTS_FILE
 
-__all__ = ["CONFIG_FILE", "DESCRIPTION", "NAME", "Built", "EagleTraining", "acceptance_by_step", "build", "drafter", "forward", "load",
-           "prepare", "save", "saved_options", "start_from", "unrolled_steps", "vocab_record"]
+__all__ = ["CONFIG_FILE", "DESCRIPTION", "MAX_UNROLL", "MEASURED_STEPS", "NAME", "UNROLL_DECAY", "Built",
+           "EagleTraining", "acceptance_by_step", "build", "drafter", "forward", "load", "prepare", "save",
+           "saved_options", "start_from", "unrolled_steps", "vocab_record"]
 
 NAME = "eagle"
 DESCRIPTION = "a feature drafter (EAGLE): one decoder layer on the target's hidden state and the next token"
@@ -203,18 +204,9 @@ def forward(model: EagleTraining, input_ids: Tensor, attention_mask: Tensor, fea
         input_ids, attention_mask: ``[b, t]``; features: ``[b, t, F]`` the target's features.
         Returns ``([b, t, V], scalar or None)``.
     """
-    if features is None:
-        raise ValueError("features: the eagle kind trains on target features; label the data with "
-                         "DataSettings(feature_layers=...)")
     eagle, target = model.eagle, model.target
-    dtype = eagle.fc.weight.dtype
-    feats = features.to(dtype)
-    previous = torch.cat([torch.zeros_like(feats[:, :1]), feats[:, :-1]], 1)
-    with torch.no_grad():
-        embeds = target.get_input_embeddings()(input_ids)
-    positions = (attention_mask.long().cumsum(1) - 1).clamp_min(0)
     cache = kv_cache.new_cache() if model.unroll > 1 else None  # step 1's entries, for the later steps
-    hidden = eagle(eagle.input_features(previous), embeds, attention_mask, positions, cache)
+    feats, embeds, positions, hidden = _first_step(model, input_ids, attention_mask, features, cache)
     head_fn = _frozen_head(target)
     logits = eagle.logits(hidden, head_fn, vocab_rows(target))
     terms = []
@@ -224,6 +216,29 @@ def forward(model: EagleTraining, input_ids: Tensor, attention_mask: Tensor, fea
     if model.unroll > 1:
         terms.append(_unrolled_loss(model, embeds, hidden, feats, attention_mask, positions, head_fn, cache))
     return logits, (sum(terms) if terms else None)
+
+
+def _first_step(model: EagleTraining, input_ids: Tensor, attention_mask: Tensor, features: Tensor | None,
+                cache: Any) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Draft step 1, teacher-forced: position ``t`` reads the target's feature of ``t - 1`` and
+    the token ``x_t`` (appending to ``cache`` when given). Returns the features in the
+    drafter's dtype, the token embeddings, the positions and the step's outputs.
+
+    Shape:
+        input_ids, attention_mask: ``[b, t]``; features: ``[b, t, F]``. Returns ``[b, t, F]``,
+        ``[b, t, hidden]``, ``[b, t]``, ``[b, t, hidden]``.
+    """
+    if features is None:
+        raise ValueError("features: the eagle kind trains on target features; label the data with "
+                         "DataSettings(feature_layers=...)")
+    eagle = model.eagle
+    feats = features.to(eagle.fc.weight.dtype)
+    previous = torch.cat([torch.zeros_like(feats[:, :1]), feats[:, :-1]], 1)
+    with torch.no_grad():
+        embeds = model.target.get_input_embeddings()(input_ids)
+    positions = (attention_mask.long().cumsum(1) - 1).clamp_min(0)
+    hidden = eagle(eagle.input_features(previous), embeds, attention_mask, positions, cache)
+    return feats, embeds, positions, hidden
 
 
 def _frozen_head(target: nn.Module) -> Any:
@@ -259,12 +274,8 @@ def acceptance_by_step(model: EagleTraining, examples: list[Any], batch_size: in
         if b.features is None:
             raise ValueError("examples: the eagle kind reads target features; label the data with "
                              "DataSettings(feature_layers=...)")
-        feats = b.features.to(eagle.fc.weight.dtype)
-        previous = torch.cat([torch.zeros_like(feats[:, :1]), feats[:, :-1]], 1)
-        embeds = target.get_input_embeddings()(b.input_ids)
-        positions = (b.attention_mask.long().cumsum(1) - 1).clamp_min(0)
         cache = kv_cache.new_cache()
-        hidden = eagle(eagle.input_features(previous), embeds, b.attention_mask, positions, cache)
+        _, embeds, positions, hidden = _first_step(model, b.input_ids, b.attention_mask, b.features, cache)
         outs = [hidden, *unrolled_steps(eagle, embeds, hidden, b.attention_mask, positions, steps, cache)]
         for step, out in enumerate(outs, start=1):
             counted = b.counted.clone()
