@@ -20,7 +20,7 @@ venv=build/venv-gpu
 DEVICE_TRANSFORMERS=${DEVICE_TRANSFORMERS:-5.17.0}
 DEVICE_TESTS=${DEVICE_TESTS:-tests/test_static_compiled.py tests/test_tree_compiled_rules.py tests/test_static_generate.py \
 tests/test_static_features.py tests/test_grouped_attention.py tests/test_training_data_path.py tests/test_training.py \
-tests/test_training_decode_labels.py tests/test_training_eagle.py}
+tests/test_training_decode_labels.py tests/test_training_eagle.py tests/test_training_eagle_unroll.py}
 [ -x "$venv/bin/python" ] || { echo "device_versions_tests: no $venv: run scripts/build_gpu_extension.sh first" >&2; exit 2; }
 ls python/specdecode/_C.cpython-312-*.so >/dev/null 2>&1 \
   || { echo "device_versions_tests: no Python 3.12 extension: run scripts/build_gpu_extension.sh first" >&2; exit 2; }

@@ -133,6 +133,18 @@ def _shares(text: str) -> dict[str, float]:
     return parse_shares(text)
 
 
+def _feature_layers(text: str) -> tuple[int, ...]:
+    """``2,15,-1`` as ``(2, 15, -1)`` (checked against the target when the drafter is built)."""
+    parts = [part.strip() for part in text.split(",")]
+    try:
+        layers = tuple(int(part) for part in parts)
+    except ValueError:
+        raise ValueError(f"feature_layers: expected comma-separated ints such as 2,15,-1, got {text!r}") from None
+    if len(set(layers)) != len(layers):
+        raise ValueError(f"feature_layers: each layer once, got {text!r}")
+    return layers
+
+
 def _mix(text: str) -> Any:
     from specdecode.training.widen import PromptMix
 
@@ -194,6 +206,9 @@ def train_parser(sub: Any) -> argparse.ArgumentParser:
     t.add_argument("--unroll", type=int, choices=range(1, 8), default=None, metavar="{1..7}",
                    help="eagle: C > 1 also trains draft steps 2..C on the drafter's own features (training-time "
                         "test; default 1)")
+    t.add_argument("--feature-layers", type=cli_args.checked(_feature_layers, "feature_layers"), default=None,
+                   help="eagle: the target's hidden states the drafter reads, comma-separated indices (EAGLE-3: "
+                        "low, middle and last, e.g. 2,15,-1; default -1, the last)")
     t.add_argument("--layer", type=cli_args.int_at_least("layer", 1), default=None,
                    help="exit: the target layers run before the adapter (default: a quarter of them)")
     t.add_argument("--adapter", choices=("layer", "linear"), default=None,
@@ -233,6 +248,7 @@ def train_parser(sub: Any) -> argparse.ArgumentParser:
 _KIND_FLAGS: tuple[tuple[str, str, tuple[str, ...], str], ...] = (
     ("draft_vocab", "draft_vocab_size", ("eagle",), "only the eagle kind has a reduced head"),
     ("unroll", "unroll", ("eagle",), "only the eagle kind unrolls its draft steps"),
+    ("feature_layers", "feature_layers", ("eagle",), "only the eagle kind reads chosen target layers"),
     ("num_heads", "num_heads", ("medusa", "hydra"), "only the medusa and hydra kinds have heads"),
     ("head_layers", "head_layers", ("hydra",), "only the hydra kind has MLP heads"),
     ("num_layers", "num_layers", ("draft",), "only the draft kind is made of the target's first layers"),

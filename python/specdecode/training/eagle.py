@@ -16,6 +16,9 @@ With ``unroll=C`` the later draft steps are trained too (EAGLE-3's training-time
 ``c`` reads the drafter's own features from the step before, attending to what a drafting cache
 would hold (:func:`unrolled_steps`), with the KL against the target's distribution of the same
 position; :func:`acceptance_by_step` measures each step's greedy agreement on held-out examples.
+With several feature layers (EAGLE-3: ``feature_layers=(2, 15, -1)``, projected to the hidden
+size for step 1) the later steps read the drafter's own outputs in their place, and the target's
+distribution comes from the last layer's columns, so the last hidden state must be among them.
 
 ``draft_vocab_size=Vd`` gives a reduced head over the ``Vd`` token ids most frequent in the
 training data (counted over the examples' tokens and the target's top-1 predictions), started
@@ -41,12 +44,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from specdecode.drafters.eagle import EagleDrafter, EagleModel
-from specdecode.models import check_feature_layers, kv_cache, vocab_rows
+from specdecode.models import check_feature_layers, decoder_layers, kv_cache, vocab_rows
 from specdecode.training.artifacts import WEIGHTS_FILE
 
 __all__ = ["CONFIG_FILE", "DESCRIPTION", "MAX_UNROLL", "MEASURED_STEPS", "NAME", "UNROLL_DECAY", "Built",
-           "EagleTraining", "acceptance_by_step", "build", "drafter", "forward", "load", "prepare", "save",
-           "saved_options", "start_from", "unrolled_steps", "vocab_record"]
+           "EagleTraining", "acceptance_by_step", "build", "drafter", "forward", "last_layer_slot", "load", "prepare",
+           "save", "saved_options", "start_from", "unrolled_steps", "vocab_record"]
 
 NAME = "eagle"
 DESCRIPTION = "a feature drafter (EAGLE): one decoder layer on the target's hidden state and the next token"
@@ -115,7 +118,7 @@ def build(target: nn.Module, *, feature_layers: tuple[int, ...] | list[int] = (-
     drafter before training) instead of a random layer; ``unroll``: ``C > 1`` also trains draft
     steps 2 to ``C`` (at most :data:`MAX_UNROLL`), which read the drafter's own predicted
     features (training-time test, :func:`unrolled_steps`; step ``c``'s KL weighs
-    ``UNROLL_DECAY ** (c - 2)``), 1 teacher forcing only; ``train_head``: train a reduced head
+    ``UNROLL_DECAY ** (c - 2)``; ``feature_layers`` must then hold ``-1``), 1 teacher forcing only; ``train_head``: train a reduced head
     (True) or keep it the target head's rows of its ids (False: not saved either).
 
     >>> built = build(target, draft_vocab_size=8192, unroll=4, train_head=False)  # doctest: +SKIP
@@ -130,9 +133,9 @@ def build(target: nn.Module, *, feature_layers: tuple[int, ...] | list[int] = (-
         raise ValueError(f"feature_weight: expected a number >= 0, got {feature_weight!r}")
     if isinstance(unroll, bool) or not isinstance(unroll, int) or not 1 <= unroll <= MAX_UNROLL:
         raise ValueError(f"unroll: expected an int in [1, {MAX_UNROLL}], got {unroll!r}")
-    if unroll > 1 and layers != (-1,):
-        raise ValueError("unroll: the later draft steps are trained against the target's last hidden state; "
-                         f"use feature_layers=(-1,), got {layers}")
+    if unroll > 1 and last_layer_slot(target, layers) is None:
+        raise ValueError("unroll: the later draft steps are trained against the target's distribution, read from "
+                         f"its last hidden state: include -1 in feature_layers, got {layers}")
     if not isinstance(init_from_target, bool):
         raise ValueError(f"init_from_target: expected a bool, got {init_from_target!r}")
     if not isinstance(train_head, bool):
@@ -140,6 +143,13 @@ def build(target: nn.Module, *, feature_layers: tuple[int, ...] | list[int] = (-
     model = EagleTraining(target, _new_model(target, layers, None, init_from_target), float(feature_weight), unroll)
     return Built(model, _trainable(model), list(layers), layers, draft_vocab_size,
                  {"init_from_target": init_from_target, "train_head": train_head})
+
+
+def last_layer_slot(target: nn.Module, layers: tuple[int, ...]) -> int | None:
+    """Where the target's last hidden state (what its head reads) sits among ``layers``
+    (indices into ``hidden_states``: ``-1`` or its positive twin), or None."""
+    count = len(decoder_layers(target)) + 1
+    return next((slot for slot, layer in enumerate(layers) if layer % count == count - 1), None)
 
 
 def draft_vocabulary(examples: list[Any], vocab_size: int, size: int) -> Tensor:
@@ -305,8 +315,10 @@ def _unrolled_loss(model: EagleTraining, embeds: Tensor, hidden: Tensor, feats: 
     """
     eagle = model.eagle
     vocab = vocab_rows(model.target)
+    slot, width = last_layer_slot(model.target, eagle.feature_layers), eagle.hidden_size
+    last = feats[..., slot * width: (slot + 1) * width]  # several layers (EAGLE-3): the last one's columns
     with torch.no_grad():
-        log_p = torch.log_softmax(head_fn(feats).float()[..., :vocab], -1)
+        log_p = torch.log_softmax(head_fn(last).float()[..., :vocab], -1)
         if eagle.lm_head is not None:
             log_p = log_p[..., eagle.draft_to_target]
         p = log_p.exp()
