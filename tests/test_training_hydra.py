@@ -48,6 +48,10 @@ def test_head_accuracies_and_a_sparse_tree(demo_hydra):
     assert acc.shape == (3, 4) and bool((acc.sum(1) <= 1 + 1e-9).all())
     untrained = hydra_kind.head_accuracies(HydraHeads(target, 3), target, rows, starts, ranks=4)
     assert acc.sum() > untrained.sum(), (acc, untrained)
+    # the record's greedy acceptance by draft step (validation examples): head i is draft step i + 1
+    t = result.record["training"]
+    assert all(len(t[when]["greedy_acceptance_by_step"]) == 3 for when in ("before", "after"))
+    assert t["after"]["greedy_acceptance_by_step"][0] > t["before"]["greedy_acceptance_by_step"][0]
     drafter = HydraDrafter(target, result.drafter.heads, tree=sparse_tree(acc, 6))
     got = specdecode.generate(target, drafter, ids, mask, max_new_tokens=24, pad_token_id=tokenizer.pad_token_id)
     assert torch.equal(got.sequences, want)
@@ -94,6 +98,44 @@ def test_teacher_forced_losses_are_the_definition():
                 top = q(0, t, i).topk(2).indices
                 want_acc[i] += (top == seq[t + 2 + i]).double() / len(positions)
         torch.testing.assert_close(acc, want_acc)
+
+
+def test_acceptance_by_step_is_each_heads_top_against_the_targets_top_1():
+    """Step i + 1's rate: head i at s (feature f_s, tokens x_{s+1} .. x_{s+1+i}) against the
+    target's top-1 at s + 1 + i, over the positions the loss counts (computed by hand here, with
+    some agreements planted so the rates are neither 0 nor 1)."""
+    from specdecode.training.data import Example
+
+    target = make_model("llama", vocab=50, layers=2, init=0.1)
+    built = hydra_kind.build(target, num_heads=3)
+    heads, head, embed = built.model.heads, target.get_output_embeddings(), target.get_input_embeddings()
+    g = torch.Generator().manual_seed(6)
+    with torch.no_grad():
+        for p in heads.parameters():
+            p.normal_(0, 0.2, generator=g)
+        examples = []
+        for n, start in ((9, 3), (6, 0)):
+            ids = torch.randint(0, 50, (n,), generator=g)
+            feats = target(ids[None], output_hidden_states=True).hidden_states[-1][0]
+            top = torch.randint(0, 50, (n, 2), generator=g, dtype=torch.int32)
+            for s_ in range(0, n - 1, 2):  # plant head 0's choice at every other position
+                top[s_ + 1, 0] = int(head(heads(feats[s_], embed(ids[s_ + 1: s_ + 2]), 0)).argmax())
+            examples.append(Example(input_ids=ids, top_logp=torch.zeros(n, 2, dtype=torch.float16), top_ids=top,
+                                    start=start, features=feats.half()))
+        want = []
+        for i in range(3):
+            hits = count = 0
+            for e in examples:
+                feats, n = e.features.float(), len(e.input_ids)
+                for s_ in range(max(e.start - 1 - i, 0), n - 1 - i):
+                    q = head(heads(feats[s_], embed(e.input_ids[s_ + 1: s_ + 2 + i]), i))
+                    hits += int(q.argmax() == e.top_ids[s_ + 1 + i, 0])
+                    count += 1
+            want.append(round(hits / count, 4))
+        got = hydra_kind.acceptance_by_step(built.model, examples)
+    assert got == pytest.approx(want, abs=1e-4) and 0 < want[0] < 1
+    with pytest.raises(ValueError, match="examples"):
+        hydra_kind.acceptance_by_step(built.model, [])
 
 
 def test_bad_options_and_a_tiny_run(tmp_path):
