@@ -1,4 +1,4 @@
-"""Benchmark of the training data stage's continuations: Hugging Face ``target.generate`` (the
+r"""Benchmark of the training data stage's continuations: Hugging Face ``target.generate`` (the
 data stage's former path) against specdecode's own decode path
 (:func:`specdecode.training.continuations.continue_prompts`: the static path on the CPU, the
 graphed path on CUDA), the same prompts and batch size.

@@ -1,12 +1,12 @@
-"""Choose a trained drafter's generation settings for SmolLM2 on one prompt set, report them on
+r"""Choose a trained drafter's generation settings for SmolLM2 on one prompt set, report them on
 another: tokens per target call and tokens/s of every (drafter, setting) against Hugging Face's
 own ``target.generate`` and HF prompt lookup, every method interleaved prompt by prompt.
 
     # tune: the 16 prompts the settings are chosen on (4 until 2026-11-28)
-    python benchmarks/bench_drafter_settings.py --prompt-set tune --drafter-dir runs/eagle \\
+    python benchmarks/bench_drafter_settings.py --prompt-set tune --drafter-dir runs/eagle \
         --settings chain:4 dynamic:6:3 dynamic:10:5 dynamic:16:6 --repeats 3
     # report: the 16 held-out prompts, never looked at while tuning
-    python benchmarks/bench_drafter_settings.py --prompt-set report --drafter-dir runs/eagle \\
+    python benchmarks/bench_drafter_settings.py --prompt-set report --drafter-dir runs/eagle \
         --settings chain:4 dynamic:10:5 --repeats 3 --temperatures 0 1
 
 A setting is ``chain:K`` (a chain of K draft tokens), ``dynamic:N:D`` (an EAGLE-2 dynamic tree
@@ -16,7 +16,9 @@ cache of the training kit, e.g. ``runs/ttt/data``, whose prompts are none of the
 never on the prompt sets themselves):
 
     python benchmarks/bench_drafter_settings.py --prompt-set tune --drafter-dir runs/gpu/medusa \
-        --settings chain:3 sparse:16 sparse:32 --calibration-data runs/ttt/data --repeats 1 Per repeat and per prompt, every method runs once,
+        --settings chain:3 sparse:16 sparse:32 --calibration-data runs/ttt/data --repeats 1
+
+Per repeat and per prompt, every method runs once,
 in the same order, so that a slow minute of a shared machine hits every method alike; a method's
 time is the sum over the prompts of one repeat, and the table shows its median over repeats.
 EOS is off: every method makes exactly ``--max-new-tokens`` tokens per prompt. At temperature 0
