@@ -44,6 +44,11 @@
 #   the shipped drafter with --unroll 4): compare them before benchmarking. Then choose settings on
 #   the tune prompts and report held-out (benchmarks/bench_drafter_settings.py: chain:K,
 #   dynamic:N:D, and sparse:N for Medusa heads with --calibration-data).
+#   A variant of call 4, for a session that should try EAGLE-3 features instead of continuing:
+#   'MINUTES=7.5 KINDS=eagle INIT_FROM= KIND_ARGS="--draft-vocab 8192 --freeze-head --unroll 4
+#   --feature-layers 2,15,-1" bash scripts/gpu_session.sh train' (a new drafter on SmolLM2's layers 2,
+#   15 and its last, the whole budget; on the demo target it gained 1.5% tokens per call at equal
+#   time, docs/training.md: the default plan continues the shipped drafter).
 #   The full benchmark (up to 8 minutes: `bash scripts/gpu_session.sh bench` with its defaults,
 #   timeout_s=480, as call 3) and a training run worth having do not both fit one session.
 # A call that finds a part missing (the machine went back between calls) says so in one line: start

@@ -178,11 +178,14 @@ if [ -f "$STASH/labels-forward" ]; then  # the probe's CUDA tests of the decode 
 fi
 left=$(( TOTAL_S - ($(date +%s) - START) ))
 rm -rf "$WORK" "$WORK-export"
+# shellcheck disable=SC2086  # one kind is written into --out itself, several into one folder each: give
+set -- $KINDS                # a single kind its own folder too, so the packing below finds every kind alike
+if [ "$#" -eq 1 ]; then run_out="$WORK/$1" export_out="$WORK-export/$1"; else run_out="$WORK" export_out="$WORK-export"; fi
 log "train ($KINDS) for $MINUTES minutes on $DEVICE (the command is stopped at ${left}s)"
 # shellcheck disable=SC2086  # KINDS, KIND_ARGS and EXTRA_ARGS are word lists
 timeout "$left" $PY -m specdecode train $KINDS --target "$TARGET" --device "$DEVICE" --minutes "$MINUTES" \
   --data-minutes "$DATA_MINUTES" --num-prompts "$NUM_PROMPTS" --prompt-mix "$PROMPT_MIX" \
-  ${INIT_FROM:+--init-from "$INIT_FROM"} --out "$WORK" --export "$WORK-export" $KIND_ARGS $EXTRA_ARGS 2>&1 | grep --line-buffered -v "Loading weights" \
+  ${INIT_FROM:+--init-from "$INIT_FROM"} --out "$run_out" --export "$export_out" $KIND_ARGS $EXTRA_ARGS 2>&1 | grep --line-buffered -v "Loading weights" \
   | tee -a "$OUT/train.log"
 rc=${PIPESTATUS[0]}
 log "train rc=$rc (124: stopped at the time limit; the kinds exported before it are packed)"

@@ -176,3 +176,20 @@ def test_the_training_call_on_the_demo_target(tmp_path):
         ids = tokenizer("import os\n", return_tensors="pt").input_ids
         want = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=6, do_sample=False)
         assert torch.equal(specdecode.generate(target, drafter, ids, max_new_tokens=6).sequences, want), kind
+
+
+def test_one_kind_comes_back_packed_too(tmp_path):
+    """KINDS with one kind (the run writes it into --out itself): the script still returns KIND.tar
+    and its record, here the EAGLE-3 variant of the plan (three feature layers, no --init-from)."""
+    out = tmp_path / "out"
+    done = _run(RUN, "train", cwd=ROOT, TARGET="demo", DEVICE="cpu", MINUTES="0.3", DATA_MINUTES="0.1",
+                STASH=str(tmp_path / "stash"), NUM_PROMPTS="8", KINDS="eagle", INIT_FROM="",
+                KIND_ARGS="--draft-vocab 512 --freeze-head --unroll 4 --feature-layers 1,3,-1",
+                PROMPT_MIX="templates=0.5,code=0.25,prose=0.25",
+                EXTRA_ARGS="--threads 1 --max-length 48 --max-new-tokens 16 --data-batch-size 4 --batch-size 4 "
+                "--max-steps 2",
+                WORK=str(tmp_path / "work"), OUT=str(out), PY="python")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert sorted(p.name for p in out.iterdir()) == ["eagle.tar", "summary.json", "train.log"]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["eagle"]["training"]["options"]["feature_layers"] == [1, 3, -1]
