@@ -22,14 +22,9 @@ What is checked:
   * the exact joint-distribution test of docs/verification.md section 8 for token and block
     verification on the GPU, and a deliberately broken variant that the same test must reject;
   * torch.library.opcheck with CUDA inputs for every op;
-  * the graph-safe Philox ops: coins equal to the Python Philox, CUDA-graph captures (verify and
-    sample, with filters) replayed with advancing offsets;
-  * verify_tree / verify_tree_philox: CPU vs CUDA agreement (tests/cuda_agreement.py) for every
-    tree rule on random ragged trees, V in {111, 32000, 128256}, B in {1, 17, 64}, the three
-    dtypes, every filter and temperature 0; the exact tree test of the lossless tree rules
-    (tests/test_tree_lossless.py) on the GPU, and the drafting mistakes it must reject; a
-    captured verify_tree_philox replayed with advancing offsets; processed_probs equal to the
-    CPU's distribution.
+  * processed_probs equal to the CPU's distribution.
+The graph-safe Philox ops: tests/test_cuda_philox.py; verify_tree / verify_tree_philox:
+tests/test_cuda_tree_rules.py (both take this file's ``cuda`` fixture).
 """
 
 from __future__ import annotations
@@ -49,10 +44,9 @@ from specdecode.reference import VerifyOutput
 
 import op_error_cases
 import stat_utils as su
-from cuda_agreement import (RULES, TREE_RULES, assert_agree, assert_processed_probs_agree, assert_samples_agree,
-                            assert_tree_agree, logit_inputs, prob_inputs, to_device, tree_logit_inputs,
-                            tree_needs_draft)
-from stat_utils import _MASK32, philox4x32_10, philox_uniforms  # Python reference of kernels/philox.h
+from cuda_agreement import (RULES, assert_agree, assert_processed_probs_agree, assert_samples_agree, logit_inputs,
+                            prob_inputs, to_device)
+from stat_utils import philox_uniforms  # Python reference of kernels/philox.h
 
 OPS = torch.ops.specdecode
 pytestmark = pytest.mark.cuda
@@ -422,228 +416,6 @@ def test_public_api_on_cuda(cuda):
     p, q = torch.softmax(target.float(), -1), torch.softmax(draft.float(), -1)
     out = specdecode.verify(p, q, drafts, rule="token", generator=torch.Generator(device=cuda).manual_seed(1))
     assert out.tokens.is_cuda and out.accepted_len.is_cuda
-
-
-# --------------------------------------------------------------------- Philox (graph-safe)
-
-
-
-def test_philox_known_answers():
-    """The Python Philox reproduces the Random123 known-answer vectors (no GPU needed)."""
-    assert philox4x32_10((0, 0, 0, 0), (0, 0)) == (0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8)
-    assert philox4x32_10((_MASK32,) * 4, (_MASK32, _MASK32)) == (0x408F276D, 0x41C83B0E, 0xA20BC7C6, 0x6D5451FD)
-    assert philox4x32_10((0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344), (0xA4093822, 0x299F31D0)) == (
-        0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1)
-    u = philox_uniforms(1234, 5, 8, 3)
-    assert bool(((u >= 0) & (u < 1)).all()) and u.unique().numel() == u.numel()
-
-
-def _philox_op(name):
-    if not hasattr(OPS, name):
-        pytest.skip(f"torch.ops.specdecode.{name} is not registered in this build")
-    return getattr(OPS, name)
-
-
-def test_philox_probs_matches_cpu_with_python_coins(cuda):
-    """verify_probs_philox on the GPU equals verify_probs on the CPU fed the Python Philox coins."""
-    op = _philox_op("verify_probs_philox")
-    target, draft, drafts, num, _ = prob_inputs(8, 4, 300, torch.float32, seed=6)
-    seed = torch.tensor([0x1234_5678_9ABC], dtype=torch.int64, device=cuda)
-    for offset_value in (0, 1, 2**33 + 5):
-        offset = torch.tensor([offset_value], dtype=torch.int64, device=cuda)
-        coins = philox_uniforms(0x1234_5678_9ABC, offset_value, 8, 4)
-        for rule, params in RULES:
-            needs = rule in ("token", "block")
-            gpu = op(*to_device(cuda, target, draft if needs else None, drafts, num), seed, offset, rule, params)
-            cpu = OPS.verify_probs(target, draft if needs else None, drafts, num, coins, rule, params)
-            assert_agree("probs", rule, params, cpu, gpu, target, draft, drafts, num, coins)
-
-
-def test_philox_logits_matches_cpu_with_python_coins(cuda):
-    op = _philox_op("verify_logits_philox")
-    target, draft, drafts, num, _ = logit_inputs(8, 4, 300, torch.bfloat16, seed=8)
-    seed = torch.tensor([-5], dtype=torch.int64, device=cuda)  # seeds are read as uint64
-    offset = torch.tensor([3], dtype=torch.int64, device=cuda)
-    coins = philox_uniforms(-5, 3, 8, 4)
-    sampling = (0.8, 20, 0.9, 0.0)
-    for rule, params in RULES:
-        needs = rule in ("token", "block")
-        gpu = op(*to_device(cuda, target, draft if needs else None, drafts, num), seed, offset, *sampling, rule, params)
-        cpu = OPS.verify_logits(target, draft if needs else None, drafts, num, coins, *sampling, rule, params)
-        assert_agree("logits", rule, params, cpu, gpu, target, draft, drafts, num, coins, sampling)
-
-
-def test_philox_cuda_graph_replay(cuda):
-    """Capture one Philox verify call plus offset.add_(1) in a CUDA graph; every replay uses the
-    next offset (read from device memory) and equals the CPU op fed that offset's coins."""
-    op = _philox_op("verify_probs_philox")
-    B, gamma, V = 16, 4, 1000
-    target, draft, drafts, num, _ = prob_inputs(B, gamma, V, torch.float32, seed=11)
-    t, d, x, n = to_device(cuda, target, draft, drafts, num)
-    seed = torch.tensor([42], dtype=torch.int64, device=cuda)
-    offset = torch.tensor([0], dtype=torch.int64, device=cuda)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # warm-up outside the capture (lazy initialisation, allocator)
-        for _ in range(2):
-            op(t, d, x, n, seed, offset, "block", [])
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        tokens, accepted = op(t, d, x, n, seed, offset, "block", [])
-        offset.add_(1)
-    offset.fill_(100)
-    seen = []
-    for k in range(3):
-        graph.replay()
-        torch.cuda.synchronize()
-        coins = philox_uniforms(42, 100 + k, B, gamma)
-        cpu = OPS.verify_probs(target, draft, drafts, num, coins, "block", [])
-        assert_agree("probs", "block", [], cpu, (tokens.clone(), accepted.clone()), target, draft, drafts, num, coins)
-        seen.append(tokens.cpu().clone())
-    assert int(offset.item()) == 103
-    assert not all(torch.equal(seen[0], s) for s in seen[1:]), "replays with new offsets gave identical draws"
-
-
-@pytest.mark.parametrize("rule", ["token", "block"])
-def test_philox_logits_graph_with_filters_and_bad_row(cuda, rule):
-    """verify_logits_philox with top-k / top-p / min-p captured in a CUDA graph (every filter
-    kernel runs under capture) replays equal to the CPU op; a NaN row in the captured inputs
-    comes back as accepted_len = -1 and tokens -1 (no status copy during capture), the other
-    rows are unaffected."""
-    B, gamma, V = 8, 4, 32000
-    target, draft, drafts, num, _ = logit_inputs(B, gamma, V, torch.bfloat16, seed=21)
-    t, d, x, n = to_device(cuda, target, draft, drafts, num)
-    seed = torch.tensor([9], dtype=torch.int64, device=cuda)
-    offset = torch.tensor([0], dtype=torch.int64, device=cuda)
-    sampling = (0.8, 50, 0.9, 0.05)
-    graph, (tokens, accepted) = capture_with_offset(
-        lambda: OPS.verify_logits_philox(t, d, x, n, seed, offset, *sampling, rule, []), offset)
-    for k in range(2):
-        graph.replay()
-        torch.cuda.synchronize()
-        coins = philox_uniforms(9, k, B, gamma)
-        cpu = OPS.verify_logits(target, draft, drafts, num, coins, *sampling, rule, [])
-        assert_agree("logits", rule, [], cpu, (tokens.clone(), accepted.clone()), target, draft, drafts, num, coins,
-                     sampling)
-    t[3, 0, 7] = math.nan  # the graph reads the same memory
-    graph.replay()
-    torch.cuda.synchronize()
-    assert int(accepted[3]) == -1 and bool((tokens[3] == -1).all())
-    assert bool((accepted[torch.arange(B, device=cuda) != 3] >= 0).all())
-
-
-# ------------------------------------------------------------------------------ token trees
-
-TREE_SAMPLINGS = [(1.0, 0, 1.0, 0.0), (0.8, 50, 0.9, 0.05), (0.0, 0, 1.0, 0.0)]
-
-
-def _run_both_tree(rule, params, sampling, target, draft, tokens, parents, num_nodes, u, device):
-    d = draft if tree_needs_draft(rule) else None
-    cpu = OPS.verify_tree(target, d, tokens, parents, num_nodes, u, *sampling, rule, params)
-    gpu = OPS.verify_tree(*to_device(device, target, d, tokens, parents, num_nodes, u), *sampling, rule, params)
-    assert all(t.is_cuda for t in gpu)
-    return cpu, gpu
-
-
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("B", BATCHES)
-@pytest.mark.parametrize("V", VOCABS[:3])
-def test_cpu_cuda_agree_tree(cuda, V, B, dtype):
-    """verify_tree: every tree rule on random ragged trees gives the CPU's tokens, accepted
-    lengths and accepted nodes with the same uniforms (plain, every filter, temperature 0)."""
-    inputs = tree_logit_inputs(B, 9, V, dtype, seed=3 * V + B)
-    for sampling in TREE_SAMPLINGS:
-        for rule, params in TREE_RULES:
-            cpu, gpu = _run_both_tree(rule, params, sampling, *inputs, cuda)
-            assert_tree_agree(rule, params, cpu, gpu, *inputs, sampling)
-
-
-def test_cpu_cuda_agree_tree_many_rejections_and_wide_trees(cuda):
-    """Wide nodes drafted from an unrelated draft (several rejections per node: the R and D
-    updates run repeatedly), and one tree of 200 nodes per row (long children lists)."""
-    inputs = tree_logit_inputs(64, 16, 9, torch.float32, seed=5, max_children=6, related=False)
-    for rule in ("specinfer", "rrs", "deterministic", "spectr", "spechub", "traversal", "traversal_iid"):
-        cpu, gpu = _run_both_tree(rule, [], (1.0, 0, 1.0, 0.0), *inputs, cuda)
-        assert_tree_agree(rule, [], cpu, gpu, *inputs, (1.0, 0, 1.0, 0.0))
-    inputs = tree_logit_inputs(3, 200, 1000, torch.bfloat16, seed=6, max_children=12)
-    for rule, params in TREE_RULES:
-        cpu, gpu = _run_both_tree(rule, params, (0.9, 0, 0.95, 0.0), *inputs, cuda)
-        assert_tree_agree(rule, params, cpu, gpu, *inputs, (0.9, 0, 0.95, 0.0))
-
-
-def test_tree_results_are_deterministic(cuda):
-    inputs = to_device(cuda, *tree_logit_inputs(17, 9, 32000, torch.bfloat16, seed=7))
-    first = OPS.verify_tree(*inputs, 0.8, 50, 0.9, 0.0, "rrs", [])
-    second = OPS.verify_tree(*inputs, 0.8, 50, 0.9, 0.0, "rrs", [])
-    assert all(torch.equal(a, b) for a, b in zip(first, second))
-
-
-@pytest.mark.parametrize("rule,families", [("specinfer", None), ("deterministic", None), ("rrs", "peaked"),
-                                           ("specinfer", "peaked")], ids=["specinfer", "deterministic", "rrs",
-                                                                          "specinfer-peaked"])
-def test_tree_lossless_chi_square_on_gpu(cuda, rule, families):
-    """The exact tree test of tests/test_tree_lossless.py (the completed tokens follow the
-    target's exact joint; chi-square over 10^5 trees drafted by the rule's scheme) with the
-    CUDA op."""
-    import test_tree_lossless as tl
-
-    tables, shape = tl._tables(tl.MIXED, tl.PEAKED if families else None)
-    fit = tl._op_fit(tables, shape, rule, tl.LOSSLESS[rule], seed=3, device=cuda)
-    assert fit.impossible == 0 and fit.pvalue > tl.PASS, f"{rule}: {fit}"
-
-
-@pytest.mark.parametrize("scheme,families", [("without_replacement", "peaked"), ("pruned_iid", None)],
-                         ids=["without_replacement", "pruned_by_own_probability"])
-def test_tree_lossless_test_rejects_broken_drafting_on_gpu(cuda, scheme, families):
-    """The same test rejects specinfer fed children drawn without replacement, or i.i.d.
-    children pruned by their own probability: it can fail on the GPU too."""
-    import test_tree_lossless as tl
-
-    tables, shape = tl._tables(tl.MIXED, tl.PEAKED if families else None)
-    fit = tl._op_fit(tables, shape, "specinfer", scheme, seed=3, device=cuda)
-    assert fit.pvalue < tl.FAIL, f"specinfer with {scheme} children passed on the GPU: {fit}"
-
-
-def test_tree_philox_and_graph(cuda):
-    """verify_tree_philox draws the Python Philox coins (b, c); captured in a CUDA graph with
-    offset.add_(1), every replay equals the CPU op at the next offset; a NaN row in the
-    captured inputs comes back as -1 (no status copy during capture)."""
-    B, N, V = 8, 9, 32000
-    target, draft, tokens, parents, num_nodes, _ = tree_logit_inputs(B, N, V, torch.bfloat16, seed=8)
-    t, d, x, par, n = to_device(cuda, target, draft, tokens, parents, num_nodes)
-    seed = torch.tensor([5], dtype=torch.int64, device=cuda)
-    offset = torch.tensor([0], dtype=torch.int64, device=cuda)
-    sampling = (0.8, 50, 0.9, 0.05)
-    graph, out = capture_with_offset(
-        lambda: OPS.verify_tree_philox(t, d, x, par, n, seed, offset, *sampling, "rrs", []), offset)
-    offset.fill_(10)
-    for k in range(3):
-        graph.replay()
-        torch.cuda.synchronize()
-        coins = philox_uniforms(5, 10 + k, B, N - 1)
-        cpu = OPS.verify_tree(target, draft, tokens, parents, num_nodes, coins, *sampling, "rrs", [])
-        assert_tree_agree("rrs", [], cpu, [o.clone() for o in out], target, draft, tokens, parents, num_nodes,
-                          coins, sampling)
-    t[3, 0, 7] = math.nan  # the root of row 3: every walk reads it
-    graph.replay()
-    torch.cuda.synchronize()
-    assert int(out[1][3]) == -1 and bool((out[0][3] == -1).all()) and bool((out[2][3] == -1).all())
-    assert bool((out[1][torch.arange(B, device=cuda) != 3] >= 0).all())
-
-
-@pytest.mark.parametrize("config", [("rrs", torch.float32, (0.7, 10, 0.9, 0.05)), ("greedy", torch.bfloat16,
-                                                                                    (0.0, 0, 1.0, 0.0)),
-                                    ("typical", torch.float16, (1.0, 0, 1.0, 0.0))], ids=lambda c: c[0])
-def test_opcheck_cuda_tree(cuda, config):
-    rule, dtype, sampling = config
-    target, draft, tokens, parents, num_nodes, u = to_device(cuda, *tree_logit_inputs(3, 6, 40, dtype, seed=1))
-    params = [0.09, 0.3, 0.0] if rule == "typical" else []
-    d = draft if tree_needs_draft(rule) else None
-    torch.library.opcheck(OPS.verify_tree.default, (target, d, tokens, parents, num_nodes, u, *sampling, rule, params))
-    seed, offset = torch.tensor([1], device=cuda), torch.tensor([2], device=cuda)
-    torch.library.opcheck(OPS.verify_tree_philox.default,
-                          (target, d, tokens, parents, num_nodes, seed, offset, *sampling, rule, params))
 
 
 @pytest.mark.parametrize("V", [111, 32000, 128256])
