@@ -1,9 +1,10 @@
 """Shared helpers of the statistical tests (docs/verification.md §8): synthetic context-dependent target/draft
 models, exact enumeration of their joints and expected accepted lengths, the Monte-Carlo
 harness that runs a verification rule and completes its output to gamma+1 tokens, a
-chi-square / G goodness-of-fit test that pools cells with small expected counts, and
-vectorised PyTorch rules (correct ones as controls, deliberately broken ones) that the
-harness must tell apart.
+chi-square / G goodness-of-fit test that pools cells with small expected counts, and the
+batched inverse-CDF draw. The vectorised PyTorch rules the harness must tell apart (correct
+ones as controls, deliberately broken ones) are in ``rule_variants.py``; the Python Philox
+(the coins of the ``*_philox`` ops) in ``philox_ref.py``.
 
 Nothing here touches a GPU at import time; every entry point takes a ``device`` so a CUDA test
 can reuse it (tables and statistics stay on the CPU, only the verify call runs on ``device``).
@@ -17,7 +18,6 @@ The synthetic models: a vocabulary of ``V`` tokens and blocks of ``gamma`` draft
 from __future__ import annotations
 
 import itertools
-import math
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Callable, Sequence
@@ -449,7 +449,7 @@ def run_lossless_experiment(
     return LosslessRun(fit, seq, accepted_len, num_draft)
 
 
-# -------------------------------------------------- PyTorch rules: controls and broken ones
+# ------------------------------------------------------------------------ inverse-CDF draws
 
 
 def inverse_cdf(weights: Tensor, u: Tensor) -> Tensor:
@@ -466,134 +466,3 @@ def inverse_cdf(weights: Tensor, u: Tensor) -> Tensor:
     last_positive = V - 1 - positive.flip(-1).int().argmax(-1)
     idx = torch.where(hit.any(-1), first, last_positive)
     return torch.where(total > 0, idx, torch.full_like(idx, -1))
-
-
-def _assemble(draft_tokens: Tensor, tau: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
-    B, g = draft_tokens.shape
-    pos = torch.arange(g + 1, device=draft_tokens.device)[None, :]
-    padded = torch.cat([draft_tokens, draft_tokens.new_zeros(B, 1)], 1)
-    tokens = torch.where(pos < tau[:, None], padded, torch.full_like(padded, -1))
-    tokens = torch.where(pos == tau[:, None], y[:, None].expand(-1, g + 1), tokens)
-    return tokens, tau
-
-
-def _leading_true(mask: Tensor) -> Tensor:
-    """Number of leading True entries per row. ``[B, g]`` bool -> ``[B]`` int64."""
-    return mask.long().cumprod(-1).sum(-1)
-
-
-def make_token_rule(*, residual: bool = True, accept: str = "ratio") -> Callable:
-    """A vectorised PyTorch token-verification rule for :func:`specdecode.register_rule`.
-
-    ``residual=True, accept="ratio"`` is the correct rule (a control the harness must pass).
-    Broken variants: ``residual=False`` emits ``y ~ p_{tau+1}`` after a rejection instead of
-    the residual; ``accept="p"`` accepts with probability ``p(x)`` instead of ``min(1, p/q)``;
-    ``accept="always"`` accepts every draft (the draft's distribution is emitted).
-    """
-
-    def rule(target_probs, draft_probs, draft_tokens, *, num_draft_tokens, uniforms):
-        p, q = target_probs.double(), draft_probs.double()
-        B, g = draft_tokens.shape
-        V = p.shape[2]
-        x = draft_tokens.clamp(0, V - 1)
-        p_x = p[:, :g].gather(2, x[..., None])[..., 0]
-        q_x = q.gather(2, x[..., None])[..., 0]
-        if accept == "ratio":
-            ok = uniforms[:, :g] < p_x / q_x
-        elif accept == "p":
-            ok = uniforms[:, :g] < p_x
-        elif accept == "always":
-            ok = torch.ones_like(p_x, dtype=torch.bool)
-        else:
-            raise ValueError(accept)
-        used = torch.arange(g, device=x.device)[None, :] < num_draft_tokens[:, None]
-        tau = _leading_true(ok & used)
-        rows = torch.arange(B, device=x.device)
-        p_next = p[rows, tau]
-        q_next = q[rows, tau.clamp(max=g - 1)]
-        full = tau == num_draft_tokens
-        if residual:
-            weights = torch.where(full[:, None], p_next, (p_next - q_next).clamp_min(0.0))
-        else:
-            weights = p_next
-        u = uniforms[:, g]
-        y = inverse_cdf(weights, u)
-        y = torch.where(y < 0, inverse_cdf(p_next, u), y)
-        return _assemble(draft_tokens, tau, y)
-
-    return rule
-
-
-def make_block_rule(*, h: str = "correct") -> Callable:
-    """A vectorised PyTorch block-verification rule (docs/verification.md §3). ``h="correct"`` is the lossless
-    rule (a control); ``h="w"`` is the broken variant that uses ``h_i = w_i`` for every i."""
-
-    def rule(target_probs, draft_probs, draft_tokens, *, num_draft_tokens, uniforms):
-        p, q = target_probs.double(), draft_probs.double()
-        B, g = draft_tokens.shape
-        V = p.shape[2]
-        dev = draft_tokens.device
-        x = draft_tokens.clamp(0, V - 1)
-        p_x = p[:, :g].gather(2, x[..., None])[..., 0]
-        q_x = q.gather(2, x[..., None])[..., 0]
-        ratio = torch.where(q_x > 0, p_x / q_x.clamp_min(1e-300), torch.where(p_x > 0, math.inf, 0.0))
-        w = [torch.ones(B, dtype=torch.float64, device=dev)]
-        for i in range(g):
-            w.append(torch.where((w[-1] == 0) | (p_x[:, i] == 0), 0.0, torch.clamp(w[-1] * ratio[:, i], max=1.0)))
-        W = torch.stack(w, 1)  # [B, g+1], W[:, i] = w_i
-        hs = []
-        for i in range(1, g + 1):
-            if h == "w" or i == g:
-                hs.append(W[:, i])
-                continue
-            z = (W[:, i, None] * p[:, i] - q[:, i]).clamp_min(0.0).sum(-1)
-            denom = z + (1.0 - W[:, i])
-            formula = torch.where(denom > 0, z / denom.clamp_min(1e-300), 1.0)
-            hs.append(torch.where(num_draft_tokens == i, W[:, i], formula))  # h_n = w_n
-        H = torch.stack(hs, 1)  # [B, g], H[:, i-1] = h_i
-        idx = torch.arange(1, g + 1, device=dev)[None, :]
-        accepted = (uniforms[:, :g] < H) & (idx <= num_draft_tokens[:, None])
-        tau = torch.where(accepted, idx, 0).amax(-1)
-        rows = torch.arange(B, device=dev)
-        p_next = p[rows, tau]
-        q_next = q[rows, tau.clamp(max=g - 1)]
-        full = tau == num_draft_tokens
-        w_tau = W[rows, tau]
-        weights = torch.where(full[:, None], p_next, (w_tau[:, None] * p_next - q_next).clamp_min(0.0))
-        u = uniforms[:, g]
-        y = inverse_cdf(weights, u)
-        y = torch.where(y < 0, inverse_cdf(p_next, u), y)
-        return _assemble(draft_tokens, tau, y)
-
-    return rule
-
-
-# ----------------------------------------------------------- Philox (coins of the *_philox ops)
-
-_MASK32 = 0xFFFFFFFF
-
-
-def philox4x32_10(counter, key):
-    """Philox4x32-10 (Salmon et al. 2011) in plain Python: the reference of philox.cuh."""
-    c0, c1, c2, c3 = counter
-    k0, k1 = key
-    for r in range(10):
-        if r:
-            k0, k1 = (k0 + 0x9E3779B9) & _MASK32, (k1 + 0xBB67AE85) & _MASK32
-        p0, p1 = 0xD2511F53 * c0, 0xCD9E8D57 * c2
-        c0, c1, c2, c3 = ((p1 >> 32) ^ c1 ^ k0) & _MASK32, p1 & _MASK32, ((p0 >> 32) ^ c3 ^ k1) & _MASK32, p0 & _MASK32
-    return c0, c1, c2, c3
-
-
-def philox_uniforms(seed: int, offset: int, B: int, gamma: int) -> torch.Tensor:
-    """The coins [B, gamma+1] of the Philox ops: counter (column // 2, row, offset lo, offset hi),
-    key (seed lo, seed hi), two 53-bit doubles per call."""
-    seed &= (1 << 64) - 1
-    offset &= (1 << 64) - 1
-    out = torch.empty(B, gamma + 1, dtype=torch.float64)
-    for b in range(B):
-        for i in range(gamma + 1):
-            w = philox4x32_10((i >> 1, b, offset & _MASK32, offset >> 32), (seed & _MASK32, seed >> 32))
-            hi, lo = (w[2], w[3]) if i & 1 else (w[0], w[1])
-            out[b, i] = ((hi << 32 | lo) >> 11) * 2.0**-53
-    return out

@@ -46,7 +46,7 @@ import op_error_cases
 import stat_utils as su
 from cuda_agreement import (RULES, assert_agree, assert_processed_probs_agree, assert_samples_agree, logit_inputs,
                             prob_inputs, to_device)
-from stat_utils import philox_uniforms  # Python reference of kernels/philox.h
+from philox_ref import philox_uniforms  # Python reference of kernels/philox.h
 
 OPS = torch.ops.specdecode
 pytestmark = pytest.mark.cuda

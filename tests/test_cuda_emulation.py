@@ -280,7 +280,7 @@ def test_emulated_sample_logits(emu, V):
     for sampling in [(1.0, 0, 1.0, 0.0), (0.7, 20, 0.9, 0.0)]:
         cpu = OPS.sample_logits_philox(logits, seed, offset, *sampling)
         dev = emu.sample_logits_philox(logits, seed, offset, *sampling)
-        from stat_utils import philox_uniforms
+        from philox_ref import philox_uniforms
 
         assert_samples_agree(cpu, dev, logits, philox_uniforms(123, 4, 3, 0)[:, 0], sampling)
 
@@ -288,7 +288,7 @@ def test_emulated_sample_logits(emu, V):
 def test_emulated_philox_and_capture_mode(emu):
     """The Philox ops draw the CPU's coins; in capture mode a bad row comes back as -1 instead
     of raising, and the good rows are unchanged."""
-    from stat_utils import philox_uniforms
+    from philox_ref import philox_uniforms
 
     target, draft, drafts, num, _ = logit_inputs(6, 3, 300, torch.float32, seed=12)
     seed, offset = torch.tensor([-5]), torch.tensor([2**33 + 1])
@@ -436,7 +436,7 @@ def test_emulated_tree_philox_and_capture_mode(emu):
                                      params)
         dev = emu.verify_tree_philox(target, d, tokens, parents, num_nodes, seed, offset, 0.9, 0, 1.0, 0.0, rule,
                                      params)
-        from stat_utils import philox_uniforms
+        from philox_ref import philox_uniforms
 
         coins = philox_uniforms(-5, 2**33 + 1, 5, 8)  # [B, N]: columns 0..N-1
         assert_tree_agree(rule, params, cpu, dev, target, draft, tokens, parents, num_nodes, coins,

@@ -12,7 +12,7 @@ import math
 import pytest
 import torch
 from cuda_agreement import RULES, assert_agree, logit_inputs, prob_inputs, to_device
-from stat_utils import _MASK32, philox4x32_10, philox_uniforms  # Python reference of kernels/philox.h
+from philox_ref import _MASK32, philox4x32_10, philox_uniforms  # Python reference of kernels/philox.h
 from test_cuda import OPS, cuda  # noqa: F401 (the fixture)
 
 from specdecode.bench.harness import capture_with_offset

@@ -17,7 +17,7 @@ import pytest
 import torch
 from cuda_agreement import (PATH_RULES, TREE_RULES, assert_tree_agree, paths_logit_inputs, to_device,
                             tree_logit_inputs, tree_needs_draft)
-from stat_utils import philox_uniforms
+from philox_ref import philox_uniforms
 from test_cuda import BATCHES, DTYPES, OPS, VOCABS, cuda  # noqa: F401 (the fixture)
 
 from specdecode.bench.harness import capture_with_offset

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 import specdecode
+import rule_variants as rv
 import stat_utils as su
 
 N = 100_000  # samples (rows) per experiment
@@ -141,10 +142,10 @@ def test_greedy_output_is_the_argmax_path(cfg):
 # ------------------------------------------------------------------- the test can fail
 
 BROKEN_RULES = {
-    "token_y_from_p": lambda: su.make_token_rule(residual=False),
-    "token_accept_with_p": lambda: su.make_token_rule(accept="p"),
-    "token_accept_all": lambda: su.make_token_rule(accept="always"),
-    "block_h_equals_w": lambda: su.make_block_rule(h="w"),
+    "token_y_from_p": lambda: rv.make_token_rule(residual=False),
+    "token_accept_with_p": lambda: rv.make_token_rule(accept="p"),
+    "token_accept_all": lambda: rv.make_token_rule(accept="always"),
+    "block_h_equals_w": lambda: rv.make_block_rule(h="w"),
 }
 
 
@@ -160,7 +161,7 @@ def test_broken_rules_are_rejected(name, ragged, user_rules):
     assert run.fit.pvalue < FAIL, f"broken rule {name} was not detected ({run.fit})"
 
 
-@pytest.mark.parametrize("name,factory", [("token", su.make_token_rule), ("block", su.make_block_rule)])
+@pytest.mark.parametrize("name,factory", [("token", rv.make_token_rule), ("block", rv.make_block_rule)])
 def test_pytorch_controls_pass(name, factory, user_rules):
     """Controls: the correct rules written in plain PyTorch (same code as the broken variants
     with the defect switched off) pass the harness, so the broken rules fail for their defect."""

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import specdecode
-from stat_utils import philox_uniforms
+from philox_ref import philox_uniforms
 
 OPS = torch.ops.specdecode
 RULES = [("token", []), ("block", []), ("greedy", []), ("typical", [0.09, 0.3, 1.0]), ("top_beta", [3.0, 1.0])]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import doctest
 
 import pytest
+import rule_variants as rv
 import stat_utils as su
 import torch
 
@@ -31,14 +32,14 @@ def test_lossy_chain_rules_fail(rule, options):
 def test_a_hand_written_rule_passes_and_its_broken_variants_fail():
     """A function (not registered) is tested directly; the suite's vectorised token rule is the
     control, its variants without the residual or with the wrong acceptance are caught."""
-    assert st.exact_test(su.make_token_rule(), num_samples=40_000, seed=3).passed
-    assert st.exact_test(su.make_block_rule(), num_samples=40_000, seed=3).passed
-    for broken in (su.make_token_rule(residual=False), su.make_token_rule(accept="p"), su.make_block_rule(h="w")):
+    assert st.exact_test(rv.make_token_rule(), num_samples=40_000, seed=3).passed
+    assert st.exact_test(rv.make_block_rule(), num_samples=40_000, seed=3).passed
+    for broken in (rv.make_token_rule(residual=False), rv.make_token_rule(accept="p"), rv.make_block_rule(h="w")):
         assert not st.exact_test(broken, num_samples=40_000, seed=3).passed
 
 
 def test_registered_user_rule_by_name(user_rules):
-    user_rules("hand_token", su.make_token_rule(), lossless=True)
+    user_rules("hand_token", rv.make_token_rule(), lossless=True)
     assert st.exact_test("hand_token", num_samples=20_000, seed=4).passed
 
 

@@ -23,8 +23,7 @@ import pytest
 import torch
 
 import specdecode
-import stat_utils as su
-import tree_stat_utils as tu
+from philox_ref import philox_uniforms
 from specdecode import reference
 from specdecode.sampling import SamplingParams
 from specdecode.trees import TokenTree, list_tree_rules, verify_tree
@@ -232,7 +231,7 @@ def test_philox_variant_equals_explicit_coins():
     philox_uniform(seed, offset, b, c); the direct op too."""
     target, draft, tree, _ = _tree_case(5, 8, 20, (1.0, 0, 1.0, 0.0), seed=13)
     seed, offset = 1234, 77
-    coins = su.philox_uniforms(seed, offset, 5, 7)  # [B, N] with N = 8
+    coins = philox_uniforms(seed, offset, 5, 7)  # [B, N] with N = 8
     for rule in ("specinfer", "rrs", "deterministic", "spectr", "spechub", "traversal", "traversal_iid"):
         philox = verify_tree(target, draft, tree, rule=rule, philox_seed=torch.tensor([seed]),
                              philox_offset=torch.tensor([offset]))
