@@ -42,7 +42,8 @@ from specdecode.models.static_cache import ColumnCache, move_columns
 from specdecode.sampling import SamplingParams
 from specdecode.trees.builders import DynamicTree
 from specdecode.trees.calibration import AcceptanceCalibration
-from specdecode.trees.static_calibration import DeviceCalibration, calibration_key
+from specdecode.trees.calibration import calibration_key
+from specdecode.trees.static_calibration import DeviceCalibration
 from specdecode.trees.static_depth import STATIC_DYNAMIC_DEPTH, DepthAcceptance, best_depth
 from specdecode.trees.static_growth import LevelInputs, plan_static_tree
 

@@ -46,9 +46,8 @@ from specdecode.drafters.model import _TreeSlots
 from specdecode.models import cache_kwargs, check_feature_layers, input_device, kv_cache, vocab_rows
 from specdecode.sampling import SamplingParams, sample_logits
 from specdecode.trees.builders import TreeBuilder
-from specdecode.trees.static_calibration import prepare_static_tree
-from specdecode.trees.static_growth import (StaticLevel, StaticTreeDraft, StaticTreePlan, grow_static_tree,
-                                            plan_static_tree)
+from specdecode.trees.static_draft import grow_static_tree, prepare_static_tree
+from specdecode.trees.static_growth import StaticLevel, StaticTreeDraft, StaticTreePlan, plan_static_tree
 
 __all__ = ["EagleDrafter", "EagleModel", "decoder_config"]
 
@@ -454,7 +453,7 @@ class EagleDrafter(TreeBuilderDrafter, DrafterBase):
         """The window over the ``D + 1`` columns up to the pending one (``D = plan.max_depth``:
         it re-feeds the longest path the last step can have accepted with true features), then
         one forward per depth over the nodes with children
-        (:func:`~specdecode.trees.static_growth.grow_static_tree`): a node at offset ``s`` is fed
+        (:func:`~specdecode.trees.static_draft.grow_static_tree`): a node at offset ``s`` is fed
         at column ``lengths + s`` with its parent's predicted feature and its own token, at the
         root's position plus its depth, seeing the committed columns and its ancestors'.
 

@@ -14,9 +14,8 @@ from specdecode.drafters.static_trees import StaticTreeDraftState
 from specdecode.models import facts, kv_cache
 from specdecode.sampling import SamplingParams, sample_logits
 from specdecode.trees.builders import TreeBuilder
-from specdecode.trees.static_calibration import prepare_static_tree
-from specdecode.trees.static_growth import (StaticLevel, StaticTreeDraft, StaticTreePlan, grow_static_tree,
-                                            plan_static_tree)
+from specdecode.trees.static_draft import grow_static_tree, prepare_static_tree
+from specdecode.trees.static_growth import StaticLevel, StaticTreeDraft, StaticTreePlan, plan_static_tree
 
 
 class ModelDrafter(TreeBuilderDrafter, DrafterBase):
@@ -232,7 +231,7 @@ class ModelDrafter(TreeBuilderDrafter, DrafterBase):
     def static_propose_tree(self, state: StaticTreeDraftState, plan: StaticTreePlan) -> StaticTreeDraft:
         """Feed the last committed column and the pending token (the root), then one forward per
         level of the tree over its new nodes, written at columns ``lengths + offset`` of the
-        draft's cache (:func:`~specdecode.trees.static_growth.grow_static_tree`)."""
+        draft's cache (:func:`~specdecode.trees.static_draft.grow_static_tree`)."""
         root_logits = self._static_forward(state, self._static_inputs(state, state.lengths - 1, 2), None)
         dtype = self.model.dtype if hasattr(self.model, "dtype") else torch.float32
 

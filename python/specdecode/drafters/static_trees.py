@@ -5,11 +5,11 @@
 A step on that path has one shape, fixed before the generation by a
 :class:`~specdecode.trees.static_growth.StaticTreePlan`: ``num_nodes`` tree slots per row, the
 root (each row's pending token, at column ``lengths[b]``) first. The drafter drafts the trees
-(:func:`~specdecode.trees.static_growth.grow_static_tree` grows any plan given an ``expand``
+(:func:`~specdecode.trees.static_draft.grow_static_tree` grows any plan given an ``expand``
 that scores one level's new nodes, handed over as a
 :class:`~specdecode.trees.static_growth.StaticLevel`: tokens, parents among the previous
 forward's nodes, columns, positions and mask; a drafter with a tree builder calls
-:func:`~specdecode.trees.static_calibration.prepare_static_tree` in its ``static_prefill``, so
+:func:`~specdecode.trees.static_draft.prepare_static_tree` in its ``static_prefill``, so
 that a calibrated dynamic tree starts from its builder's counts); the engine scores every node
 with one target forward over columns
 ``lengths[b] .. lengths[b] + num_nodes - 1``, verifies with the tree rule, and moves the

@@ -57,7 +57,8 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-__all__ = ["AcceptanceCalibration", "DEFAULT_CONFIDENCE_EDGES", "POWER_PRIOR_SD", "RATE_CLAMP", "power_grid"]
+__all__ = ["AcceptanceCalibration", "DEFAULT_CONFIDENCE_EDGES", "POWER_PRIOR_SD", "RATE_CLAMP", "calibration_key",
+           "power_grid"]
 
 #: Upper edges of the confidence buckets (the last bucket ends at 1).
 DEFAULT_CONFIDENCE_EDGES = (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99)
@@ -194,3 +195,9 @@ class AcceptanceCalibration:
         hits = ((d * (self.max_rank + 1) + r) * self.num_buckets + bucket)[accepted.cpu()]
         self.accepted += torch.bincount(hits, minlength=size).view_as(self.accepted).double()
         self._rates = None
+
+
+def calibration_key(calibration: AcceptanceCalibration) -> tuple:
+    """What fixes a calibration's device layout and fit (part of a calibrated plan's key)."""
+    return (tuple(float(e) for e in calibration.edges.tolist()), calibration.max_depth, calibration.max_rank,
+            calibration.pooled_weight, calibration.depth_weight)

@@ -13,7 +13,7 @@ calibration up to date step by step:
 
 - :class:`DeviceCalibration` (one per layout, in the state's buffers) holds the builder's
   offered / accepted counts by cell on the device, loaded before each generation
-  (:func:`prepare_static_tree`, called by the drafter's ``static_prefill``) and handed back
+  (:func:`~specdecode.trees.static_draft.prepare_static_tree`, called by the drafter's ``static_prefill``) and handed back
   after it (only what this generation added:
   :func:`~specdecode.engine.static_tree.record_tree_acceptance`);
 - each step's draft phase re-fits the rates from the counts (:meth:`DeviceCalibration.refit`:
@@ -38,18 +38,12 @@ from torch import Tensor
 
 from specdecode.trees.calibration import POWER_PRIOR_SD, RATE_CLAMP, AcceptanceCalibration, power_grid
 
-__all__ = ["DeviceCalibration", "calibration_key", "device_calibration", "prepare_static_tree"]
-
-
-def calibration_key(calibration: AcceptanceCalibration) -> tuple:
-    """What fixes a calibration's device layout and fit (part of a calibrated plan's key)."""
-    return (tuple(float(e) for e in calibration.edges.tolist()), calibration.max_depth, calibration.max_rank,
-            calibration.pooled_weight, calibration.depth_weight)
+__all__ = ["DeviceCalibration", "device_calibration"]
 
 
 class DeviceCalibration:
     """Counts, constants and the fit of an :class:`~specdecode.trees.calibration.AcceptanceCalibration`
-    with configuration ``key`` (:func:`calibration_key`) on ``device``, for a dynamic plan of
+    with configuration ``key`` (:func:`~specdecode.trees.calibration.calibration_key`) on ``device``, for a dynamic plan of
     ``top_k`` children and ``max_depth`` levels (module docstring).
 
     Shape:
@@ -138,17 +132,3 @@ def device_calibration(state: Any, plan: Any) -> DeviceCalibration | None:
         return None
     return state.buffer(f"static_tree_calibration:{plan.key}",
                         lambda: DeviceCalibration(plan.calibration, plan.top_k, plan.max_depth, state.device))
-
-
-def prepare_static_tree(state: Any, builder: Any) -> None:
-    """Before a generation (outside CUDA graphs): load ``builder``'s calibration into the
-    layout's device counts when its plan is a calibrated dynamic tree. A drafter whose
-    ``static_prefill`` runs before the steps calls it with its tree builder."""
-    from specdecode.trees.static_growth import plan_static_tree
-
-    if builder is None:
-        return
-    plan = plan_static_tree(builder, state.sampling, state.vocab_size)
-    device = device_calibration(state, plan)
-    if device is not None:
-        device.load(builder.calibration)

@@ -1,5 +1,5 @@
 """EAGLE-2 dynamic trees grown on the device, for the static decode path
-(:func:`~specdecode.trees.static_growth.grow_static_tree` with a ``"dynamic"`` plan): the same
+(:func:`~specdecode.trees.static_draft.grow_static_tree` with a ``"dynamic"`` plan): the same
 trees as the eager :class:`~specdecode.trees.builders.DynamicTree` with ``calibrated=False``.
 
 A plan of ``D`` levels, ``k = top_k`` and ``N = num_nodes`` grows per row:

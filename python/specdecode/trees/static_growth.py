@@ -34,7 +34,8 @@ are produced. It comes from the drafter's :class:`~specdecode.trees.builders.Tre
 The drafter provides ``expand``: one draft forward over the new nodes of one level, given as a
 :class:`StaticLevel` (their tokens, cache columns, positions and attention mask, built here:
 :class:`LevelInputs`), which writes their keys and values at those columns and returns their
-logits. :func:`grow_static_tree` calls it once per level that has children to draw.
+logits. :func:`~specdecode.trees.static_draft.grow_static_tree` calls it once per level that has
+children to draw.
 
 Kernels: what depends only on the layout (index tables, offsets, the key columns) is made once
 per layout and kept in the drafter's state buffers; what depends on the step's lengths (each
@@ -54,6 +55,7 @@ from torch import Tensor
 
 from specdecode.sampling import SamplingParams, processed_probs
 from specdecode.trees.builder_base import SAMPLED_PROFILE, StaticTree, TreeBuilder, compact_tree
+from specdecode.trees.calibration import calibration_key
 from specdecode.trees.sequoia import acceptance_from_conditional, sequoia_shape
 from specdecode.trees.shapes import TreeShape
 from specdecode.trees.static_depth import STATIC_DYNAMIC_DEPTH  # noqa: F401 (re-exported)
@@ -152,7 +154,6 @@ def plan_static_tree(builder: Any, sampling: SamplingParams, vocab_size: int) ->
     builders the static path cannot run. The builder is not modified. A dynamic tree given no
     depth takes the one its measured acceptance chooses (:mod:`specdecode.trees.static_depth`)."""
     from specdecode.trees.builders import DynamicTree, SequoiaTree
-    from specdecode.trees.static_calibration import calibration_key
 
     greedy = sampling.is_greedy
     if type(builder) is DynamicTree:  # subclasses may build otherwise: refused below
@@ -248,25 +249,6 @@ class LevelInputs:
 # ---------------------------------------------------------------------------- growing
 
 
-def grow_static_tree(plan: StaticTreePlan, state: Any, root_tokens: Tensor, root_logits: Tensor,
-                     expand: StaticExpand, mask_dtype: torch.dtype) -> StaticTreeDraft:
-    """Draft one tree per row by ``plan``: tensor operations only, coins from ``state``
-    (a :class:`~specdecode.drafters.StaticDraftState`), constants kept in its buffers; the
-    draft forwards' masks of ``mask_dtype`` (the draft's dtype).
-
-    Shape:
-        root_tokens: ``[B]`` int64 (each row's pending token); root_logits: ``[B, V]`` float32
-            (the draft's logits at the root).
-        returns: :class:`StaticTreeDraft` with ``N = plan.num_nodes``.
-    """
-    inputs = LevelInputs(state, plan.span, plan.max_depth, mask_dtype)
-    if plan.kind == "dynamic":
-        from specdecode.trees.static_dynamic import grow_dynamic
-
-        return grow_dynamic(plan, state, root_tokens, root_logits, expand, inputs)
-    return _grow_shape(plan, state, root_tokens, root_logits, expand, inputs)
-
-
 @dataclass
 class _ShapeConstants:
     """Device tensors of a fixed shape, made once per layout (a CUDA graph may not copy host
@@ -307,8 +289,11 @@ def _shape_constants(shape: TreeShape, batch: int, device: torch.device) -> _Sha
                            t(list(range(N))).expand(batch, -1).contiguous(), t([N] * batch), levels)
 
 
-def _grow_shape(plan: StaticTreePlan, state: Any, root_tokens: Tensor, root_logits: Tensor,
+def grow_shape(plan: StaticTreePlan, state: Any, root_tokens: Tensor, root_logits: Tensor,
                 expand: StaticExpand, inputs: LevelInputs) -> StaticTreeDraft:
+    """The trees of a plan of a fixed shape (not ``"dynamic"``): every level's children drawn
+    from their parents' logits as ``plan.children`` says, one ``expand`` per level that has
+    children to draw. Shape: as :func:`~specdecode.trees.static_draft.grow_static_tree`."""
     shape = plan.shape
     assert shape is not None
     B, V, N = root_tokens.shape[0], root_logits.shape[-1], shape.num_nodes
