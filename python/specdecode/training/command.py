@@ -208,7 +208,8 @@ def train_parser(sub: Any) -> argparse.ArgumentParser:
                         "test; default 1)")
     t.add_argument("--feature-layers", type=cli_args.checked(_feature_layers, "feature_layers"), default=None,
                    help="eagle: the target's hidden states the drafter reads, comma-separated indices (EAGLE-3: "
-                        "low, middle and last, e.g. 2,15,-1; default -1, the last)")
+                        "low, middle and last, e.g. 2,15,-1; default -1, the last; a list that starts with a "
+                        "negative index takes '=': --feature-layers=-1,2)")
     t.add_argument("--layer", type=cli_args.int_at_least("layer", 1), default=None,
                    help="exit: the target layers run before the adapter (default: a quarter of them)")
     t.add_argument("--adapter", choices=("layer", "linear"), default=None,
