@@ -118,8 +118,9 @@ def build(target: nn.Module, *, feature_layers: tuple[int, ...] | list[int] = (-
     drafter before training) instead of a random layer; ``unroll``: ``C > 1`` also trains draft
     steps 2 to ``C`` (at most :data:`MAX_UNROLL`), which read the drafter's own predicted
     features (training-time test, :func:`unrolled_steps`; step ``c``'s KL weighs
-    ``UNROLL_DECAY ** (c - 2)``; ``feature_layers`` must then hold ``-1``), 1 teacher forcing only; ``train_head``: train a reduced head
-    (True) or keep it the target head's rows of its ids (False: not saved either).
+    ``UNROLL_DECAY ** (c - 2)``; ``feature_layers`` must then hold ``-1``), 1 teacher forcing
+    only; ``train_head``: train a reduced head (True) or keep it the target head's rows of its
+    ids (False: not saved either).
 
     >>> built = build(target, draft_vocab_size=8192, unroll=4, train_head=False)  # doctest: +SKIP
     """

@@ -43,8 +43,8 @@ from specdecode.training.medusa import (
     load_heads,
 )
 
-__all__ = ["CONFIG_FILE", "DESCRIPTION", "NAME", "acceptance_by_step", "build", "drafter", "forward", "head_accuracies", "load", "save",
-           "saved_options", "start_from"]
+__all__ = ["CONFIG_FILE", "DESCRIPTION", "NAME", "acceptance_by_step", "build", "drafter", "forward", "head_accuracies",
+           "load", "save", "saved_options", "start_from"]
 
 NAME = "hydra"
 DESCRIPTION = ("Hydra heads: MLPs on the target's last hidden state and the embeddings of the tokens drafted "
