@@ -290,7 +290,7 @@ def _shape_constants(shape: TreeShape, batch: int, device: torch.device) -> _Sha
 
 
 def grow_shape(plan: StaticTreePlan, state: Any, root_tokens: Tensor, root_logits: Tensor,
-                expand: StaticExpand, inputs: LevelInputs) -> StaticTreeDraft:
+               expand: StaticExpand, inputs: LevelInputs) -> StaticTreeDraft:
     """The trees of a plan of a fixed shape (not ``"dynamic"``): every level's children drawn
     from their parents' logits as ``plan.children`` says, one ``expand`` per level that has
     children to draw. Shape: as :func:`~specdecode.trees.static_draft.grow_static_tree`."""
