@@ -16,7 +16,7 @@
 #   bash scripts/gguf_parts.sh              # .gguf-parts/: the SmolLM2 GGUF in parts, their manifest, the gguf
 #                                           # reader, the gzipped extension; prints the calls with its sizes
 #   bash scripts/device_versions_tests.sh   # the CPU tests under the device's torch 2.11 + transformers 5.17
-# The device calls (sizes as measured on 2026-11-28: 3 parts). The second H200 session of 2026-11-28
+# The device calls (sizes as measured on 2026-11-29: 3 parts, the largest call 57.8 MB of 64 MiB). The second H200 session of 2026-11-28
 # ran calls 1-4 below with the earlier probe (float32 first, both attentions): folding SDPA's grouped
 # heads took the data stage from 10.7k to 24k generated tokens/s (512 prompts, float32), and the
 # float32 GEMMs (no tensor cores) and the labelling forward are what is left; the probe now times
