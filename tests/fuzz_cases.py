@@ -128,6 +128,17 @@ VERIFY_BREAKS = [
 ]
 
 
+def sampling_choices(rng: random.Random) -> dict[str, Any]:
+    """A case's sampling settings (temperature, top-k, top-p, min-p), extreme values included:
+    the same draws for the verification and the sampling cases."""
+    return {
+        "temperature": rng.choice([1.0, 1.0, 0.7, 0.0, 2.5, 1e-6, 1e-40, 1e30]),
+        "top_k": rng.choice([0, 0, 0, 1, 3, 10**9]),
+        "top_p": rng.choice([1.0, 1.0, 1.0, 0.9, 0.3]),
+        "min_p": rng.choice([0.0, 0.0, 0.0, 0.1, 1.0]),
+    }
+
+
 def verify_spec(rng: random.Random, brk: str) -> dict[str, Any]:
     """The details of one verification case; ``brk`` is its one corruption (or 'none')."""
     return {
@@ -142,10 +153,7 @@ def verify_spec(rng: random.Random, brk: str) -> dict[str, Any]:
         "noncontiguous": rng.choice([False, False, True]),
         "rule": rng.choice(RULES),
         "params": rng.choice(["default", "default", "custom"]),
-        "temperature": rng.choice([1.0, 1.0, 0.7, 0.0, 2.5, 1e-6, 1e-40, 1e30]),
-        "top_k": rng.choice([0, 0, 0, 1, 3, 10**9]),
-        "top_p": rng.choice([1.0, 1.0, 1.0, 0.9, 0.3]),
-        "min_p": rng.choice([0.0, 0.0, 0.0, 0.1, 1.0]),
+        **sampling_choices(rng),
         "break": brk,
         "break_how": rng.randint(0, 3),
         "weird": rng.choice(WEIRD_FLOATS),
