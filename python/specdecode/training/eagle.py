@@ -148,7 +148,11 @@ def build(target: nn.Module, *, feature_layers: tuple[int, ...] | list[int] = (-
 
 def last_layer_slot(target: nn.Module, layers: tuple[int, ...]) -> int | None:
     """Where the target's last hidden state (what its head reads) sits among ``layers``
-    (indices into ``hidden_states``: ``-1`` or its positive twin), or None."""
+    (indices into ``hidden_states``: ``-1`` or its positive twin), or None.
+
+    >>> [last_layer_slot(smollm2, layers) for layers in ((2, 15, -1), (30, 2), (2,))]  # doctest: +SKIP
+    [2, 0, None]
+    """
     count = len(decoder_layers(target)) + 1
     return next((slot for slot, layer in enumerate(layers) if layer % count == count - 1), None)
 
