@@ -25,7 +25,7 @@ import specdecode.engine.static_target as static_target
 import specdecode.training.continuations as continuations
 from specdecode.training.continuations import continue_and_label, continue_prompts
 from specdecode.training.data import DataSettings, DataStats, Example, distill_examples, label_sequences
-from specdecode.training.eagle import draft_vocabulary
+from specdecode.training.vocab import draft_vocabulary
 
 
 def _mismatch(rows: list[dict], reference: list[Example]) -> str | None:

@@ -35,8 +35,9 @@ from torch import Tensor, nn
 from specdecode.drafters.model import ModelDrafter
 from specdecode.models import facts
 from specdecode.models.layer_view import layer_subset_view
+from specdecode.models.reduced_head import check_head_token_ids, output_head
 
-__all__ = ["ADAPTER_KINDS", "ExitAdapter", "ExitAdapterDrafter", "ReducedHead", "exit_model"]
+__all__ = ["ADAPTER_KINDS", "ExitAdapter", "ExitAdapterDrafter", "exit_model"]
 
 #: The adapter shapes: one decoder layer, or a residual projection; both end with a final norm.
 ADAPTER_KINDS: tuple[str, ...] = ("layer", "linear")
@@ -134,47 +135,12 @@ class ExitAdapter(nn.Module):
         Shape:
             token_ids: ``[N]`` int64.
         """
-        if token_ids is not None:
-            if not isinstance(token_ids, Tensor) or token_ids.dim() != 1 or token_ids.numel() == 0:
-                raise ValueError("head_token_ids: expected a non-empty 1-D tensor of token ids")
-            token_ids = torch.unique(token_ids.long().cpu())  # sorted, distinct
-        self.head_token_ids = token_ids
+        self.head_token_ids = check_head_token_ids(token_ids)
 
     def config_dict(self) -> dict[str, Any]:
         """What :func:`exit_model` needs besides the weights (saved as JSON)."""
         return {"exit_layer": self.exit_layer, "adapter": self.kind,
                 "head_tokens": None if self.head_token_ids is None else int(self.head_token_ids.numel())}
-
-
-class ReducedHead(nn.Module):
-    """The target head's rows for ``token_ids`` (copied once), scattered into full-vocabulary
-    logits that are ``-inf`` everywhere else.
-
-    Shape:
-        hidden: ``[..., H]``; returns ``[..., V]``.
-    """
-
-    def __init__(self, head: nn.Module, token_ids: Tensor, vocab_size: int) -> None:
-        super().__init__()
-        weight = head.weight.detach()
-        if int(token_ids.max()) >= weight.shape[0]:
-            raise ValueError(f"head_token_ids: ids must be below the head's {weight.shape[0]} rows")
-        ids = token_ids.to(weight.device)
-        bias = getattr(head, "bias", None)
-        self.proj = nn.Linear(weight.shape[1], ids.numel(), bias=bias is not None, dtype=weight.dtype,
-                              device=weight.device)
-        with torch.no_grad():
-            self.proj.weight.copy_(weight[ids])
-            if bias is not None:
-                self.proj.bias.copy_(bias.detach()[ids])
-        self.proj.requires_grad_(False)
-        self.register_buffer("token_ids", ids)
-        self.vocab_size = vocab_size
-
-    def forward(self, hidden: Tensor) -> Tensor:
-        kept = self.proj(hidden)
-        logits = kept.new_full((*kept.shape[:-1], self.vocab_size), float("-inf"))
-        return logits.index_copy_(-1, self.token_ids, kept)
 
 
 def exit_model(target: nn.Module, adapter: ExitAdapter) -> nn.Module:
@@ -197,12 +163,11 @@ def exit_model(target: nn.Module, adapter: ExitAdapter) -> nn.Module:
     _get(view, parent_path)._modules[norm_name] = exit_norm  # a shallow clone: the target keeps its norm
     if adapter.head_token_ids is not None:
         head = target.get_output_embeddings()
-        if head is None or not isinstance(getattr(head, "weight", None), Tensor):
-            raise ValueError("target: a reduced head needs the target's output embeddings (an LM head with .weight)")
+        reduced = output_head(target, adapter.head_token_ids, facts.vocab_rows(target))
         names = [name for name, module in view._modules.items() if module is head]
         if not names:
             raise ValueError("target: cannot find the LM head among the model's top-level modules")
-        view._modules[names[0]] = ReducedHead(head, adapter.head_token_ids, facts.vocab_rows(target))
+        view._modules[names[0]] = reduced
     return view
 
 

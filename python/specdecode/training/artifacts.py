@@ -8,7 +8,8 @@ reads it as a plain model). The record::
     {"format": 1, "kind": "draft",
      "target": {"name": "demo", "weights_hash": "sha256:...", "class": "LlamaForCausalLM",
                 "vocab_size": 4096},
-     "vocab": {"size": 4096, "map": null},          # null: the drafter's ids are the target's
+     "vocab": {"size": 4096, "map": null},          # the ids it drafts over; null: the target's own (a
+                                                    # reduced head: its ids, or where they are saved)
      "layers": [0],                                 # the target layers the drafter started from
      "training": {...},                             # steps, losses, acceptance, time, peak memory
      "generation": {"num_draft_tokens": 2,          # optional: the settings measured best for it

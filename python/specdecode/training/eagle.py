@@ -46,6 +46,7 @@ from torch import Tensor, nn
 from specdecode.drafters.eagle import EagleDrafter, EagleModel
 from specdecode.models import check_feature_layers, decoder_layers, kv_cache, vocab_rows
 from specdecode.training.artifacts import WEIGHTS_FILE
+from specdecode.training.vocab import draft_vocabulary
 
 __all__ = ["CONFIG_FILE", "DESCRIPTION", "MAX_UNROLL", "MEASURED_STEPS", "NAME", "UNROLL_DECAY", "Built",
            "EagleTraining", "acceptance_by_step", "build", "drafter", "forward", "last_layer_slot", "load", "prepare",
@@ -155,18 +156,6 @@ def last_layer_slot(target: nn.Module, layers: tuple[int, ...]) -> int | None:
     """
     count = len(decoder_layers(target)) + 1
     return next((slot for slot, layer in enumerate(layers) if layer % count == count - 1), None)
-
-
-def draft_vocabulary(examples: list[Any], vocab_size: int, size: int) -> Tensor:
-    """The ``size`` ids most frequent in ``examples`` (their tokens and the target's top-1
-    predictions at the positions that count, from ``start`` on), most frequent first, ties by id.
-    Shape: returns ``[size]`` int64."""
-    counts = torch.zeros(vocab_size, dtype=torch.long)
-    for e in examples:
-        counts += torch.bincount(e.input_ids.long().clamp(0, vocab_size - 1), minlength=vocab_size)
-        counts += torch.bincount(e.top_ids[e.start:, 0].long().clamp(0, vocab_size - 1), minlength=vocab_size)
-    order = sorted(range(vocab_size), key=lambda i: (-int(counts[i]), i))
-    return torch.tensor(order[:size], dtype=torch.long)
 
 
 def prepare(built: Built, examples: list[Any]) -> None:

@@ -31,9 +31,10 @@ import torch
 from torch import Tensor, nn
 
 from specdecode.drafters.exit_adapter import ExitAdapter, ExitAdapterDrafter, exit_model, final_norm_name
-from specdecode.models import decoder_layers
+from specdecode.models import decoder_layers, vocab_rows
 from specdecode.models.layer_view import layer_subset_view
 from specdecode.training.losses import SubsetLogits
+from specdecode.training.vocab import check_head_tokens, column_map, draft_vocabulary
 
 __all__ = ["CONFIG_FILE", "DESCRIPTION", "NAME", "Built", "build", "cached_bytes", "default_exit_layer", "forward",
            "load", "prepare", "record_extras", "save", "saved_options", "start_from"]
@@ -98,8 +99,7 @@ class _TrainingHead(nn.Module):
     def set_tokens(self, token_ids: Tensor) -> None:
         weight = self.head.weight
         self.token_ids = token_ids.to(weight.device)
-        self.column_of = torch.full((weight.shape[0],), -1, dtype=torch.long, device=weight.device)
-        self.column_of[self.token_ids] = torch.arange(self.token_ids.numel(), device=weight.device)
+        self.column_of = column_map(self.token_ids, weight.shape[0])
 
     def forward(self, hidden: Tensor) -> Any:
         weight = self.head.weight.detach()
@@ -172,9 +172,7 @@ def build(target: nn.Module, *, exit_layer: int | None = None, adapter: str = "l
     total = len(decoder_layers(target))
     if exit_layer is None:
         exit_layer = default_exit_layer(total)
-    if head_tokens is not None and (isinstance(head_tokens, bool) or not isinstance(head_tokens, int)
-                                    or head_tokens < 1):
-        raise ValueError(f"head_tokens: expected an int >= 1 or None, got {head_tokens!r}")
+    check_head_tokens(head_tokens)
     module = ExitAdapter.from_target(target, exit_layer, adapter)
     model = TrainingModel(target, module)
     model.__dict__["head_tokens"] = head_tokens
@@ -191,13 +189,8 @@ def prepare(built: Built, examples: list[Any]) -> None:
     wanted = model.__dict__.get("head_tokens")
     if wanted is None:
         return
-    size = int(model.target.get_output_embeddings().weight.shape[0])
-    counts = torch.zeros(size, dtype=torch.long)
-    for example in examples:
-        counts += torch.bincount(example.input_ids.long().clamp(0, size - 1), minlength=size)
-        counts += torch.bincount(example.top_ids[example.start:, 0].long().clamp(0, size - 1), minlength=size)
-    keep = min(wanted, size)
-    _use_head_tokens(model, counts.topk(keep).indices.sort().values)
+    size = vocab_rows(model.target)
+    _use_head_tokens(model, draft_vocabulary(examples, size, min(wanted, size)))
 
 
 def _use_head_tokens(model: TrainingModel, token_ids: Tensor) -> None:

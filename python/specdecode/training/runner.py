@@ -415,7 +415,7 @@ def _fit(run: _Run, kind: str, module: Any, built: Any, source: InitSource | Non
         extra = dict(extras(built.model))
         vocab_map = extra.pop("vocab_map", None)
         if vocab_map is not None:
-            record["vocab"]["map"] = vocab_map
+            record["vocab"] = {"size": len(vocab_map), "map": vocab_map}
         record.update(extra)
     write_record(out, record)
     if hasattr(module, "drafter"):
