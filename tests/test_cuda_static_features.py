@@ -94,7 +94,8 @@ def gpu_target():
     return target.to("cuda"), joint
 
 
-@pytest.mark.parametrize("kind, rule", [("eagle", "token"), ("eagle_reduced", "block"), ("medusa", "token")])
+@pytest.mark.parametrize("kind, rule", [("eagle", "token"), ("eagle_reduced", "block"), ("medusa", "token"),
+                                        ("medusa_reduced", "block")])
 def test_graphed_sampling_is_lossless(cuda, gpu_target, kind, rule):
     _needs_cuda_sampler()
     target, joint = gpu_target

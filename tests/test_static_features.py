@@ -41,7 +41,7 @@ from specdecode.drafters.medusa import product_tree
 from specdecode.models.static_cache import column_inputs
 
 ARCHS = ["llama", "gpt2", "qwen2"]
-KINDS = ["eagle", "eagle3_reduced", "medusa", "hydra"]
+KINDS = ["eagle", "eagle3_reduced", "medusa", "medusa_reduced", "hydra"]
 MAX_NEW = 16
 
 
@@ -76,8 +76,11 @@ def make_drafter(kind: str, target):
         return eagle_drafter(target)
     if kind == "eagle3_reduced":
         return eagle_drafter(target, layers=(0, 2, -1), reduced=True)
-    if kind == "medusa":
-        return MedusaDrafter(target, medusa_heads(target))
+    if kind.startswith("medusa"):
+        heads = medusa_heads(target)
+        if kind == "medusa_reduced":
+            heads.set_head_tokens(torch.arange(1, heads.target_vocab, 2))  # every other id
+        return MedusaDrafter(target, heads)
     return HydraDrafter(target, hydra_heads(target))
 
 
@@ -298,12 +301,16 @@ def sampling_drafter(kind: str, target):
         vocab = target.get_output_embeddings().weight.shape[0]
         ids = torch.arange(vocab - 1, -1, -2) if kind == "eagle_reduced" else None
         return EagleDrafter(target, EagleModel(target, (-1,), ids).eval())
-    if kind == "medusa":
-        return MedusaDrafter(target, medusa_heads(target))
+    if kind.startswith("medusa"):
+        heads = medusa_heads(target)
+        if kind == "medusa_reduced":
+            heads.set_head_tokens(torch.tensor([0, 2, 3, 4, 6, 7]))  # of the sampling pair's 8 ids
+        return MedusaDrafter(target, heads)
     return HydraDrafter(target, hydra_heads(target))
 
 
-@pytest.mark.parametrize("kind, rule", [("eagle", "token"), ("eagle_reduced", "block"), ("medusa", "token")])
+@pytest.mark.parametrize("kind, rule", [("eagle", "token"), ("eagle_reduced", "block"), ("medusa", "token"),
+                                        ("medusa_reduced", "block")])
 def test_static_sampling_is_lossless(pair, kind, rule):
     target, _ = pair
     out = sample_static(target, sampling_drafter(kind, target), rule)

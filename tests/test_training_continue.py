@@ -202,7 +202,7 @@ def test_one_folder_for_one_kind_and_the_gentler_defaults(demo, first, tmp_path)
                            progress=False, init_from=str(run / "hydra"), batch_size=4)
     t = result.record["training"]
     assert t["lr"] == pytest.approx(LoopSettings().lr / 3) and t["warmup_steps"] == 2
-    assert t["options"] == {"num_heads": 2, "head_layers": 1} and t["batch_size"] == 4
+    assert t["options"] == {"num_heads": 2, "head_layers": 1, "head_tokens": None} and t["batch_size"] == 4
     assert t["memory"]["batch_plan"] == {"from": "batch_size", "batch_size": 4}
     gentle = continued_loop(LoopSettings(lr=3e-3, warmup_steps=50))
     assert gentle.lr == pytest.approx(1e-3) and gentle.warmup_steps == 10

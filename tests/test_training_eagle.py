@@ -127,13 +127,6 @@ def test_a_frozen_reduced_head_is_the_target_rows_and_is_not_saved(tmp_path):
         train_drafter("eagle", target, tmp_path / "c", **{**settings, "data_cache": 3})
 
 
-def test_draft_vocabulary_is_the_most_frequent_ids():
-    from specdecode.training.data import Example
-
-    examples = [Example(torch.tensor([5, 5, 5, 2, 2, 9]), torch.zeros(6, 1), torch.tensor([[5], [2], [7], [7], [7], [7]]))]
-    assert eagle_kind.draft_vocabulary(examples, 10, 4).tolist() == [5, 7, 2, 9]
-
-
 def test_bad_options_are_refused(tmp_path):
     target = make_model("llama", vocab=111, layers=2)
     for bad in (0, 112, 2.5, True):

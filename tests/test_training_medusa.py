@@ -117,11 +117,14 @@ def assert_round_trip(result, target, drafter_class):
     return loaded
 
 
-def test_shifted_losses_are_the_definition():
-    """Head 0's returned logits at s read f_{s-1}; head i's KL compares its logits from f_t with
-    the target's distribution at t + 1 + i."""
+def medusa_losses(kept=None):
+    """A GPT-2 target (V = 50), three Medusa heads of random weights (a reduced head over ``kept``
+    when given), a batch of two rows of real lengths 7 and 5: the target, the built heads, the
+    batch's last hidden states and what the kind's forward returns on them."""
     target = make_model("gpt2", vocab=50, layers=2, init=0.1)
-    built = medusa_kind.build(target, num_heads=3, head_decay=0.5)
+    built = medusa_kind.build(target, num_heads=3, head_decay=0.5, head_tokens=None if kept is None else len(kept))
+    if kept is not None:
+        built.model.heads.set_head_tokens(kept)
     with torch.no_grad():
         built.model.heads.weight.normal_(0, 0.2)
     ids = torch.randint(0, 50, (2, 7), generator=torch.Generator().manual_seed(0))
@@ -129,7 +132,14 @@ def test_shifted_losses_are_the_definition():
     mask[1, 5:] = 0
     with torch.no_grad():
         feats = target(ids, output_hidden_states=True).hidden_states[-1]
-        logits, extra = medusa_kind.forward(built.model, ids, mask, feats)
+        return target, built, feats, *medusa_kind.forward(built.model, ids, mask, feats)
+
+
+def test_shifted_losses_are_the_definition():
+    """Head 0's returned logits at s read f_{s-1}; head i's KL compares its logits from f_t with
+    the target's distribution at t + 1 + i."""
+    target, built, feats, logits, extra = medusa_losses()
+    with torch.no_grad():
         head = target.get_output_embeddings()
         per_head = head(built.model.heads(feats))  # [b, t, K, V]
         torch.testing.assert_close(logits[:, 1:], per_head[:, :-1, 0])

@@ -39,6 +39,7 @@ from torch import Tensor, nn
 
 from specdecode.drafters.base import DraftState, Proposal, StaticDraftState
 from specdecode.drafters.last_feature import (
+    FeatureHeads,
     LastFeatureDrafter,
     check_count,
     check_heads_target,
@@ -55,13 +56,15 @@ from specdecode.trees.static_growth import StaticTreeDraft, StaticTreePlan
 __all__ = ["HydraDrafter", "HydraHeads"]
 
 
-class HydraHeads(nn.Module):
+class HydraHeads(FeatureHeads):
     """``num_heads`` Hydra heads for ``target`` (only read: its input embedding and LM head are
     used, frozen, and are not part of this module). Head ``i`` reads the feature and ``i + 1``
     token embeddings; ``head_layers`` is the depth of each head's MLP.
 
     Parameters: ``inputs.{i}`` (``Linear((i + 2) * H, H)``) and ``layers.{i}.{l}``
-    (``Linear(H, H)``, ``l < head_layers - 1``), all zero at start.
+    (``Linear(H, H)``, ``l < head_layers - 1``), all zero at start; buffer ``head_token_ids
+    [N]``: a reduced head's ids, or None (:meth:`set_head_tokens`,
+    :class:`~specdecode.drafters.last_feature.FeatureHeads`).
     """
 
     feature_layers: tuple[int, ...] = (-1,)
@@ -103,7 +106,8 @@ class HydraHeads(nn.Module):
     def logits(self, features: Tensor, embeds: Tensor, head: int, lm_head: Callable[[Tensor], Tensor],
                vocab_size: int | None = None) -> Tensor:
         """Head ``head``'s logits over the target's first ``vocab_size`` ids (all when None);
-        ``lm_head`` is the target's output layer (or any callable doing the same, frozen).
+        ``lm_head`` is :meth:`output_head` (the target's output layer, or the reduced head), or
+        any callable doing the same, frozen.
 
         Shape:
             features: ``[..., H]``; embeds: ``[..., head + 1, H]``; returns ``[..., vocab_size]``.
@@ -164,10 +168,12 @@ class HydraDrafter(LastFeatureDrafter):
         else:
             _, _, self._parents, self._width = tree_layout(self.choices)
             self._levels = _tree_levels(self.choices)
+        self._lm_head = heads.output_head(target)
         self.reset()
 
     def describe(self) -> dict:
         return {"drafter": self.name, "num_heads": self.heads.num_heads, "head_layers": self.heads.head_layers,
+                "head_tokens": self.heads.num_head_tokens,
                 "draft_params": sum(p.numel() for p in self.heads.parameters()),
                 "tree_nodes": None if self.choices is None else len(self.choices) + 1}
 
@@ -180,7 +186,7 @@ class HydraDrafter(LastFeatureDrafter):
 
         Shape: feature ``[..., H]``, embeds ``[..., head + 1, H]``; returns ``[..., V]``.
         """
-        out = self.heads.logits(feature, embeds, head, self.target.get_output_embeddings(), state.vocab_size)
+        out = self.heads.logits(feature, embeds, head, self._lm_head, state.vocab_size)
         return out.to(device=state.device, dtype=torch.float32)
 
     @torch.no_grad()
@@ -202,7 +208,7 @@ class HydraDrafter(LastFeatureDrafter):
         return Proposal(torch.stack(tokens, 1), torch.stack(used, 1), forward_calls=len(tokens))
 
     def _propose_tree(self, state: DraftState, feature: Tensor, root: Tensor) -> Proposal:
-        check_width(self._width, state)
+        check_width(self._width, state.vocab_size, self.heads)
         b, n = state.batch_size, len(self.choices) + 1
         tokens = root.new_zeros((b, n))
         tokens[:, 0] = root

@@ -22,13 +22,14 @@ from torch import Tensor, nn
 
 from specdecode.drafters.base import CommitUpdate, DrafterBase, DraftState, Proposal, StaticDraftState
 from specdecode.models import vocab_rows
+from specdecode.models.reduced_head import check_head_token_ids, output_head
 from specdecode.sampling import SamplingParams, sample_logits
 from specdecode.trees.shapes import TreeShape
 from specdecode.trees.static_growth import StaticTreeDraft, StaticTreePlan
 from specdecode.trees.tree import TokenTree
 
-__all__ = ["LastFeatureDrafter", "check_count", "check_heads_target", "check_width", "draw", "heads_setup",
-           "static_features_at", "tree_layout", "tree_proposal"]
+__all__ = ["FeatureHeads", "LastFeatureDrafter", "check_count", "check_heads_target", "check_width", "draw",
+           "heads_setup", "static_features_at", "tree_layout", "tree_proposal"]
 
 
 def check_count(name: str, value: object) -> int:
@@ -38,10 +39,10 @@ def check_count(name: str, value: object) -> int:
     return value
 
 
-def heads_setup(heads: nn.Module, target: nn.Module, num_heads: int) -> dict:
+def heads_setup(heads: FeatureHeads, target: nn.Module, num_heads: int) -> dict:
     """Checks ``num_heads`` and ``target`` and records on ``heads`` what a head module built for
-    ``target`` keeps (``num_heads``, ``hidden_size``, ``target_vocab``); returns the
-    ``dtype`` / ``device`` keywords for its parameters (the target's)."""
+    ``target`` keeps (``num_heads``, ``hidden_size``, ``target_vocab``, no reduced head yet);
+    returns the ``dtype`` / ``device`` keywords for its parameters (the target's)."""
     check_count("num_heads", num_heads)
     if not isinstance(target, nn.Module):
         raise TypeError(f"target: expected the target model (a torch.nn.Module), got {type(target).__name__}")
@@ -49,7 +50,52 @@ def heads_setup(heads: nn.Module, target: nn.Module, num_heads: int) -> dict:
     heads.num_heads = num_heads
     heads.hidden_size = int(target.get_input_embeddings().weight.shape[1])
     heads.target_vocab = vocab_rows(target)
+    heads.register_buffer("head_token_ids", None)
     return {"dtype": reference.dtype, "device": reference.device}
+
+
+class FeatureHeads(nn.Module):
+    """What Medusa's and Hydra's head modules share: they end in the target's frozen LM head, or
+    in a *reduced head* over ``head_token_ids`` (the buffer; None: every id), the target head's
+    rows for the ``N`` tokens the training data uses most (:mod:`specdecode.models.reduced_head`:
+    ``q`` is zero outside them, and a draft step computes ``N`` rows instead of ``V``)."""
+
+    head_token_ids: Tensor | None
+    target_vocab: int
+
+    def set_head_tokens(self, token_ids: Tensor | None) -> None:
+        """Draft over ``token_ids`` only (distinct ids below the target's vocabulary; None: the
+        whole head). Set it before building a drafter on these heads.
+
+        Shape:
+            token_ids: ``[N]`` integer.
+        """
+        ids = check_head_token_ids(token_ids)
+        if ids is not None and int(ids[-1]) >= self.target_vocab:
+            raise ValueError(f"head_token_ids: ids must be below the target's {self.target_vocab} ids, "
+                             f"got {int(ids[-1])}")
+        self.head_token_ids = ids
+
+    @property
+    def num_head_tokens(self) -> int:
+        """The number of ids the heads can draft (``target_vocab`` without a reduced head)."""
+        return self.target_vocab if self.head_token_ids is None else int(self.head_token_ids.numel())
+
+    def load_weights(self, state: dict[str, Tensor]) -> None:
+        """Load saved weights (float16 ones cast to the heads' dtype) and, when ``state`` holds
+        ``head_token_ids``, the reduced head's ids; ``state`` is not modified."""
+        state = dict(state)
+        ids = state.pop("head_token_ids", None)
+        self.set_head_tokens(ids)
+        if ids is not None:
+            state["head_token_ids"] = self.head_token_ids
+        self.load_state_dict(state)
+
+    def output_head(self, target: nn.Module) -> nn.Module:
+        """The LM head the heads end in: ``target``'s own, or the reduced head over
+        ``head_token_ids`` (its rows copied from ``target`` now)."""
+        ids = self.head_token_ids
+        return output_head(target, None if ids is None else ids.cpu(), self.target_vocab)
 
 
 def check_heads_target(target: nn.Module, heads: nn.Module, kind: type) -> None:
@@ -95,11 +141,15 @@ def draw(state: DraftState, logits: Tensor, tokens: list[Tensor]) -> tuple[Tenso
     return sample_logits(q, state.sampling, uniforms=coins), q
 
 
-def check_width(width: int, state: DraftState) -> None:
-    """``ValueError`` naming ``tree`` when a rank path asks for more ranks than there are ids."""
-    if width > state.vocab_size:
+def check_width(width: int, vocab_size: int, heads: FeatureHeads) -> None:
+    """``ValueError`` naming ``tree`` when a rank path asks for more ranks than there are ids
+    (``vocab_size``, or the ids of ``heads``' reduced head)."""
+    if width > vocab_size:
         raise ValueError(f"tree: a path asks for the rank-{width - 1} token of a head, but the vocabulary has "
-                         f"{state.vocab_size} ids")
+                         f"{vocab_size} ids")
+    if width > heads.num_head_tokens:
+        raise ValueError(f"tree: a path asks for the rank-{width - 1} token of a head, but the heads draft over "
+                         f"{heads.num_head_tokens} ids (a reduced head)")
 
 
 def tree_proposal(tokens: Tensor, parents: Tensor, forward_calls: int) -> Proposal:
@@ -200,9 +250,7 @@ class LastFeatureDrafter(DrafterBase):
         if self.choices is None:
             raise ValueError(f"tree: this {type(self).__name__} drafts chains (tree=None); pass rank paths as tree=")
         _, ranks, parents, width = tree_layout(self.choices)
-        if width > vocab_size:
-            raise ValueError(f"tree: a path asks for the rank-{width - 1} token of a head, but the vocabulary has "
-                             f"{vocab_size} ids")
+        check_width(width, vocab_size, self.heads)
         shape = TreeShape(tuple(parents.tolist()), child_rank=(-1, *ranks.tolist()))
         return StaticTreePlan("shape", shape.num_nodes, shape.max_depth, "deterministic", shape=shape)
 

@@ -38,6 +38,7 @@ from torch import Tensor, nn
 
 from specdecode.drafters.base import DraftState, Proposal, StaticDraftState
 from specdecode.drafters.last_feature import (
+    FeatureHeads,
     LastFeatureDrafter,
     check_heads_target,
     check_width,
@@ -52,12 +53,14 @@ from specdecode.trees.static_growth import StaticTreeDraft, StaticTreePlan
 __all__ = ["MedusaDrafter", "MedusaHeads", "check_choices", "product_tree", "sparse_tree"]
 
 
-class MedusaHeads(nn.Module):
+class MedusaHeads(FeatureHeads):
     """``num_heads`` Medusa-1 heads for ``target`` (only read; its LM head is used, frozen, and
     is not part of this module). Each head's linear layer starts at zero, so an untrained head
-    is the target's own LM head on the feature.
+    is the target's own LM head on the feature. With :meth:`set_head_tokens` the heads draft
+    over a reduced head (:class:`~specdecode.drafters.last_feature.FeatureHeads`).
 
-    Parameters: ``weight [K, H, H]``, ``bias [K, H]`` (``H`` the target's hidden size).
+    Parameters: ``weight [K, H, H]``, ``bias [K, H]`` (``H`` the target's hidden size); buffer
+    ``head_token_ids [N]`` (a reduced head's ids, or None).
     """
 
     feature_layers: tuple[int, ...] = (-1,)
@@ -85,7 +88,8 @@ class MedusaHeads(nn.Module):
 
     def logits(self, features: Tensor, lm_head: Callable[[Tensor], Tensor], vocab_size: int | None = None) -> Tensor:
         """Every head's logits over the target's first ``vocab_size`` ids (all when None);
-        ``lm_head`` is the target's output layer (or any callable doing the same, frozen).
+        ``lm_head`` is :meth:`output_head` (the target's output layer, or the reduced head), or
+        any callable doing the same, frozen.
 
         Shape:
             features: ``[..., H]``; returns ``[..., K, vocab_size]`` in the head's dtype.
@@ -183,10 +187,11 @@ class MedusaDrafter(LastFeatureDrafter):
         self.device = input_device(target)
         self.choices = None if tree is None else check_choices(tree, heads.num_heads)
         self._layout = None if self.choices is None else tree_layout(self.choices)
+        self._lm_head = heads.output_head(target)
         self.reset()
 
     def describe(self) -> dict:
-        return {"drafter": self.name, "num_heads": self.heads.num_heads,
+        return {"drafter": self.name, "num_heads": self.heads.num_heads, "head_tokens": self.heads.num_head_tokens,
                 "draft_params": sum(p.numel() for p in self.heads.parameters()),
                 "tree_nodes": None if self.choices is None else len(self.choices) + 1}
 
@@ -194,7 +199,7 @@ class MedusaDrafter(LastFeatureDrafter):
         """Every head's float32 logits from each row's last committed feature (zeros for a row
         whose pending token is its first). Shape: returns ``[b, K, V]`` on the state's device."""
         feature = self._feature(state, self.heads.hidden_size, self.heads.weight.dtype)
-        logits = self.heads.logits(feature, self.target.get_output_embeddings(), state.vocab_size)
+        logits = self.heads.logits(feature, self._lm_head, state.vocab_size)
         return logits.to(device=state.device, dtype=torch.float32)
 
     @torch.no_grad()
@@ -215,7 +220,7 @@ class MedusaDrafter(LastFeatureDrafter):
     def _propose_tree(self, state: DraftState, logits: Tensor) -> Proposal:
         heads, ranks, parents, width = self._layout
         heads, ranks = heads.to(state.device), ranks.to(state.device)
-        check_width(width, state)
+        check_width(width, state.vocab_size, self.heads)
         depth = int(heads.max()) + 1
         top = logits[:, :depth].topk(width, dim=-1).indices  # [b, depth, width]: distinct ids per head
         nodes = top[:, heads, ranks]  # [b, N - 1]
@@ -230,7 +235,7 @@ class MedusaDrafter(LastFeatureDrafter):
         Shape: returns ``[B, num_tokens]`` int64 and ``[B, num_tokens, V]`` float32.
         """
         feature = self.static_last_feature(state)
-        logits = self.heads.logits(feature, self.target.get_output_embeddings(), state.vocab_size)
+        logits = self.heads.logits(feature, self._lm_head, state.vocab_size)
         logits = logits[:, :num_tokens].float()
         tokens = [state.sample(logits[:, i]) for i in range(num_tokens)]
         return torch.stack(tokens, 1), logits
@@ -248,7 +253,7 @@ class MedusaDrafter(LastFeatureDrafter):
         picks = state.buffer(f"medusa_tree:{tuple(self.choices)}",
                              lambda: (heads * width + ranks).to(state.device))  # [N - 1] into [depth * width]
         feature = self.static_last_feature(state)
-        logits = self.heads.logits(feature, self.target.get_output_embeddings(), state.vocab_size)
+        logits = self.heads.logits(feature, self._lm_head, state.vocab_size)
         top = logits[:, : plan.max_depth].float().topk(width, dim=-1).indices  # [B, depth, width]: distinct per head
         root = state.tokens.gather(1, state.lengths[:, None])
         return self._static_tree_draft(state, plan, torch.cat([root, top.flatten(1).index_select(1, picks)], 1))

@@ -215,7 +215,9 @@ def train_parser(sub: Any) -> argparse.ArgumentParser:
     t.add_argument("--adapter", choices=("layer", "linear"), default=None,
                    help="exit: one decoder layer and a norm (default), or a residual projection and a norm")
     t.add_argument("--head-tokens", type=cli_args.int_at_least("head_tokens", 1), default=None,
-                   help="exit: draft over the N most frequent tokens of the data (default: the whole head)")
+                   help="exit, medusa, hydra: draft over a reduced head, the N tokens the data uses most "
+                        "(default: the whole head; e.g. 8192 of SmolLM2's 49152: a sixth of the head's rows "
+                        "per step)")
     t.add_argument("--num-heads", type=cli_args.int_at_least("num_heads", 1), default=None,
                    help="medusa, hydra: number of heads (default 4)")
     t.add_argument("--head-layers", type=cli_args.int_at_least("head_layers", 1), default=None,
@@ -251,10 +253,12 @@ _KIND_FLAGS: tuple[tuple[str, str, tuple[str, ...], str], ...] = (
     ("unroll", "unroll", ("eagle",), "only the eagle kind unrolls its draft steps"),
     ("feature_layers", "feature_layers", ("eagle",), "only the eagle kind reads chosen target layers"),
     ("num_heads", "num_heads", ("medusa", "hydra"), "only the medusa and hydra kinds have heads"),
+    ("head_tokens", "head_tokens", ("exit", "medusa", "hydra"),
+     "only the exit, medusa and hydra kinds end in the target's head"),
     ("head_layers", "head_layers", ("hydra",), "only the hydra kind has MLP heads"),
     ("num_layers", "num_layers", ("draft",), "only the draft kind is made of the target's first layers"),
 )
-_EXIT_FLAGS = (("layer", "exit_layer"), ("adapter", "adapter"), ("head_tokens", "head_tokens"))
+_EXIT_FLAGS = (("layer", "exit_layer"), ("adapter", "adapter"))
 
 
 def _kind_options(args: argparse.Namespace, kinds: list[str]) -> dict[str, dict[str, Any]]:

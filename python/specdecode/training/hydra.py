@@ -17,8 +17,11 @@ Losses, per position ``s`` of an example (the data's distribution at ``s`` is th
   stored feature ``f_{t+1+i}``: Hydra++'s teacher loss) from ``f_t`` and ``e(x_{t+1..t+1+i})``,
   weighted ``head_decay ** i`` and added to the training loss.
 
-The folder: ``model.safetensors`` (the heads' weights) and ``hydra_config.json`` (number of
-heads, MLP depth, hidden size, target vocabulary).
+``head_tokens=N``: a reduced head over the ``N`` ids the data uses most, as for the ``medusa``
+kind (:func:`~specdecode.training.medusa.prepare` chooses them).
+
+The folder: ``model.safetensors`` (the heads' weights; a reduced head's ``head_token_ids``) and
+``hydra_config.json`` (number of heads, MLP depth, hidden size, target vocabulary, ``head_tokens``).
 """
 
 from __future__ import annotations
@@ -38,13 +41,18 @@ from specdecode.training.medusa import (
     MedusaTraining,
     check_decay,
     check_features,
-    frozen_head,
+    head_config,
     heads_forward,
     load_heads,
+    prepare,
+    ranked_ids,
+    training_head,
+    vocab_record,
 )
+from specdecode.training.vocab import check_head_tokens, subset_head
 
 __all__ = ["CONFIG_FILE", "DESCRIPTION", "NAME", "acceptance_by_step", "build", "drafter", "forward", "head_accuracies",
-           "load", "save", "saved_options", "start_from"]
+           "load", "prepare", "save", "saved_options", "start_from", "vocab_record"]
 
 NAME = "hydra"
 DESCRIPTION = ("Hydra heads: MLPs on the target's last hidden state and the embeddings of the tokens drafted "
@@ -52,11 +60,14 @@ DESCRIPTION = ("Hydra heads: MLPs on the target's last hidden state and the embe
 CONFIG_FILE = "hydra_config.json"
 
 
-def build(target: nn.Module, *, num_heads: int = 4, head_layers: int = 2, head_decay: float = 0.8) -> Built:
+def build(target: nn.Module, *, num_heads: int = 4, head_layers: int = 2, head_decay: float = 0.8,
+          head_tokens: int | None = None) -> Built:
     """Untrained Hydra heads for ``target`` (only read): ``num_heads`` heads (head ``i``
     predicts the token ``i + 2`` positions after its feature's), ``head_layers`` the depth of
-    each head's MLP, ``head_decay`` the weight ratio of successive heads' losses."""
-    model = MedusaTraining(target, HydraHeads(target, num_heads, head_layers), check_decay(head_decay))
+    each head's MLP, ``head_decay`` the weight ratio of successive heads' losses;
+    ``head_tokens``: a reduced head of that many ids (None: the whole head)."""
+    model = MedusaTraining(target, HydraHeads(target, num_heads, head_layers), check_decay(head_decay),
+                           check_head_tokens(head_tokens))
     params = {name: p for name, p in model.named_parameters() if p.requires_grad}
     return Built(model, params, [-1], (-1,))
 
@@ -86,11 +97,11 @@ def forward(model: MedusaTraining, input_ids: Tensor, attention_mask: Tensor, fe
     """
     check_features(features, NAME)
     heads, target = model.heads, model.target
-    head_fn, vocab = frozen_head(target), vocab_rows(target)
+    head_fn = training_head(model)
     feats = features.to(heads.dtype)
     embeds = _embeddings(target, input_ids, heads.dtype)
     return heads_forward(model, attention_mask, feats, lambda i, n: head_fn(
-        heads(feats[:, :n], _head_inputs(embeds, i, n), i))[..., :vocab])
+        heads(feats[:, :n], _head_inputs(embeds, i, n), i)))
 
 
 @torch.no_grad()
@@ -103,7 +114,7 @@ def head_accuracies(heads: HydraHeads, target: nn.Module, sequences: list[Tensor
 
     Shape: sequences ``[T]`` each; returns ``[K, ranks]`` float64.
     """
-    head_fn = frozen_head(target)
+    head_fn = subset_head(target, heads.head_token_ids, vocab_rows(target))
     hits = torch.zeros((heads.num_heads, ranks), dtype=torch.float64)
     counts = torch.zeros(heads.num_heads, dtype=torch.float64)
     for seq, start in zip(sequences, starts):
@@ -115,7 +126,7 @@ def head_accuracies(heads: HydraHeads, target: nn.Module, sequences: list[Tensor
             lo, n = max(start - 1, 0), n_all - 2 - i
             if n <= lo:
                 continue
-            top = head_fn(heads(feats[:, :n], _head_inputs(embeds, i, n), i)).topk(ranks, -1).indices[0].cpu()
+            top = ranked_ids(head_fn(heads(feats[:, :n], _head_inputs(embeds, i, n), i)), heads, ranks)[0].cpu()
             hits[i] += (top[lo:n] == seq[lo + 2 + i:, None].cpu()).double().sum(0)
             counts[i] += n - lo
     return hits / counts.clamp_min(1)[:, None]
@@ -135,7 +146,7 @@ def acceptance_by_step(model: MedusaTraining, examples: list[Any], batch_size: i
     if not examples or any(e.features is None for e in examples):
         raise ValueError("examples: need examples labelled with features (DataSettings(feature_layers=(-1,)))")
     heads, target = model.heads, model.target
-    head_fn, vocab = frozen_head(target), vocab_rows(target)
+    head_fn = training_head(model)
     device = heads.inputs[0].weight.device
     hits, counts = [0] * heads.num_heads, [0] * heads.num_heads
     for e in examples:
@@ -148,7 +159,7 @@ def acceptance_by_step(model: MedusaTraining, examples: list[Any], batch_size: i
             n, lo = total - shift, max(e.start - shift, 0)  # positions s < n read x_{s+1+i}, the last token at most
             if n <= lo:
                 continue
-            top = head_fn(heads(feats[:, :n], _head_inputs(embeds, i, n), i))[0, :, :vocab].argmax(-1).cpu()
+            top = ranked_ids(head_fn(heads(feats[:, :n], _head_inputs(embeds, i, n), i)), heads, 1)[0, :, 0].cpu()
             hits[i] += int((top[lo:] == want[lo + shift:]).sum())
             counts[i] += n - lo
     return [round(h / max(c, 1), 4) for h, c in zip(hits, counts)]
@@ -157,17 +168,16 @@ def acceptance_by_step(model: MedusaTraining, examples: list[Any], batch_size: i
 def save(model: MedusaTraining, out_dir: Path) -> None:
     """``model.safetensors`` (the heads' weights) and ``hydra_config.json``."""
     heads = model.heads
-    write_weights(out_dir, heads, CONFIG_FILE, {
-        "num_heads": heads.num_heads, "head_layers": heads.head_layers, "hidden_size": heads.hidden_size,
-        "target_vocab": heads.target_vocab, "feature_layers": list(heads.feature_layers),
-        "head_decay": model.head_decay})
+    write_weights(out_dir, heads, CONFIG_FILE, {"num_heads": heads.num_heads, "head_layers": heads.head_layers,
+                                                **head_config(model)})
 
 
 def saved_options(folder: Path, record: dict[str, Any]) -> dict[str, Any]:
-    """The build options saved heads fix (continuing them, :mod:`.continuing`): their number
-    and MLP depth."""
+    """The build options saved heads fix (continuing them, :mod:`.continuing`): their number,
+    MLP depth and reduced head's size."""
     config, _ = read_weights(folder, CONFIG_FILE)
-    return {"num_heads": int(config["num_heads"]), "head_layers": int(config["head_layers"])}
+    return {"num_heads": int(config["num_heads"]), "head_layers": int(config["head_layers"]),
+            "head_tokens": config.get("head_tokens")}
 
 
 def start_from(built: Built, folder: Path, record: dict[str, Any]) -> None:
@@ -180,7 +190,7 @@ def load(folder: Path, target: nn.Module, record: dict[str, Any]) -> HydraDrafte
     be the model they were trained for)."""
     config, state = read_weights(folder, CONFIG_FILE)
     heads = HydraHeads(target, int(config["num_heads"]), int(config["head_layers"]))
-    heads.load_state_dict(state)
+    heads.load_weights(state)
     return HydraDrafter(target, heads.eval())
 
 

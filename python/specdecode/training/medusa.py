@@ -16,8 +16,16 @@ Losses, per position ``s`` of an example (the data's distribution at ``s`` is th
   computed exactly as the target's head on the stored feature ``f_{t+1+i}``, weighted
   ``head_decay ** i`` (Medusa's decaying weights) and added to the training loss.
 
-The folder: ``model.safetensors`` (the heads' ``weight`` and ``bias``) and
-``medusa_config.json`` (number of heads, hidden size, target vocabulary).
+With ``head_tokens=N`` the heads draft over a reduced head: the target head's rows for the
+``N`` ids the run's data uses most (chosen by :func:`prepare`, saved as the buffer
+``head_token_ids``). Their logits are then ``N`` columns (the loop scores head 0 as
+:class:`~specdecode.training.losses.SubsetLogits`), and head ``i >= 1``'s KL runs over those ids
+(the target's probabilities of the others are left out, as in the kit's loss): on SmolLM2
+(``V = 49152``) with ``N = 8192`` a step computes a sixth of the head rows.
+
+The folder: ``model.safetensors`` (the heads' ``weight`` and ``bias``, and ``head_token_ids`` for
+a reduced head) and ``medusa_config.json`` (number of heads, hidden size, target vocabulary,
+``head_tokens``).
 """
 
 from __future__ import annotations
@@ -33,10 +41,13 @@ from torch import Tensor, nn
 from specdecode.drafters.medusa import MedusaDrafter, MedusaHeads
 from specdecode.models import vocab_rows
 from specdecode.training.artifacts import WEIGHTS_FILE, read_weights, write_weights
+from specdecode.training.losses import SubsetLogits
+from specdecode.training.vocab import check_head_tokens, column_map, draft_vocabulary, subset_head
 
-__all__ = ["CONFIG_FILE", "DESCRIPTION", "NAME", "Built", "MedusaTraining", "acceptance_by_step", "build", "check_decay", "check_features",
-           "drafter", "forward", "frozen_head", "head_accuracies", "heads_forward", "load", "load_heads", "save",
-           "saved_options", "shifted_kl", "start_from", "target_log_probs"]
+__all__ = ["CONFIG_FILE", "DESCRIPTION", "NAME", "Built", "MedusaTraining", "acceptance_by_step", "build", "check_decay",
+           "check_features", "drafter", "forward", "frozen_head", "head_accuracies", "head_config", "heads_forward",
+           "load", "load_heads", "prepare", "ranked_ids", "save", "saved_options", "shifted_kl", "start_from",
+           "target_log_probs", "training_head", "vocab_record"]
 
 NAME = "medusa"
 DESCRIPTION = "Medusa-1 heads: residual blocks on the target's last hidden state, each a token further ahead"
@@ -45,13 +56,15 @@ CONFIG_FILE = "medusa_config.json"
 
 class MedusaTraining(nn.Module):
     """What the loop trains: the heads (a submodule; Medusa's, or Hydra's for the ``hydra`` kind)
-    beside the target, held outside the module tree (never trained, never saved)."""
+    beside the target, held outside the module tree (never trained, never saved);
+    ``head_tokens``: the size of the reduced head :func:`prepare` chooses (None: the whole head)."""
 
-    def __init__(self, target: nn.Module, heads: nn.Module, head_decay: float) -> None:
+    def __init__(self, target: nn.Module, heads: nn.Module, head_decay: float, head_tokens: int | None = None) -> None:
         super().__init__()
         self.heads = heads
         self._target = (target,)
         self.head_decay = head_decay
+        self.head_tokens = head_tokens
 
     @property
     def target(self) -> nn.Module:
@@ -69,11 +82,13 @@ class Built:
     feature_layers: tuple[int, ...]
 
 
-def build(target: nn.Module, *, num_heads: int = 4, head_decay: float = 0.8) -> Built:
+def build(target: nn.Module, *, num_heads: int = 4, head_decay: float = 0.8, head_tokens: int | None = None) -> Built:
     """Untrained Medusa heads for ``target`` (only read): ``num_heads`` heads (head ``i``
     predicts the token ``i + 2`` positions after its feature's), ``head_decay`` the weight
-    ratio of successive heads' losses."""
-    model = MedusaTraining(target, MedusaHeads(target, num_heads), check_decay(head_decay))
+    ratio of successive heads' losses; ``head_tokens``: draft over a reduced head of that many
+    ids (chosen from the data by :func:`prepare`; None: the whole head)."""
+    model = MedusaTraining(target, MedusaHeads(target, num_heads), check_decay(head_decay),
+                           check_head_tokens(head_tokens))
     params = {name: p for name, p in model.named_parameters() if p.requires_grad}
     return Built(model, params, [-1], (-1,))
 
@@ -83,6 +98,31 @@ def check_decay(head_decay: Any) -> float:
     if isinstance(head_decay, bool) or not isinstance(head_decay, (int, float)) or not 0 < head_decay <= 1:
         raise ValueError(f"head_decay: expected a number in (0, 1], got {head_decay!r}")
     return float(head_decay)
+
+
+def prepare(built: Built, examples: list[Any]) -> None:
+    """With ``head_tokens``: give the heads (medusa's or hydra's) the reduced head of the ids
+    ``examples`` use most (:func:`~specdecode.training.vocab.draft_vocabulary`)."""
+    wanted = built.model.head_tokens
+    if wanted is None:
+        return
+    vocab = vocab_rows(built.model.target)
+    built.model.heads.set_head_tokens(draft_vocabulary(examples, vocab, min(wanted, vocab)))
+
+
+def training_head(model: MedusaTraining) -> Callable[[Tensor], Tensor]:
+    """The LM head the heads end in while training: the target's (first ``vocab_rows`` ids) or
+    its rows for the reduced head's ids, detached (gradients reach the heads only).
+    Shape: hidden ``[..., H]`` -> ``[..., V or N]``."""
+    return subset_head(model.target, model.heads.head_token_ids, vocab_rows(model.target))
+
+
+def ranked_ids(logits: Tensor, heads: nn.Module, ranks: int) -> Tensor:
+    """The target ids of the ``ranks`` largest of :func:`training_head`'s logits (a reduced
+    head's columns mapped to their ids). Shape: ``[..., V or N]`` -> ``[..., ranks]`` int64."""
+    top = logits.topk(ranks, -1).indices
+    ids = heads.head_token_ids
+    return top if ids is None else ids.to(top.device)[top]
 
 
 def frozen_head(target: nn.Module) -> Any:
@@ -102,29 +142,37 @@ def forward(model: MedusaTraining, input_ids: Tensor, attention_mask: Tensor, fe
         last hidden states. Returns ``([b, t, V], scalar or None)``.
     """
     check_features(features, NAME)
-    head_fn, vocab = frozen_head(model.target), vocab_rows(model.target)
+    head_fn = training_head(model)
     feats = features.to(model.heads.weight.dtype)
     out = model.heads(feats)  # [b, t, K, H]
-    return heads_forward(model, attention_mask, feats, lambda i, n: head_fn(out[:, :n, i])[..., :vocab])
+    return heads_forward(model, attention_mask, feats, lambda i, n: head_fn(out[:, :n, i]))
 
 
 def heads_forward(model: MedusaTraining, attention_mask: Tensor, features: Tensor,
-                  head_logits: Callable[[int, int], Tensor]) -> tuple[Tensor, Tensor | None]:
+                  head_logits: Callable[[int, int], Tensor]) -> tuple[Tensor | SubsetLogits, Tensor | None]:
     """What the medusa and hydra kinds return: head 0's logits from position ``s - 1`` at ``s``
     (uniform at 0), and the sum over heads ``i >= 1`` of ``head_decay ** i`` times the KL from
-    the target's distribution at ``t + 1 + i`` to head ``i``'s logits from ``t``.
-    ``head_logits(i, n)``: head ``i``'s logits from the positions ``t < n``.
+    the target's distribution at ``t + 1 + i`` to head ``i``'s logits from ``t`` (over the
+    reduced head's ids when the heads have one). ``head_logits(i, n)``: head ``i``'s logits
+    (:func:`training_head`'s) from the positions ``t < n``.
 
     Shape:
         attention_mask: ``[b, t]``; features: ``[b, t, H]`` (the target's last hidden states, in
-        the heads' dtype); ``head_logits(i, n)``: ``[b, n, V]``. Returns ``([b, t, V], scalar or None)``.
+        the heads' dtype); ``head_logits(i, n)``: ``[b, n, V or N]``. Returns ``([b, t, V], scalar
+        or None)``, or head 0's ``[b, t, N]`` as :class:`SubsetLogits`.
     """
     t = attention_mask.shape[1]
+    vocab, ids = vocab_rows(model.target), model.heads.head_token_ids
     first = head_logits(0, t - 1)
     logits = torch.cat([torch.zeros_like(first[:, :1]), first], 1)  # s reads position s - 1; 0: uniform
+    if ids is not None:
+        ids = ids.to(logits.device)
+        logits = SubsetLogits(logits, ids, column_map(ids, vocab))
     if model.heads.num_heads == 1 or t < 3:
         return logits, None
-    log_p = target_log_probs(frozen_head(model.target), features, vocab_rows(model.target))
+    log_p = target_log_probs(frozen_head(model.target), features, vocab)
+    if ids is not None:
+        log_p = log_p[..., ids]  # the ids the heads can draft (the others' mass is left out)
     terms = [model.head_decay ** i * shifted_kl(log_p, head_logits(i, t - 1 - i), attention_mask, 1 + i)
              for i in range(1, min(model.heads.num_heads, t - 1))]
     return logits, (sum(terms) if terms else None)
@@ -169,14 +217,13 @@ def head_accuracies(heads: MedusaHeads, target: nn.Module, examples: list[Any], 
     """
     if not examples or any(e.features is None for e in examples):
         raise ValueError("examples: need examples labelled with features (DataSettings(feature_layers=(-1,)))")
-    head_fn = frozen_head(target)
-    vocab = vocab_rows(target)
+    head_fn = subset_head(target, heads.head_token_ids, vocab_rows(target))
     hits = torch.zeros((heads.num_heads, ranks), dtype=torch.float64)
     counts = torch.zeros(heads.num_heads, dtype=torch.float64)
     device = heads.weight.device
     for e in examples:
         feats = e.features.to(device=device, dtype=heads.weight.dtype)
-        top = head_fn(heads(feats))[..., :vocab].topk(ranks, -1).indices.cpu()  # [t, K, ranks]
+        top = ranked_ids(head_fn(heads(feats)), heads, ranks).cpu()  # [t, K, ranks]
         want = e.top_ids[:, 0].long()  # the target's argmax of x_{s+1}, at position s
         n = len(e.input_ids)
         for i in range(heads.num_heads):
@@ -197,26 +244,42 @@ def acceptance_by_step(model: MedusaTraining, examples: list[Any], batch_size: i
     return [round(float(a), 4) for a in head_accuracies(model.heads, model.target, examples, ranks=1)[:, 0]]
 
 
-def save(model: MedusaTraining, out_dir: Path) -> None:
-    """``model.safetensors`` (the heads' weights) and ``medusa_config.json``."""
+def head_config(model: MedusaTraining) -> dict[str, Any]:
+    """What the medusa and hydra configs share: hidden size, target vocabulary, feature layers,
+    loss decay and the reduced head's size (None: the whole head)."""
     heads = model.heads
-    write_weights(out_dir, heads, CONFIG_FILE, {
-        "num_heads": heads.num_heads, "hidden_size": heads.hidden_size, "target_vocab": heads.target_vocab,
-        "feature_layers": list(heads.feature_layers), "head_decay": model.head_decay})
+    ids = heads.head_token_ids
+    return {"hidden_size": heads.hidden_size, "target_vocab": heads.target_vocab,
+            "feature_layers": list(heads.feature_layers), "head_decay": model.head_decay,
+            "head_tokens": None if ids is None else int(ids.numel())}
+
+
+def save(model: MedusaTraining, out_dir: Path) -> None:
+    """``model.safetensors`` (the heads' weights; a reduced head's ids) and ``medusa_config.json``."""
+    write_weights(out_dir, model.heads, CONFIG_FILE, {"num_heads": model.heads.num_heads, **head_config(model)})
+
+
+def vocab_record(model: MedusaTraining) -> dict[str, Any]:
+    """The record's ``vocab`` (medusa's and hydra's): the ids the heads draft over."""
+    ids = model.heads.head_token_ids
+    if ids is None:
+        return {"size": vocab_rows(model.target), "map": None}
+    return {"size": int(ids.numel()), "map": "head_token_ids (model.safetensors)"}
 
 
 def saved_options(folder: Path, record: dict[str, Any]) -> dict[str, Any]:
-    """The build options saved heads fix (continuing them, :mod:`.continuing`): their number."""
+    """The build options saved heads fix (continuing them, :mod:`.continuing`): their number
+    and the reduced head's size."""
     config, _ = read_weights(folder, CONFIG_FILE)
-    return {"num_heads": int(config["num_heads"])}
+    return {"num_heads": int(config["num_heads"]), "head_tokens": config.get("head_tokens")}
 
 
 def load_heads(built: Built, folder: Path) -> None:
     """Load saved heads' weights (medusa's or hydra's) into ``built``'s heads (float16 ones cast
-    to their dtype)."""
+    to their dtype), a reduced head's ids with them."""
     from safetensors.torch import load_file
 
-    built.model.heads.load_state_dict(load_file(str(Path(folder) / WEIGHTS_FILE)))
+    built.model.heads.load_weights(load_file(str(Path(folder) / WEIGHTS_FILE)))
 
 
 def start_from(built: Built, folder: Path, record: dict[str, Any]) -> None:
@@ -229,7 +292,7 @@ def load(folder: Path, target: nn.Module, record: dict[str, Any]) -> MedusaDraft
     be the model they were trained for)."""
     config, state = read_weights(folder, CONFIG_FILE)
     heads = MedusaHeads(target, int(config["num_heads"]))
-    heads.load_state_dict(state)
+    heads.load_weights(state)
     return MedusaDrafter(target, heads.eval())
 
 
