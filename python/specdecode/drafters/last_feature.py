@@ -74,7 +74,8 @@ class FeatureHeads(nn.Module):
         if ids is not None and int(ids[-1]) >= self.target_vocab:
             raise ValueError(f"head_token_ids: ids must be below the target's {self.target_vocab} ids, "
                              f"got {int(ids[-1])}")
-        self.head_token_ids = ids
+        reference = next(self.parameters(), None)
+        self.head_token_ids = ids if ids is None or reference is None else ids.to(reference.device)
 
     @property
     def num_head_tokens(self) -> int:

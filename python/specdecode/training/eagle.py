@@ -46,7 +46,7 @@ from torch import Tensor, nn
 from specdecode.drafters.eagle import EagleDrafter, EagleModel
 from specdecode.models import check_feature_layers, decoder_layers, kv_cache, vocab_rows
 from specdecode.training.artifacts import WEIGHTS_FILE
-from specdecode.training.vocab import draft_vocabulary
+from specdecode.training.vocab import draft_vocabulary, subset_head
 
 __all__ = ["CONFIG_FILE", "DESCRIPTION", "MAX_UNROLL", "MEASURED_STEPS", "NAME", "UNROLL_DECAY", "Built",
            "EagleTraining", "acceptance_by_step", "build", "drafter", "forward", "last_layer_slot", "load", "prepare",
@@ -211,7 +211,7 @@ def forward(model: EagleTraining, input_ids: Tensor, attention_mask: Tensor, fea
     eagle, target = model.eagle, model.target
     cache = kv_cache.new_cache() if model.unroll > 1 else None  # step 1's entries, for the later steps
     feats, embeds, positions, hidden = _first_step(model, input_ids, attention_mask, features, cache)
-    head_fn = _frozen_head(target)
+    head_fn = subset_head(target, None, vocab_rows(target))
     logits = eagle.logits(hidden, head_fn, vocab_rows(target))
     terms = []
     mask = attention_mask.bool()
@@ -245,14 +245,6 @@ def _first_step(model: EagleTraining, input_ids: Tensor, attention_mask: Tensor,
     return feats, embeds, positions, hidden
 
 
-def _frozen_head(target: nn.Module) -> Any:
-    """The target's LM head as a function of hidden states, its weights detached (never trained)."""
-    head = target.get_output_embeddings()
-    weight = head.weight.detach()
-    bias = None if getattr(head, "bias", None) is None else head.bias.detach()
-    return lambda h: F.linear(h, weight, bias)
-
-
 @torch.no_grad()
 def acceptance_by_step(model: EagleTraining, examples: list[Any], batch_size: int = 8,
                        steps: int = MEASURED_STEPS) -> list[float]:
@@ -271,7 +263,8 @@ def acceptance_by_step(model: EagleTraining, examples: list[Any], batch_size: in
     if isinstance(steps, bool) or not isinstance(steps, int) or not 1 <= steps <= MAX_UNROLL:
         raise ValueError(f"steps: expected an int in [1, {MAX_UNROLL}], got {steps!r}")
     eagle, target = model.eagle, model.target
-    head_fn, vocab = _frozen_head(target), vocab_rows(target)
+    vocab = vocab_rows(target)
+    head_fn = subset_head(target, None, vocab)
     hits, counts = [0] * steps, [0] * steps
     for first in range(0, len(examples), batch_size):
         b = collate(examples[first: first + batch_size], eagle.fc.weight.device)

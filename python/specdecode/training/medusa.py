@@ -35,7 +35,6 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from specdecode.drafters.medusa import MedusaDrafter, MedusaHeads
@@ -45,7 +44,7 @@ from specdecode.training.losses import SubsetLogits
 from specdecode.training.vocab import check_head_tokens, column_map, draft_vocabulary, subset_head
 
 __all__ = ["CONFIG_FILE", "DESCRIPTION", "NAME", "Built", "MedusaTraining", "acceptance_by_step", "build", "check_decay",
-           "check_features", "drafter", "forward", "frozen_head", "head_accuracies", "head_config", "heads_forward",
+           "check_features", "drafter", "forward", "head_accuracies", "head_config", "heads_forward",
            "load", "load_heads", "prepare", "ranked_ids", "save", "saved_options", "shifted_kl", "start_from",
            "target_log_probs", "training_head", "vocab_record"]
 
@@ -125,14 +124,6 @@ def ranked_ids(logits: Tensor, heads: nn.Module, ranks: int) -> Tensor:
     return top if ids is None else ids.to(top.device)[top]
 
 
-def frozen_head(target: nn.Module) -> Any:
-    """The target's LM head as a function of hidden states, with detached weights (never trained)."""
-    head = target.get_output_embeddings()
-    weight = head.weight.detach()
-    bias = None if getattr(head, "bias", None) is None else head.bias.detach()
-    return lambda h: F.linear(h, weight, bias)
-
-
 def forward(model: MedusaTraining, input_ids: Tensor, attention_mask: Tensor, features: Tensor | None = None
             ) -> tuple[Tensor, Tensor | None]:
     """Head 0's logits aligned with the data's positions and the weighted loss of the other heads.
@@ -170,7 +161,7 @@ def heads_forward(model: MedusaTraining, attention_mask: Tensor, features: Tenso
         logits = SubsetLogits(logits, ids, column_map(ids, vocab))
     if model.heads.num_heads == 1 or t < 3:
         return logits, None
-    log_p = target_log_probs(frozen_head(model.target), features, vocab)
+    log_p = target_log_probs(subset_head(model.target, None, vocab), features, vocab)
     if ids is not None:
         log_p = log_p[..., ids]  # the ids the heads can draft (the others' mass is left out)
     terms = [model.head_decay ** i * shifted_kl(log_p, head_logits(i, t - 1 - i), attention_mask, 1 + i)
