@@ -27,8 +27,9 @@ import torch
 def rank_accuracies(heads: Any, target: Any, sequences: list[torch.Tensor], starts: list[int], ranks: int
                     ) -> torch.Tensor:
     """``[K, ranks]``: how often head ``i``'s rank-``r`` token from ``f_t`` is ``y_{t+2+i}``, over
-    every ``t >= start - 1`` of each greedy sequence ``y`` (the prompt's last token onwards)."""
-    head = target.get_output_embeddings()
+    every ``t >= start - 1`` of each greedy sequence ``y`` (the prompt's last token onwards; ranks
+    among the ids of a reduced head when the heads have one)."""
+    head = heads.output_head(target)
     hits = torch.zeros((heads.num_heads, ranks), dtype=torch.float64)
     counts = torch.zeros(heads.num_heads, dtype=torch.float64)
     with torch.no_grad():
