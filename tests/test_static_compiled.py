@@ -105,6 +105,12 @@ def traced_only(monkeypatch):
     monkeypatch.setattr(compiled, "BACKEND", "aot_eager")
 
 
+def reduced_heads(heads):
+    """``heads`` over a reduced head of every other id (traced like the target's own head)."""
+    heads.set_head_tokens(torch.arange(1, heads.target_vocab, 2))
+    return heads
+
+
 def test_every_drafter_kind_traces_whole_and_compiles_once(traced_only):
     target, draft = make_pair("llama")
     ids, mask = left_padded([5, 9, 2], seed=1)
@@ -112,7 +118,8 @@ def test_every_drafter_kind_traces_whole_and_compiles_once(traced_only):
     cases = [(target, draft, dict(tree=DynamicTree(6, 3, top_k=2, calibrated=False))),
              (features, eagle_drafter(features), dict(num_draft_tokens=3)),
              (features, MedusaDrafter(features, medusa_heads(features), tree=[(0,), (1,), (0, 0)]), {}),
-             (features, HydraDrafter(features, hydra_heads(features)), dict(num_draft_tokens=2))]
+             (features, HydraDrafter(features, hydra_heads(features)), dict(num_draft_tokens=2)),
+             (features, HydraDrafter(features, reduced_heads(hydra_heads(features))), dict(num_draft_tokens=2))]
     feature_ids = left_padded([5, 9, 2], vocab=111, seed=3)
     for model, drafter, kwargs in cases:
         batch = (ids, mask) if model is target else feature_ids
