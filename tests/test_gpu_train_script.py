@@ -169,6 +169,8 @@ def test_the_training_call_on_the_demo_target(tmp_path):
     assert sorted(summary) == kinds and all("losses" not in s["training"] for s in summary.values())
     assert summary["eagle"]["training"]["options"]["unroll"] == 4
     assert all(summary[kind]["vocab"]["size"] == 512 for kind in ("exit", "hydra", "medusa"))
+    assert summary["medusa"]["training"]["time_shares"] == {"eagle": 0.45, "medusa": 0.25, "hydra": 0.1,
+                                                            "exit": 0.1, "draft": 0.1}
     target, _, tokenizer = specdecode.load_demo_pair()
     back = tmp_path / "back"
     for kind in kinds:
