@@ -62,8 +62,8 @@
 #   KIND_ARGS     [--draft-vocab 8192 --freeze-head --unroll 4 --num-layers 2 --head-tokens 8192] (the
 #                 shipped EAGLE drafter's head; the training-time test four steps deep: steps 3+ gain at
 #                 equal time, 2026-11-29; a 2-layer draft model keeps its file under 16 MiB; Medusa, Hydra
-#                 and the exit adapter over a reduced head of 8192 ids: 4.4x the Medusa steps at equal
-#                 time on the CPU, higher acceptance at every draft step, 2026-11-29)
+#                 and the exit adapter over a reduced head of 8192 ids: 4.6x the Medusa steps a second
+#                 on the CPU, higher acceptance at every draft step, 2026-11-29)
 #   EXTRA_ARGS    more `train` flags, e.g. "--dtype bfloat16" or "--data-batch-size 256" []
 #   PROBE_PICK    1: when an earlier call of this machine ran the data probe (`gpu_session.sh probe`
 #                 leaves its table in $STASH/probe.csv), train with the data batch size and dtype of
