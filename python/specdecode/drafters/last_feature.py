@@ -69,6 +69,10 @@ class FeatureHeads(nn.Module):
 
         Shape:
             token_ids: ``[N]`` integer.
+
+        >>> heads = MedusaHeads(target, num_heads=3)                   # doctest: +SKIP
+        >>> heads.set_head_tokens(torch.arange(1024))                  # doctest: +SKIP
+        >>> drafter = MedusaDrafter(target, heads)  # drafts over ids 0..1023 only  # doctest: +SKIP
         """
         ids = check_head_token_ids(token_ids)
         if ids is not None and int(ids[-1]) >= self.target_vocab:

@@ -22,6 +22,9 @@ def check_head_token_ids(token_ids: Tensor | None) -> Tensor | None:
 
     Shape:
         token_ids: ``[N]``; returns ``[N']`` (``N' <= N``: repeats dropped).
+
+    >>> check_head_token_ids(torch.tensor([7, 2, 7])).tolist()
+    [2, 7]
     """
     if token_ids is None:
         return None
@@ -40,6 +43,9 @@ class ReducedHead(nn.Module):
 
     Shape:
         hidden: ``[..., H]``; returns ``[..., V]``.
+
+    >>> head = ReducedHead(target.get_output_embeddings(), torch.tensor([2, 7]), 111)  # doctest: +SKIP
+    >>> head(hidden).isfinite().sum(-1)  # two finite logits per row                  # doctest: +SKIP
     """
 
     def __init__(self, head: nn.Module, token_ids: Tensor, vocab_size: int) -> None:
@@ -68,7 +74,10 @@ class ReducedHead(nn.Module):
 def output_head(target: nn.Module, token_ids: Tensor | None, vocab_size: int) -> nn.Module:
     """What a drafter reading ``target``'s head calls: the head itself (``token_ids`` None) or a
     :class:`ReducedHead` over ``token_ids`` giving ``vocab_size`` logits; ``ValueError`` naming
-    ``target`` when it has no LM head with a weight."""
+    ``target`` when it has no LM head with a weight.
+
+    >>> logits = output_head(target, torch.tensor([2, 7]), 111)(hidden)  # [..., 111]  # doctest: +SKIP
+    """
     head = target.get_output_embeddings()
     if token_ids is None:
         return head

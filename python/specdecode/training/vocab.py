@@ -34,6 +34,9 @@ def column_map(token_ids: Tensor, vocab_size: int) -> Tensor:
     """Each target id's column among ``token_ids`` (-1: not kept), on ``token_ids``' device.
 
     Shape: token_ids ``[N]``; returns ``[vocab_size]`` int64.
+
+    >>> column_map(torch.tensor([5, 2]), 6).tolist()
+    [-1, -1, 1, -1, -1, 0]
     """
     columns = torch.full((vocab_size,), -1, dtype=torch.long, device=token_ids.device)
     columns[token_ids.long()] = torch.arange(token_ids.numel(), device=token_ids.device)
@@ -42,21 +45,24 @@ def column_map(token_ids: Tensor, vocab_size: int) -> Tensor:
 
 def subset_head(target: nn.Module, token_ids: Tensor | None, vocab_size: int) -> Callable[[Tensor], Tensor]:
     """The target's LM head as a function of hidden states, with detached weights (gradients
-    reach its input only): over ``token_ids`` (``[..., N]``, their order) or, when None, the
-    target's first ``vocab_size`` ids (``[..., vocab_size]``). The rows are read at every call,
-    so it follows the target's weights wherever they are."""
+    reach its input only): over ``token_ids`` (their order) or, when None, the target's first
+    ``vocab_size`` ids. The rows are read now, once: make one per training forward.
+
+    Shape:
+        hidden ``[..., H]`` -> ``[..., N]`` (``[..., vocab_size]`` when ``token_ids`` is None).
+
+    >>> head = subset_head(target, torch.tensor([5, 9]), vocab_rows(target))  # doctest: +SKIP
+    >>> head(hidden).shape[-1]                                                # doctest: +SKIP
+    2
+    """
     head = target.get_output_embeddings()
-    bias = getattr(head, "bias", None)
-
-    def logits(hidden: Tensor) -> Tensor:
-        weight = head.weight.detach()
-        b = None if bias is None else bias.detach()
-        if token_ids is None:
-            return F.linear(hidden, weight, b)[..., :vocab_size]
-        ids = token_ids.to(weight.device)
-        return F.linear(hidden, weight[ids], None if b is None else b[ids])
-
-    return logits
+    weight = head.weight.detach()
+    bias = None if getattr(head, "bias", None) is None else head.bias.detach()
+    if token_ids is None:
+        return lambda hidden: F.linear(hidden, weight, bias)[..., :vocab_size]
+    ids = token_ids.to(weight.device)
+    rows, row_bias = weight[ids], None if bias is None else bias[ids]
+    return lambda hidden: F.linear(hidden, rows, row_bias)
 
 
 def check_head_tokens(head_tokens: Any) -> int | None:
