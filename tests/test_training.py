@@ -296,3 +296,24 @@ def test_tf32_is_on_for_the_training_steps_on_cuda_only(monkeypatch):
             assert _flag_during_run_loop(monkeypatch, "cuda") is True and not flag.allow_tf32
     finally:
         flag.allow_tf32 = before
+
+
+@pytest.mark.parametrize("n, batch_size", [(7, 3), (5, 11), (111, 17)])
+def test_batch_indices_follow_the_seeded_epoch_permutations(n, batch_size):
+    # the definition: position pos of the stream is permutation(epoch)[offset], one seeded
+    # permutation per epoch; the loop's cache of permutations must not change it
+    from specdecode.training.loop import _batch_indices
+
+    def definition(step):
+        out = []
+        for pos in range(step * batch_size, (step + 1) * batch_size):
+            epoch, offset = divmod(pos, n)
+            perm = torch.randperm(n, generator=torch.Generator().manual_seed(4 * 1_000_003 + epoch))
+            out.append(int(perm[offset]))
+        return out
+
+    orders: dict = {}
+    for step in range(9):
+        assert _batch_indices(step, batch_size, n, 4, orders) == definition(step)
+        assert len(orders) <= 1 + batch_size // n + 1
+    assert _batch_indices(3, batch_size, n, 4) == definition(3)  # a resumed run starts anywhere

@@ -140,14 +140,22 @@ def collate(examples: list[Example], device: torch.device) -> Batch:
     return Batch(*(x.to(device) for x in (ids, attention, logp, top, counted)), features=features)
 
 
-def _batch_indices(step: int, batch_size: int, n: int, seed: int) -> list[int]:
+def _batch_indices(step: int, batch_size: int, n: int, seed: int,
+                   orders: dict[int, list[int]] | None = None) -> list[int]:
     """The examples of step ``step``: positions ``[step * b, (step + 1) * b)`` of the stream of
-    seeded per-epoch permutations of ``range(n)``."""
+    seeded per-epoch permutations of ``range(n)``. ``orders`` keeps the permutations of the
+    epochs in use from one call to the next (a dict the caller owns; each permutation is drawn
+    once instead of once per example)."""
+    orders = {} if orders is None else orders
     out = []
     for pos in range(step * batch_size, (step + 1) * batch_size):
         epoch, offset = divmod(pos, n)
-        perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed * 1_000_003 + epoch))
-        out.append(int(perm[offset]))
+        if epoch not in orders:
+            for old in [e for e in orders if e < epoch]:
+                del orders[old]  # the stream only moves forward
+            generator = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+            orders[epoch] = torch.randperm(n, generator=generator).tolist()
+        out.append(orders[epoch][offset])
     return out
 
 
@@ -249,6 +257,7 @@ def _run_loop(model: torch.nn.Module, params: dict[str, torch.nn.Parameter], for
     bar = tqdm(total=result.horizon, initial=result.steps, desc=desc, unit="step", disable=not progress)
     probe_start, probe_steps = time.monotonic(), 0
     greedy_ema = None
+    orders: dict[int, list[int]] = {}  # the example order of the epochs in use
     try:
         while not ((result.horizon is not None and result.steps >= result.horizon)
                    or (max_steps is not None and result.steps >= max_steps)):
@@ -258,7 +267,7 @@ def _run_loop(model: torch.nn.Module, params: dict[str, torch.nn.Parameter], for
             lr = _lr(step, result.horizon, settings)
             for group in opt.param_groups:
                 group["lr"] = lr
-            rows = _batch_indices(step, settings.batch_size, len(train), settings.seed)
+            rows = _batch_indices(step, settings.batch_size, len(train), settings.seed, orders)
             b = collate([train[i] for i in rows], device)
             metrics, total = step_metrics(forward, model, b, settings.loss)
             opt.zero_grad(set_to_none=True)
