@@ -29,6 +29,8 @@ from specdecode.drafters import (
     ModelDrafter,
     NgramDrafter,
     Proposal,
+    SuffixDrafter,
+    TokenCorpus,
     TokenizerBridgeDrafter,
 )
 from specdecode.engine import DraftSchedule, SpeculativeStats
@@ -73,6 +75,8 @@ __all__ = [
     "NgramDrafter",
     "Proposal",
     "SamplingParams",
+    "SuffixDrafter",
+    "TokenCorpus",
     "TokenizerBridgeDrafter",
     "load_demo_pair",
     "load_pair",

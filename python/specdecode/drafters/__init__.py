@@ -21,6 +21,8 @@
 - :class:`MedusaDrafter`: Medusa-1 heads on the target's last hidden state (chains and top-k trees).
 - :class:`HydraDrafter`: Hydra heads, each reading the last hidden state and the embeddings of
   the tokens drafted before it (chains and top-k trees conditioned on each node's path).
+- :class:`SuffixDrafter`: SuffixDecoding, no model (what most often followed each row's last
+  tokens in earlier generations, a :class:`TokenCorpus` of documents and the row's own context).
 - :class:`PartialCacheDrafter`: the target over a partial KV cache (attention sinks plus a recent
   window), TriForce's middle drafter; under a :class:`VerticalCascadeDrafter`, the hierarchy.
 """
@@ -47,6 +49,7 @@ from specdecode.drafters.medusa import MedusaDrafter
 from specdecode.drafters.model import ModelDrafter
 from specdecode.drafters.ngram import NgramDrafter
 from specdecode.drafters.partial_cache import PartialCacheDrafter
+from specdecode.drafters.suffix import SuffixDrafter, TokenCorpus
 from specdecode.drafters.static_trees import StaticTreeDrafter, StaticTreeDraftState
 from specdecode.drafters.tokenizer_bridge import TokenizerBridgeDrafter
 
@@ -73,6 +76,8 @@ __all__ = [
     "StaticDrafter",
     "StaticTreeDraftState",
     "StaticTreeDrafter",
+    "SuffixDrafter",
+    "TokenCorpus",
     "TokenizerBridgeDrafter",
     "VerticalCascadeDrafter",
     "point_mass_logits",

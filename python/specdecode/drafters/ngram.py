@@ -332,21 +332,7 @@ class NgramDrafter(DrafterBase):
         children by draft probabilities, which prompt lookup does not have, so they are refused.
         ``tree_children`` may only be None or ``"deterministic"``; ``tree_depth`` None keeps
         this drafter's."""
-        if not (isinstance(tree, str) and tree == TRIE):
-            raise ValueError(
-                f"tree: NgramDrafter drafts its own trie of n-gram matches (tree={TRIE!r}), got {tree!r}; the "
-                "'dynamic', 'sequoia' and 'static' builders and tree shapes choose children by draft-model "
-                "probabilities, which prompt lookup does not have"
-            )
-        if tree_children not in (None, "deterministic"):
-            raise ValueError(f"tree_children: an n-gram trie's children are deterministic (None or 'deterministic'), "
-                             f"got {tree_children!r}")
-        _check_int("num_nodes", num_nodes, 2)
-        clone = copy.copy(self)
-        clone.num_nodes = num_nodes
-        if tree_depth is not None:
-            _check_int("tree_depth", tree_depth, 1)
-            clone.tree_depth = tree_depth
+        clone = trie_copy(self, tree, num_nodes, tree_depth, tree_children, "n-gram matches")
         clone.reset()
         return clone
 
@@ -443,6 +429,30 @@ class NgramDrafter(DrafterBase):
             rows = ngram == n
             self.verified[n, :k] += verified[rows].sum(0)
             self.accepted[n, :k] += taken[rows].sum(0)
+
+
+def trie_copy(drafter: Any, tree: Any, num_nodes: int, tree_depth: int | None, tree_children: str | None,
+              what: str) -> Any:
+    """A shallow copy of a drafter that drafts its own deterministic trie of ``what``, with
+    ``num_nodes`` and ``tree_depth`` (None: the drafter's) set, after checking ``generate``'s
+    ``tree=`` arguments: ``tree`` must be ``"trie"`` and ``tree_children`` None or
+    ``"deterministic"``. The caller clears the copy's per-generation state."""
+    who = type(drafter).__name__
+    if not (isinstance(tree, str) and tree == TRIE):
+        raise ValueError(
+            f"tree: {who} drafts its own trie of {what} (tree={TRIE!r}), got {tree!r}; the 'dynamic', 'sequoia' and "
+            f"'static' builders and tree shapes choose children by draft-model probabilities, which {who} does not have"
+        )
+    if tree_children not in (None, "deterministic"):
+        raise ValueError(f"tree_children: the children of a {who} trie are deterministic (None or 'deterministic'), "
+                         f"got {tree_children!r}")
+    _check_int("num_nodes", num_nodes, 2)
+    clone = copy.copy(drafter)
+    clone.num_nodes = num_nodes
+    if tree_depth is not None:
+        _check_int("tree_depth", tree_depth, 1)
+        clone.tree_depth = tree_depth
+    return clone
 
 
 def _check_int(name: str, value: Any, minimum: int) -> None:
