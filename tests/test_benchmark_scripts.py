@@ -31,3 +31,20 @@ def test_benchmark_libraries_import() -> None:
         done = subprocess.run([sys.executable, "-c", f"import {Path(name).stem}"], capture_output=True, text=True,
                               env=env, timeout=120, cwd=BENCHMARKS)
         assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_bench_suffix_settings() -> None:
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        from bench_suffix import RECORD_PEOPLE, parse_setting
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    assert parse_setting("chain:12:0.4:2") == {"min_token_prob": 0.4, "max_spec_factor": 2.0, "num_draft_tokens": 12}
+    assert parse_setting("trie:16") == {"min_token_prob": 0.1, "max_spec_factor": 1.0, "num_nodes": 16,
+                                        "num_draft_tokens": None}
+    assert parse_setting("fallback:12:0.4:2:4") == {"min_token_prob": 0.4, "max_spec_factor": 2.0,
+                                                    "num_draft_tokens": 12, "min_tokens": 4}
+    for bad in ("chain", "chain:x", "tree:4", "chain:4:0.1:1:9", "fallback:12:0.4:2"):
+        with pytest.raises(ValueError, match="settings"):
+            parse_setting(bad)
+    assert not set(RECORD_PEOPLE["tune"]) & set(RECORD_PEOPLE["report"])  # held-out inputs stay held out

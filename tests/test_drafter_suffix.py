@@ -87,7 +87,7 @@ class FakeState(NgramState):
 
 
 def test_chain_proposals_from_the_corpus_and_the_context():
-    drafter = SuffixDrafter([[7, 8, 9, 10, 11], [7, 8, 9, 12]], remember=False, min_token_prob=0.0)
+    drafter = SuffixDrafter([[7, 8, 9, 10, 11], [7, 8, 9, 12]], remember=False, min_token_prob=0.0, max_spec_factor=1.0)
     state = FakeState([[1, 7, 8, 9], [4, 5, 6], [2, 3, 2]])
     proposal = drafter.propose(state, 4)
     assert isinstance(proposal, Proposal) and proposal.is_deterministic
@@ -95,7 +95,7 @@ def test_chain_proposals_from_the_corpus_and_the_context():
     # (12); the depth is max_spec_factor (1.0) x the match length 3
     assert proposal.num_draft_tokens.tolist() == [1, 0, 1]
     assert proposal.draft_tokens[0, :1].tolist() == [12] and proposal.draft_tokens[2, :1].tolist() == [3]
-    deep = SuffixDrafter([[7, 8, 9, 10, 11]], remember=False, max_spec_factor=2.0).propose(state, 4)
+    deep = SuffixDrafter([[7, 8, 9, 10, 11]], remember=False, min_token_prob=0.1, max_spec_factor=2.0).propose(state, 4)
     assert deep.num_draft_tokens.tolist() == [2, 0, 2]  # the document ends after 11; row 2's context after 2
     assert deep.draft_tokens[0, :2].tolist() == [10, 11] and deep.draft_tokens[2, :2].tolist() == [3, 2]
 

@@ -23,6 +23,8 @@
   the tokens drafted before it (chains and top-k trees conditioned on each node's path).
 - :class:`SuffixDrafter`: SuffixDecoding, no model (what most often followed each row's last
   tokens in earlier generations, a :class:`TokenCorpus` of documents and the row's own context).
+- :class:`FallbackDrafter`: a model-free chain (SuffixDecoding, prompt lookup) where it is
+  confident, a model's chain (EAGLE, a draft model) elsewhere.
 - :class:`PartialCacheDrafter`: the target over a partial KV cache (attention sinks plus a recent
   window), TriForce's middle drafter; under a :class:`VerticalCascadeDrafter`, the hierarchy.
 """
@@ -41,6 +43,7 @@ from specdecode.drafters.base import (
 from specdecode.drafters.eagle import EagleDrafter
 from specdecode.drafters.jacobi import JacobiDrafter
 from specdecode.drafters.cascade import HorizontalCascadeDrafter, VerticalCascadeDrafter
+from specdecode.drafters.fallback import FallbackDrafter
 from specdecode.drafters.exit_adapter import ExitAdapter, ExitAdapterDrafter
 from specdecode.drafters.hydra import HydraDrafter
 from specdecode.drafters.layer_skip import LayerSkipDrafter
@@ -62,6 +65,7 @@ __all__ = [
     "JacobiDrafter",
     "ExitAdapter",
     "ExitAdapterDrafter",
+    "FallbackDrafter",
     "HorizontalCascadeDrafter",
     "HydraDrafter",
     "LayerSkipDrafter",

@@ -246,9 +246,10 @@ class SuffixDrafter(DrafterBase):
         max_match: longest match measured (>= max_ngram).
         max_candidates: most occurrences counted per row and step (>= 1).
         min_token_prob: the smallest fraction of occurrences a drafted prefix must be followed
-            by, in [0, 1].
+            by, in [0, 1] (the paper's default is 0.1; 0.4 with the factor 2 was chosen on
+            SmolLM2's tune inputs, where every verified column costs the CPU a little).
         max_spec_factor: drafts at most ``ceil(max_spec_factor * match length)`` tokens deep
-            (> 0).
+            (> 0; the paper's default is 1).
         num_nodes: None (chains) or the largest trie, root included (an int >= 2).
         tree_depth: the deepest trie path (>= 1).
 
@@ -260,10 +261,13 @@ class SuffixDrafter(DrafterBase):
     """
 
     name = "suffix"
+    #: Chains ``generate`` drafts when not told (chosen with ``min_token_prob`` and
+    #: ``max_spec_factor`` on the tune inputs of ``benchmarks/bench_suffix.py``).
+    default_num_draft_tokens = 12
 
     def __init__(self, corpus: TokenCorpus | Iterable[Any] | None = None, remember: bool = True, max_ngram: int = 4,
-                 min_ngram: int = 1, max_match: int = 32, max_candidates: int = 64, min_token_prob: float = 0.1,
-                 max_spec_factor: float = 1.0, num_nodes: int | None = None, tree_depth: int = 8) -> None:
+                 min_ngram: int = 1, max_match: int = 32, max_candidates: int = 64, min_token_prob: float = 0.4,
+                 max_spec_factor: float = 2.0, num_nodes: int | None = None, tree_depth: int = 8) -> None:
         if corpus is None:
             corpus = TokenCorpus()
         elif not isinstance(corpus, TokenCorpus):
