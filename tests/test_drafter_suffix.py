@@ -157,7 +157,8 @@ def test_corpus_copies_evicts_the_oldest_and_refuses_bad_documents():
     ({"max_spec_factor": 0.0}, ValueError, "max_spec_factor"),
     ({"num_nodes": 1}, ValueError, "num_nodes"),
     ({"tree_depth": 2.0}, TypeError, "tree_depth"),
-    ({"corpus": 5}, TypeError, "sequences"),
+    ({"corpus": 5}, TypeError, "corpus"),
+    ({"corpus": [[1, -2]]}, ValueError, r"corpus: sequences\[0\]"),
 ])
 def test_bad_arguments_name_the_argument(kwargs, error, name):
     with pytest.raises(error, match=name):

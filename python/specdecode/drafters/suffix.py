@@ -271,7 +271,13 @@ class SuffixDrafter(DrafterBase):
         if corpus is None:
             corpus = TokenCorpus()
         elif not isinstance(corpus, TokenCorpus):
-            corpus = TokenCorpus(corpus)
+            if isinstance(corpus, (str, bytes)) or not isinstance(corpus, Iterable):
+                raise TypeError(f"corpus: expected a TokenCorpus, token-id sequences or None, got "
+                                f"{type(corpus).__name__}")
+            try:
+                corpus = TokenCorpus(corpus)
+            except (TypeError, ValueError) as exc:  # name the argument the caller passed
+                raise type(exc)(f"corpus: {exc}") from None
         if not isinstance(remember, bool):
             raise TypeError(f"remember: expected a bool, got {remember!r}")
         for arg, value, minimum in (("max_ngram", max_ngram, 1), ("min_ngram", min_ngram, 1),
@@ -299,13 +305,11 @@ class SuffixDrafter(DrafterBase):
         self.max_spec_factor = float(max_spec_factor)
         self.num_nodes, self.tree_depth = num_nodes, tree_depth
         self._seen: dict[int, np.ndarray] = {}  # caller's row -> its context at the last proposal
-        self.match_lengths: list[int] = []  # per proposed row of this generation (statistics)
 
     def reset(self) -> None:
         if self.remember and self._seen:
             self.corpus.add(self._seen[row] for row in sorted(self._seen))
         self._seen = {}
-        self.match_lengths = []
 
     def describe(self) -> dict[str, Any]:
         return {"drafter": self.name, "corpus_tokens": self.corpus.num_tokens, "remember": self.remember,
@@ -320,7 +324,7 @@ class SuffixDrafter(DrafterBase):
         ``tree`` must be ``"trie"`` (the other builders rank children by draft probabilities),
         ``tree_children`` None or ``"deterministic"``; ``tree_depth`` None keeps this one's."""
         clone = trie_copy(self, tree, num_nodes, tree_depth, tree_children, "retrieved continuations")
-        clone._seen, clone.match_lengths = {}, []
+        clone._seen = {}
         return clone
 
     def _row_paths(self, corpus: np.ndarray, context: np.ndarray, depth: int, vocab_size: int
@@ -345,9 +349,7 @@ class SuffixDrafter(DrafterBase):
         for r in range(state.batch_size):
             context = packed[r, packed.shape[1] - int(lengths[r]):]
             self._seen[row_ids[r]] = context.copy()
-            paths, length = self._row_paths(corpus, context, depth, state.vocab_size)
-            if paths:
-                self.match_lengths.append(length)
+            paths, _ = self._row_paths(corpus, context, depth, state.vocab_size)
             if tree:
                 drafts.append(frequent_prefixes(paths, self.num_nodes - 1, self.min_token_prob) if paths else [])
             else:
