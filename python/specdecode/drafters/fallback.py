@@ -24,9 +24,9 @@ from specdecode.drafters.suffix import SuffixDrafter
 class FallbackDrafter(DrafterBase):
     """``first``'s chain where every row gets at least ``min_tokens`` drafts, else ``fallback``'s.
 
-    ``generate``'s ``num_draft_tokens`` (default 12) is the longest chain ``first`` may propose; the fallback
-    drafts ``fallback_tokens`` (default: its own ``default_num_draft_tokens``, else the same
-    number), at most that many. The fallback sees every step's commit (its caches and the target
+    ``generate``'s ``num_draft_tokens`` (default 12) is the longest chain ``first`` may propose;
+    the fallback drafts ``fallback_tokens`` (default: its own ``default_num_draft_tokens``, else
+    the same number), at most that many. The fallback sees every step's commit (its caches and the target
     features it reads follow every committed column, whoever drafted them); ``first`` only the
     steps it drafted (it keeps no state across steps but what it proposed last). With a fallback
     that reads the target's features (EAGLE), the engine hands them over at every step.
@@ -40,18 +40,19 @@ class FallbackDrafter(DrafterBase):
             :class:`~specdecode.drafters.NgramDrafter` drafting chains.
         fallback: any drafter drafting chains (a draft model, EAGLE, Medusa, ...).
         min_tokens: the fewest drafts ``first`` must give every row for its chain to be used
-            (an int >= 1).
+            (an int >= 1; 3 was chosen on SmolLM2's tune inputs with EAGLE behind a
+            ``SuffixDrafter``, ``benchmarks/bench_suffix.py``).
         fallback_tokens: the fallback's chain length, or None (its own default).
 
     Example:
         >>> target, eagle, tok = specdecode.load_pair("smollm2")  # doctest: +SKIP
-        >>> drafter = FallbackDrafter(SuffixDrafter(), eagle, min_tokens=4)  # doctest: +SKIP
-        >>> out = specdecode.generate(target, drafter, ids, num_draft_tokens=12)  # doctest: +SKIP
+        >>> drafter = FallbackDrafter(SuffixDrafter(), eagle)  # doctest: +SKIP
+        >>> out = specdecode.generate(target, drafter, ids)  # doctest: +SKIP
     """
 
     name = "fallback"
 
-    def __init__(self, first: SuffixDrafter | NgramDrafter, fallback: Any, min_tokens: int = 4,
+    def __init__(self, first: SuffixDrafter | NgramDrafter, fallback: Any, min_tokens: int = 3,
                  fallback_tokens: int | None = None) -> None:
         if not isinstance(first, (SuffixDrafter, NgramDrafter)):
             raise TypeError(f"first: expected a SuffixDrafter or NgramDrafter drafting chains, got "
@@ -76,7 +77,9 @@ class FallbackDrafter(DrafterBase):
         if getattr(fallback, "device", None) is not None:
             self.device = fallback.device
         self.default_num_draft_tokens = 12  # first's longest chain (bench_suffix.py's tune prompts)
-        self.first_steps = 0  # steps drafted by `first` / by the fallback, since this drafter was made
+        # steps drafted by `first` / by the fallback since this drafter was made (the copy that
+        # for_sampling makes around a fallback's sampling variant counts its own)
+        self.first_steps = 0
         self.fallback_steps = 0
         self._used_first = False
 
