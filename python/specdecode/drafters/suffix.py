@@ -348,7 +348,8 @@ class SuffixDrafter(DrafterBase):
         drafts: list[Any] = []
         for r in range(state.batch_size):
             context = packed[r, packed.shape[1] - int(lengths[r]):]
-            self._seen[row_ids[r]] = context.copy()
+            if self.remember:
+                self._seen[row_ids[r]] = context.copy()
             paths, _ = self._row_paths(corpus, context, depth, state.vocab_size)
             if tree:
                 drafts.append(frequent_prefixes(paths, self.num_nodes - 1, self.min_token_prob) if paths else [])
