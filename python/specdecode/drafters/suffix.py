@@ -159,7 +159,12 @@ def longest_matches(haystack: np.ndarray, context_len: int, max_ngram: int, min_
 
 def continuations(haystack: np.ndarray, ends: np.ndarray, depth: int, vocab_size: int) -> list[tuple[int, ...]]:
     """What followed each occurrence, up to ``depth`` tokens, cut at a separator, at the end of
-    the haystack and at the first id the target cannot score (``>= vocab_size``)."""
+    the haystack and at the first id the target cannot score (``>= vocab_size``).
+
+    Shape:
+        haystack: ``[H]`` int64; ends: ``[M]`` int64 positions in it. Returns ``M`` tuples of at
+        most ``depth`` ids, in the order of ``ends``.
+    """
     out = []
     size = len(haystack)
     for end in ends.tolist():
