@@ -125,13 +125,6 @@ def test_optimal_schedule_uses_leviathan_formula():
     assert s.num_draft_tokens() == optimal_num_draft_tokens(alpha, (1.0 / 100) / (2.0 / 20), 20)
 
 
-def test_sliding_window_model_within_its_window():
-    target, draft = make_pair("mistral", sliding_window=24)
-    ids, mask = left_padded([5, 9, 2, 7], seed=16)
-    out = ours(target, draft, ids, mask, num_draft_tokens=5, max_new_tokens=15)
-    assert torch.equal(out.sequences, hf_greedy(target, ids, mask, max_new_tokens=15))
-
-
 # ---------------------------------------------------------------- EOS, lengths, stopping
 
 

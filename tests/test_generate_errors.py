@@ -181,16 +181,6 @@ def test_plugin_without_draft_model_is_refused(pair):
                         pad_token_id=PAD)
 
 
-def test_sliding_window_overflow_is_refused():
-    target = make_model("mistral")
-    target.config.sliding_window = 16
-    draft = make_model("mistral", layers=1)
-    ids, mask = left_padded([4, 6])
-    with pytest.raises(ValueError, match="sliding window"):
-        generate(target, draft, ids, mask, max_new_tokens=12)
-    assert generate(target, draft, ids, mask, max_new_tokens=10).sequences.shape == (2, 16)
-
-
 def test_draft_larger_than_target_gets_a_warning(pair):
     target, draft = pair
     with pytest.warns(UserWarning, match="more parameters"):

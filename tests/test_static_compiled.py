@@ -18,7 +18,7 @@ few layouts):
   accepted path) and Hydra chains, traced by Dynamo and run by AOT autograd's eager backend
   (:data:`specdecode.engine.compiled.BACKEND`: the same graphs, guards and mutations as
   Inductor gets, without a C++ compiler);
-- prompts share a layout per bucket of PROMPT_MULTIPLE columns, within a sliding window;
+- prompts share a layout per bucket of PROMPT_MULTIPLE columns, with sliding windows too;
 - what it refuses, naming the argument.
 """
 
@@ -132,15 +132,17 @@ def test_every_drafter_kind_traces_whole_and_compiles_once(traced_only):
 
 
 def test_prompt_buckets_and_sliding_windows(traced_only):
-    """Prompts are padded to a multiple of PROMPT_MULTIPLE columns, unless a sliding window is
-    too short for that: then the prompt keeps its own width (its own layout)."""
-    target, draft = make_pair("mistral", sliding_window=24)
+    """Prompts are padded to a multiple of PROMPT_MULTIPLE columns, sliding windows or not: a
+    sliding layer's mask counts the tokens of each row's own sequence, never the padding, so
+    every row gives its own greedy output (alone, unpadded) past the window."""
+    target, draft = make_pair("mistral", sliding_window=6)
     ids, mask = left_padded([5, 9], seed=16)
-    for new, width in ((4, static_loop.PROMPT_MULTIPLE + 1), (8, 9 + 1)):
-        out = run(target, draft, ids, mask, num_draft_tokens=3, max_new_tokens=new)
-        want = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=new, pad_token_id=PAD)
-        assert torch.equal(out.sequences, want)
-        assert kept_layouts(target)[-1].state.prompt_width == width
+    out = run(target, draft, ids, mask, num_draft_tokens=3, max_new_tokens=8)
+    for row in range(2):
+        alone = ids[row: row + 1, mask[row].bool()]
+        want = target.generate(alone, do_sample=False, max_new_tokens=8, pad_token_id=PAD)
+        assert torch.equal(out.sequences[row, -want.shape[1]:], want[0])
+    assert kept_layouts(target)[-1].state.prompt_width == static_loop.PROMPT_MULTIPLE + 1
 
 
 # ------------------------------------------------------------------------ sampling exactness

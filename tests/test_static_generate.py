@@ -427,15 +427,6 @@ def test_refusals_name_the_argument():
         rules.unregister_rule("_static_python_rule")
 
 
-def test_sliding_window_limit():
-    target, draft = make_pair("mistral", sliding_window=24)
-    ids, mask = left_padded([5, 9], seed=16)
-    out = static(target, draft, ids, mask, num_draft_tokens=3, max_new_tokens=8)
-    assert torch.equal(out.sequences, hf_greedy(target, ids, mask, max_new_tokens=8))
-    with pytest.raises(ValueError, match="sliding window"):
-        static(target, draft, ids, mask, num_draft_tokens=3, max_new_tokens=15)
-
-
 def test_capacity_is_bucketed():
     assert static_loop.CAPACITY_MULTIPLE >= 1
     target, draft = make_pair("llama")

@@ -206,17 +206,17 @@ def test_a_refused_target_falls_back_to_hf_generate_with_a_warning(monkeypatch):
         assert data_decode_path(target, settings) == "hf_generate"
 
 
-def test_a_short_sliding_window_falls_back_to_hf_generate():
-    target = make_model("mistral", vocab=50, init=0.08, seed=3, sliding_window=16)
+def test_a_short_sliding_window_stays_on_the_static_path():
+    """Prompt plus continuation longer than the window: the static path (no fallback), each row
+    what the model's own generate gives it alone (Hugging Face's padded batch would count the
+    padding in the window)."""
+    target = make_model("mistral", vocab=50, init=0.08, seed=3, sliding_window=6)
     settings = DataSettings(max_new_tokens=10, temperature=0.0, batch_size=2)
     prompts = _prompts([9, 3], 50, seed=5)
-    with pytest.warns(UserWarning, match="sliding window"):
-        out = continue_prompts(target, prompts, settings, 0)
-    assert out == _hf_greedy(target, prompts, 10)
-    short = DataSettings(max_new_tokens=4, temperature=0.0, batch_size=2)
     with warnings.catch_warnings():
-        warnings.simplefilter("error")  # within the window: the static path, no warning
-        assert continue_prompts(target, prompts, short, 0) == _hf_greedy(target, prompts, 4)
+        warnings.simplefilter("error")  # no fallback warning
+        out = continue_prompts(target, prompts, settings, 0)
+    assert out == [row for prompt in prompts for row in _hf_greedy(target, [prompt], 10)]
 
 
 def test_bad_arguments_are_named():

@@ -61,7 +61,6 @@ class ModelDrafter(TreeBuilderDrafter, DrafterBase):
         self.model = model
         self.device = facts.input_device(model)
         self._logits_to_keep_ok = facts.accepts_logits_to_keep(model)
-        self.max_columns = facts.sliding_window(model)
         self.cache = None
         self.cached_columns = 0
 

@@ -30,6 +30,7 @@ from specdecode.engine.accounting import (add_step_counters, count_prefill, coun
 from specdecode.engine.batch import BatchState
 from specdecode.engine.draft_view import DraftView
 from specdecode.engine.processors import ProcessorRunner
+from specdecode.engine.replay import common_acceptance
 from specdecode.engine.settings import EngineSettings
 from specdecode.engine.side_tokens import with_side_tokens
 from specdecode.engine.stats import Clock, SpeculativeStats
@@ -60,8 +61,9 @@ class SpeculativeEngine:
         self.rule = get_rule(settings.rule or "token") if is_chain_rule(settings.rule or "token") else None
         self._logits_to_keep_ok = facts.accepts_logits_to_keep(target)
         self._tree_checked = False
-        windows = [w for w in (facts.sliding_window(target), getattr(drafter, "max_columns", None)) if w is not None]
-        self.window = min(windows) if windows else None
+        # A drafter that cannot attend over more cache columns (the target's own sliding-window
+        # layers are masked per layer type in every forward: specdecode.models.layer_masks).
+        self.window = getattr(drafter, "max_columns", None)
         # The target's hidden states the drafter reads (None: it reads none and none are asked for).
         layers = getattr(drafter, "feature_layers", None)
         self.feature_layers = None if layers is None else facts.check_feature_layers(
@@ -85,7 +87,7 @@ class SpeculativeEngine:
         if self.window is not None and input_ids.shape[1] + s.max_new_tokens > self.window:
             raise ValueError(
                 f"max_new_tokens: prompt_len + max_new_tokens = {input_ids.shape[1] + s.max_new_tokens} exceeds the "
-                f"sliding window ({self.window}); sliding-window attention is only supported within the window"
+                f"drafter's max_columns ({self.window}); the drafter cannot attend over more cache columns"
             )
         devices = [self.device] + [d for d in (getattr(self.drafter, "device", None),) if isinstance(d, torch.device)]
         self.syncs = HostSyncs()
@@ -94,7 +96,11 @@ class SpeculativeEngine:
                                 pad_id=s.pad_id, max_step_columns=s.schedule.maximum, syncs=self.syncs)
         self.processors = ProcessorRunner(self.batch, s.processors, s.stopping, s.pad_id, self.syncs)
         self.view = DraftView(self.batch, s, self.processors, self.clock)
-        self.cache = kv_cache.new_cache()
+        self.cache = kv_cache.new_cache(self.target)
+        self._replays = kv_cache.replays(self.cache)  # recurrent states: rolled back by replaying (engine/replay.py)
+        if self._replays:
+            facts.check_recurrent_target(self.target)
+        self._saved: list = []
         self.eos = torch.tensor(s.eos_ids, dtype=torch.long, device=self.device) if s.eos_ids else None
         self.drafter.reset()
         label_run(stats, rule=self.rule.name if self.rule is not None else (s.rule or "token"), drafter=self.drafter,
@@ -129,7 +135,7 @@ class SpeculativeEngine:
         self._prompt_unscored = False
         if b.pending == 0:
             return
-        if self.feature_layers is None and self._logits_to_keep_ok and self.window is None:
+        if self.feature_layers is None and self._logits_to_keep_ok and self.window is None and not self._replays:
             self._prompt_unscored = True
             return
         self._run_prefill()
@@ -175,7 +181,7 @@ class SpeculativeEngine:
         return self._fit_window(gamma), remaining
 
     def _fit_window(self, gamma: int) -> int:
-        """Sliding-window models see the window in cache columns here: when a step would pass
+        """A drafter with ``max_columns`` sees that many cache columns at most: when a step would pass
         it, re-pack the rows, then draft fewer tokens; refuse only when not even the pending
         token fits (the prompt + max_new_tokens check up front makes that unlikely)."""
         b = self.batch
@@ -184,8 +190,8 @@ class SpeculativeEngine:
         self._forced_repack()
         if b.pending + 1 > self.window:
             raise RuntimeError(
-                f"the batch needs {b.pending + 1} cache columns, more than the model's sliding window "
-                f"({self.window}); sliding-window attention is only supported within the window"
+                f"the batch needs {b.pending + 1} cache columns, more than the drafter's max_columns "
+                f"({self.window})"
             )
         return min(gamma, self.window - b.pending - 1)
 
@@ -210,6 +216,8 @@ class SpeculativeEngine:
                                    b.positions[:, : p + k + 1], self.cache, last_only=False,
                                    logits_to_keep_ok=self._logits_to_keep_ok, keep_last=k + 1)
         else:
+            if self._replays and k:
+                self._saved = kv_cache.checkpoint(self.cache)
             logits = self._target_forward(b.tokens[:, p: p + k + 1], b.attention(p + k + 1),
                                           b.positions[:, p: p + k + 1], False)
         logits = scored_logits(logits, s.vocab_size, self.device)
@@ -273,6 +281,18 @@ class SpeculativeEngine:
         self.stats.num_draft_tokens_history.append(gamma)
         record_accepted_lengths(self.stats, accepted_h.tolist())
 
+    def _replay(self, pending: int, accepted: int) -> None:
+        """Recurrent states: back to before the step's verification, then the pending token and
+        the ``accepted`` drafts every row kept are fed again (engine/replay.py)."""
+        b = self.batch
+        t0 = self.clock()
+        kv_cache.rewind(self.cache, self._saved, pending)
+        end = pending + accepted + 1
+        facts.forward(self.target, b.tokens[:, pending:end], b.attention(end), b.positions[:, pending:end],
+                      self.cache, last_only=True, logits_to_keep_ok=self._logits_to_keep_ok)
+        self.stats.target_calls += 1
+        self.stats.target_time += self.clock() - t0
+
     def _repack(self, force: bool = False) -> Tensor | None:
         order = self.batch.repack_order(force)
         if order is not None:
@@ -281,7 +301,7 @@ class SpeculativeEngine:
         return order
 
     def _forced_repack(self) -> None:
-        """Re-pack before a step (sliding windows) and tell the drafter; nothing was accepted."""
+        """Re-pack before a step (a drafter's ``max_columns``) and tell the drafter; nothing was accepted."""
         pending = self.batch.pending
         order = self._repack(force=True)
         if order is not None:
@@ -356,6 +376,9 @@ class SpeculativeEngine:
         tree = proposal.tree if proposal is not None else None
         nodes = side_logits = None
         if tree is not None:
+            if self._replays:
+                raise ValueError(f"tree: {type(self.target).__name__} ({self.target.config.model_type}) has recurrent "
+                                 "layers, whose state cannot hold a tree's branches; draft a chain (tree=None)")
             if proposal.side is None and self.processors.processors is None and self._is_path(tree):
                 # every row's tree is one path: score it as a chain (a plain mask; the prompt's
                 # forward when it is still unscored), verify it with the tree rule
@@ -374,6 +397,11 @@ class SpeculativeEngine:
                 b.write_draft(proposal.draft_tokens, proposal.num_draft_tokens)
             target_logits = self._score(proposal.draft_tokens if k else None)
             tokens, accepted_len, verified = self._verify(target_logits, proposal, remaining)
+            if self._replays and k:
+                common = self.syncs.integer(accepted_len.min())
+                coins = None if s.sampling.is_greedy else self.view.uniforms(b.num_active)
+                tokens, accepted_len = common_acceptance(tokens, accepted_len, common, target_logits, s.sampling,
+                                                         coins)
 
         t0 = self.clock()
         keep, finished = self._emit(tokens, accepted_len, remaining)
@@ -411,6 +439,8 @@ class SpeculativeEngine:
             pending = b.advance(accepted_len, next_tokens, max_accepted, max_accepted)
         else:
             pending = b.advance(accepted_len, next_tokens, k, max_accepted)
+            if self._replays and k and max_accepted < k:
+                self._replay(p, max_accepted)
             kv_cache.crop(self.cache, pending)
         kept_rows = None
         if bool(finished_h.any()):

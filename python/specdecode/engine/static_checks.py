@@ -21,7 +21,7 @@ from specdecode.engine.settings import EngineSettings
 from specdecode.engine.static_features import drafter_modules
 from specdecode.engine.static_layouts import modules_of
 from specdecode.engine.static_tree import TreeSetup, check_static_tree, drafts_tree
-from specdecode.models import facts
+from specdecode.models import facts, kv_cache
 from specdecode.rules import get_rule, is_chain_rule
 
 
@@ -68,6 +68,10 @@ def check_static_path(target: torch.nn.Module, drafter: Any | None, settings: En
         if value is not None:
             raise ValueError(f"{name}: not supported with {where} (it needs the host at every token); "
                              "use decode_path='eager'")
+    if kv_cache.has_recurrent_layers(target):
+        raise ValueError(f"decode_path: {type(target).__name__} ({target.config.model_type}) has recurrent layers, "
+                         f"whose states {where} does not hold (static caches hold attention columns); "
+                         "use decode_path='eager'")
     device = _single_device(target, "target")
     graphed = decode_path == "graphed" or (decode_path == "compiled" and device.type == "cuda")
     tree = None

@@ -166,7 +166,6 @@ class StaticEngine:
         self.graphed = decode_path == "graphed" or (self.compiled and self.device.type == "cuda")
         self.rule = get_rule(settings.rule or "token") if self.tree is None else None
         self._logits_to_keep_ok = facts.accepts_logits_to_keep(target)
-        self.window = facts.sliding_window(target)
         self.feature_layers = feature_layers_of(target, drafter)  # the target features the drafter reads
 
     # ------------------------------------------------------------------ public
@@ -181,10 +180,6 @@ class StaticEngine:
         B, L = input_ids.shape
         span = tree_span(self.tree, self.gamma)
         # > the last column any step writes
-        needed = L + 1 + s.max_new_tokens + span
-        if self.window is not None and needed > self.window:
-            raise ValueError(f"max_new_tokens: prompt_len + max_new_tokens + num_draft_tokens + 1 = {needed} exceeds the "
-                             f"sliding window ({self.window}); use decode_path='eager'")
         prompt_width = self._prompt_width(L, span)
         capacity = -(-(prompt_width + s.max_new_tokens + span) // CAPACITY_MULTIPLE) * CAPACITY_MULTIPLE
         session = self._session(B, capacity, prompt_width if self.decode_path != "static" else None)
@@ -263,14 +258,10 @@ class StaticEngine:
     def _prompt_width(self, prompt_len: int, span: int) -> int:
         """Columns of the prompt block, its leading padding column included (the first step
         re-feeds column ``prompt_width - 2``): ``prompt_len + 1`` on the static path, rounded up
-        to a multiple of :data:`PROMPT_MULTIPLE` (+ 1) on the graphed and compiled paths, unless
-        that would pass a sliding window."""
+        to a multiple of :data:`PROMPT_MULTIPLE` (+ 1) on the graphed and compiled paths."""
         if self.decode_path == "static":
             return prompt_len + 1
-        bucketed = -(-max(prompt_len, 1) // PROMPT_MULTIPLE) * PROMPT_MULTIPLE + 1
-        if self.window is not None and bucketed + self.settings.max_new_tokens + span > self.window:
-            return prompt_len + 1
-        return bucketed
+        return -(-max(prompt_len, 1) // PROMPT_MULTIPLE) * PROMPT_MULTIPLE + 1
 
     def _session(self, batch: int, capacity: int, prompt_width: int | None) -> _Session:
         s = self.settings

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from specdecode.models import layer_masks
 from specdecode.models.cache_io import cache_kwargs
 
 
@@ -140,6 +141,18 @@ def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
     return module
 
 
+def _masks_for(model: torch.nn.Module, attention_mask: Tensor | None, position_ids: Tensor, cache: Any) -> Any:
+    """The attention masks of one forward: ``attention_mask`` itself, or one per layer type
+    for a model with sliding-window or chunked layers (:func:`specdecode.models.layer_masks.layer_masks`)."""
+    if layer_masks.layout(model) is None:
+        return attention_mask
+    if attention_mask is not None:
+        num_columns = attention_mask.shape[-1]
+    else:
+        num_columns = int(cache.get_seq_length()) + position_ids.shape[1]
+    return layer_masks.layer_masks(model, attention_mask, position_ids, num_columns)
+
+
 def forward(model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor | None, position_ids: Tensor,
             cache: Any, *, last_only: bool, logits_to_keep_ok: bool, keep_last: int | None = None) -> Tensor:
     """One forward pass that appends ``input_ids``' columns to ``cache``.
@@ -155,7 +168,7 @@ def forward(model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor | 
     """
     kwargs: dict[str, Any] = {
         "input_ids": input_ids,
-        "attention_mask": attention_mask,
+        "attention_mask": _masks_for(model, attention_mask, position_ids, cache),
         "position_ids": position_ids,
         **cache_kwargs(model, cache),
     }
@@ -195,7 +208,7 @@ def forward_with_features(model: torch.nn.Module, input_ids: Tensor, attention_m
     """
     kwargs: dict[str, Any] = {
         "input_ids": input_ids,
-        "attention_mask": attention_mask,
+        "attention_mask": _masks_for(model, attention_mask, position_ids, cache),
         "position_ids": position_ids,
         "output_hidden_states": True,
         **cache_kwargs(model, cache),
@@ -253,10 +266,63 @@ def _probe_tree_attention(model: torch.nn.Module) -> bool:
     try:
         from specdecode.models.kv_cache import new_cache
 
-        tree = model(input_ids=ids, attention_mask=mask, position_ids=torch.tensor([[0, 1, 1]], device=device),
-                     **cache_kwargs(model, new_cache())).logits[0, 2].float()
+        tree_positions = torch.tensor([[0, 1, 1]], device=device)
+        tree = model(input_ids=ids, attention_mask=layer_masks.layer_masks(model, mask, tree_positions, 3),
+                     position_ids=tree_positions, **cache_kwargs(model, new_cache())).logits[0, 2].float()
         plain = model(input_ids=ids[:, [0, 2]], position_ids=torch.tensor([[0, 1]], device=device),
                       **cache_kwargs(model, new_cache())).logits[0, 1].float()
     except Exception:  # noqa: BLE001 - any failure means "not supported"
         return False
     return bool(torch.allclose(tree, plain, atol=1e-3 if dtype == torch.float32 else 5e-2, rtol=1e-3))
+
+
+# Per-model answers of the continuation probe, kept with the model itself (as the mask probe's).
+_CONTINUES: "weakref.WeakKeyDictionary[torch.nn.Module, dict[tuple, bool]]" = weakref.WeakKeyDictionary()
+
+
+def continues_from_cache(model: torch.nn.Module) -> bool:
+    """Whether a forward over several new tokens continues from what the cache holds (the
+    verification forward of every speculative step). Attention layers always do; some
+    recurrent mixers restart their state on a multi-token forward (they treat it as a prompt).
+    Probed with two tiny forwards once per model and dtype: three tokens, then two more from
+    the cache, against the five at once."""
+    condition = (str(getattr(model, "dtype", None)),)
+    answers = _CONTINUES.setdefault(model, {})
+    if condition not in answers:
+        answers[condition] = _probe_continuation(model)
+    return answers[condition]
+
+
+@torch.no_grad()
+def _probe_continuation(model: torch.nn.Module) -> bool:
+    from specdecode.models.kv_cache import new_cache
+
+    device = input_device(model)
+    vocab = int(model.get_input_embeddings().weight.shape[0])
+    ids = (torch.arange(5, device=device)[None] * 7 + 3) % vocab
+    positions = torch.arange(5, device=device)[None]
+    dtype = getattr(model, "dtype", torch.float32)
+    try:
+        whole = model(input_ids=ids, position_ids=positions, **cache_kwargs(model, new_cache(model))).logits[0, -2:]
+        cache = new_cache(model)
+        model(input_ids=ids[:, :3], position_ids=positions[:, :3], **cache_kwargs(model, cache))
+        parts = model(input_ids=ids[:, 3:], position_ids=positions[:, 3:], **cache_kwargs(model, cache)).logits[0]
+    except Exception:  # noqa: BLE001 - any failure means "does not continue"
+        return False
+    tol = 1e-3 if dtype == torch.float32 else 5e-2
+    return bool(torch.allclose(whole.float(), parts.float(), atol=tol, rtol=tol))
+
+
+def check_recurrent_target(model: torch.nn.Module, name: str = "target") -> None:
+    """``ValueError`` naming ``name`` and the model type unless a model with recurrent layers
+    continues a multi-token forward from its cache (:func:`continues_from_cache`), which every
+    verification forward needs."""
+    from specdecode.models.kv_cache import has_recurrent_layers
+
+    if has_recurrent_layers(model) and not continues_from_cache(model):
+        model_type = getattr(getattr(model, "config", None), "model_type", "?")
+        raise ValueError(
+            f"{name}: {type(model).__name__} ({model_type}) has recurrent layers that restart their state on a "
+            "forward of several tokens from a cache (they take it for a prompt), so they cannot verify drafts; "
+            "no speculative decoding path supports this model"
+        )

@@ -3,7 +3,15 @@
 Speculative decoding appends draft columns and then keeps only what was accepted: :func:`crop`
 removes trailing columns (a chain step), :func:`gather_columns` moves per-row columns (tree
 steps keep each row's accepted path; re-packing squeezes out holes), :func:`select_rows` drops
-finished rows."""
+finished rows.
+
+Recurrent layers (Mamba / Mamba2 mixers, gated-delta and other linear attention, short
+convolutions: Hugging Face's ``LinearAttentionLayer`` caches) hold one state per row, not one
+column per token, and a state that has run over a rejected draft cannot be cropped. A cache
+that has them (:func:`has_recurrent_layers`) is rolled back by :func:`checkpoint` (copies of
+every recurrent state, taken before a verification forward) and :func:`rewind` (those copies
+put back, the attention layers cropped): the caller then feeds the accepted tokens again
+(:func:`replays`). Their attention layers crop, gather and select rows as any other."""
 
 from __future__ import annotations
 
@@ -13,12 +21,68 @@ import torch
 from torch import Tensor
 
 
-def new_cache() -> Any:
+def new_cache(model: torch.nn.Module | None = None) -> Any:
     """An empty ``DynamicCache``. Without a config every layer is a full-attention layer, which
-    crops and gathers exactly (sliding-window layers would drop columns on their own)."""
+    crops and gathers exactly (sliding-window layers would drop columns on their own; their
+    windows are masks: :mod:`specdecode.models.layer_masks`). A ``model`` with recurrent layers
+    gets the cache its config lays out, recurrent states and all."""
     from transformers import DynamicCache
 
+    if model is not None and has_recurrent_layers(model):
+        return DynamicCache(config=model.config)
     return DynamicCache()
+
+
+def _is_recurrent(layer: Any) -> bool:
+    from transformers.cache_utils import LinearAttentionCacheLayerMixin
+
+    return isinstance(layer, LinearAttentionCacheLayerMixin)
+
+
+def has_recurrent_layers(model: torch.nn.Module) -> bool:
+    """Whether the cache ``model``'s config lays out holds recurrent states (Hugging Face's
+    linear-attention cache layers: Mamba, gated delta rule, short convolutions)."""
+    from transformers import DynamicCache
+
+    config = getattr(model, "config", None)
+    if config is None:
+        return False
+    try:
+        layers = DynamicCache(config=config).layers
+    except Exception:  # noqa: BLE001 - a config the cache cannot lay out has no recurrent layers it knows
+        return False
+    return any(_is_recurrent(layer) for layer in layers)
+
+
+def replays(cache: Any) -> bool:
+    """Whether ``cache`` holds recurrent states: rolled back by :func:`checkpoint` /
+    :func:`rewind` and feeding the kept tokens again, not by :func:`crop` alone."""
+    return any(_is_recurrent(layer) for layer in getattr(cache, "layers", ()))
+
+
+def checkpoint(cache: Any) -> list[tuple[Any, dict[int, Tensor], dict[int, Tensor]]]:
+    """Copies of every recurrent layer's states (convolution and recurrent), for :func:`rewind`;
+    empty for a cache without them or before its first forward."""
+    saved = []
+    for layer in getattr(cache, "layers", ()):
+        if _is_recurrent(layer):
+            conv = {i: t.clone() for i, t in layer.conv_states.items() if isinstance(t, Tensor)}
+            recurrent = {i: t.clone() for i, t in layer.recurrent_states.items() if isinstance(t, Tensor)}
+            saved.append((layer, conv, recurrent))
+    return saved
+
+
+def rewind(cache: Any, saved: list[tuple[Any, dict[int, Tensor], dict[int, Tensor]]], length: int) -> None:
+    """Put the recurrent states of :func:`checkpoint` back (in place: their addresses stay) and
+    keep the first ``length`` columns of the attention layers."""
+    for layer, conv, recurrent in saved:
+        for states, copies in ((layer.conv_states, conv), (layer.recurrent_states, recurrent)):
+            for i, copy in copies.items():
+                if states[i].shape == copy.shape:
+                    states[i].copy_(copy)
+                else:
+                    states[i] = copy
+    crop(cache, length)
 
 
 def num_columns(cache: Any) -> int:
@@ -27,10 +91,19 @@ def num_columns(cache: Any) -> int:
 
 
 def crop(cache: Any, length: int) -> None:
-    """Keep the first ``length`` columns (no-op when the cache is not longer)."""
+    """Keep the first ``length`` columns (no-op when the cache is not longer). The recurrent
+    states of a cache that has them are left as they are (:func:`rewind` restores them)."""
     current = cache.get_seq_length()
-    if length < current:
+    if length >= current:
+        return
+    if not replays(cache):
         cache.crop(length - current)  # a negative argument removes that many columns (all 5.x versions)
+        return
+    from transformers.cache_utils import DynamicLayer
+
+    for layer in cache.layers:
+        if isinstance(layer, DynamicLayer) and isinstance(getattr(layer, "keys", None), Tensor) and layer.keys.numel():
+            DynamicLayer.crop(layer, length - layer.keys.shape[-2])
 
 
 def plain_layers(cache: Any) -> list[Any] | None:
@@ -41,7 +114,9 @@ def plain_layers(cache: Any) -> list[Any] | None:
     for layer in layers:
         if getattr(layer, "is_sliding", False):
             return None
-        keys = getattr(layer, "keys", None)
+        if not hasattr(layer, "keys"):
+            continue  # recurrent states only (their rows: select_rows), or no cache at all (a dummy layer)
+        keys = layer.keys
         if keys is None and not getattr(layer, "is_initialized", True):
             continue  # a layer that never ran (e.g. shared KV)
         if not isinstance(keys, Tensor):
@@ -51,9 +126,23 @@ def plain_layers(cache: Any) -> list[Any] | None:
 
 def select_rows(cache: Any, index: Tensor) -> None:
     """Keep the rows ``index`` (``[b']`` int64), in that order."""
+    if replays(cache):
+        for layer in cache.layers:
+            if _is_recurrent(layer):
+                for states in (layer.conv_states, layer.recurrent_states):
+                    for i, t in states.items():
+                        if isinstance(t, Tensor):
+                            states[i] = t.index_select(0, index.to(t.device))
+        index_select_columns(cache, index)
+        return
     if hasattr(cache, "batch_select_indices"):
         cache.batch_select_indices(index)
         return
+    index_select_columns(cache, index)
+
+
+def index_select_columns(cache: Any, index: Tensor) -> None:
+    """Keep the rows ``index`` of every plain layer's keys and values."""
     layers = plain_layers(cache)
     if layers is None:
         raise RuntimeError("this cache type cannot drop finished rows (no batch_select_indices)")

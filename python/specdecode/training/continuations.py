@@ -13,8 +13,8 @@ before. The batch is left-padded to its longest prompt, or to ``width`` when giv
 whole stage on CUDA, so that every batch reuses one static layout (its caches and graphs).
 
 A target that the static path refuses (:mod:`specdecode.engine.static_checks`: sharded or
-offloaded models, attention that ignores custom 4D masks, a build without the CUDA kernels, a
-sliding window shorter than prompt plus continuation, devices other than the CPU and CUDA) is
+offloaded models, attention that ignores custom 4D masks, a build without the CUDA kernels,
+devices other than the CPU and CUDA) is
 continued by Hugging Face's ``target.generate`` instead, with a one-line warning that says why.
 ``decode_path="hf_generate"`` asks for that path (the baseline of
 ``benchmarks/bench_data_stage.py``); its sampling also uses the target's ``generation_config``
@@ -163,17 +163,6 @@ def _hf_generate(target: Any, ids: Tensor, mask: Tensor, settings: Any, seed: in
                                max_new_tokens=settings.max_new_tokens, pad_token_id=pad_id(target), **sampling)
 
 
-def _window_refusal(target: Any, width: int, max_new_tokens: int) -> str | None:
-    from specdecode.models.facts import sliding_window
-
-    window = sliding_window(target)
-    needed = width + max_new_tokens + 2  # the static path's columns: a leading pad, prompt, pending, new tokens
-    if window is not None and needed > window:
-        return (f"prompt width {width} + max_new_tokens {max_new_tokens} + 2 exceeds the target's sliding window "
-                f"({window})")
-    return None
-
-
 @torch.no_grad()
 def continue_prompts(target: Any, prompts: list[list[int]], settings: Any, batch_seed: int, *,
                      decode_path: str = "auto", width: int | None = None,
@@ -252,9 +241,5 @@ def _batch(target: Any, prompts: Any, settings: Any, batch_seed: Any, decode_pat
     if isinstance(rows, bool) or not isinstance(rows, int) or rows < len(prompts):
         raise ValueError(f"rows: expected an int >= the number of prompts ({len(prompts)}), got {rows!r}")
     path = data_decode_path(target, settings, decode_path)
-    if path != "hf_generate":
-        reason = _window_refusal(target, width, settings.max_new_tokens)
-        if reason is not None:
-            path = _fall_back(reason)
     ids, mask = _left_padded(prompts, pad_id(target), width, rows)
     return prompts, path, ids, mask, width
