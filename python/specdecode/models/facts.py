@@ -144,13 +144,17 @@ def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
 def _masks_for(model: torch.nn.Module, attention_mask: Tensor | None, position_ids: Tensor, cache: Any) -> Any:
     """The attention masks of one forward: ``attention_mask`` itself, or one per layer type
     for a model with sliding-window or chunked layers (:func:`specdecode.models.layer_masks.layer_masks`)."""
-    if layer_masks.layout(model) is None:
+    info = layer_masks.layout(model)
+    if info is None:
         return attention_mask
     if attention_mask is not None:
         num_columns = attention_mask.shape[-1]
     else:
         num_columns = int(cache.get_seq_length()) + position_ids.shape[1]
-    return layer_masks.layer_masks(model, attention_mask, position_ids, num_columns)
+    masks = layer_masks.layer_masks(model, attention_mask, position_ids, num_columns)
+    ring = getattr(cache, "ring_key_columns", None)
+    key_columns = ring() if callable(ring) else None  # a static cache whose sliding layers keep a ring
+    return masks if key_columns is None else layer_masks.ring_masks(masks, key_columns.to(position_ids.device), info)
 
 
 def forward(model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor | None, position_ids: Tensor,

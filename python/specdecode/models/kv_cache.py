@@ -34,8 +34,10 @@ def new_cache(model: torch.nn.Module | None = None) -> Any:
 
 
 def _is_recurrent(layer: Any) -> bool:
-    from transformers.cache_utils import LinearAttentionCacheLayerMixin
-
+    try:
+        from transformers.cache_utils import LinearAttentionCacheLayerMixin
+    except ImportError:  # transformers before its linear-attention cache layers: none to find
+        return False
     return isinstance(layer, LinearAttentionCacheLayerMixin)
 
 

