@@ -6,7 +6,9 @@ For each model type of ``MODEL_FOR_CAUSAL_LM_MAPPING_NAMES``: its config class w
 has them), random weights (seed 0, normal 0.15), a prompt of 14 tokens and 20 new ones (so past
 every window), greedy. The reference is the model's own ``generate``; specdecode runs with a
 one-layer Llama draft of the same vocabulary (chains), on the eager and static paths. Each cell
-says ``same`` (the reference's tokens), ``differs``, ``refused`` (a ValueError naming why, as
+says ``same`` (the reference's tokens), ``forward's`` (not ``generate``'s tokens but those of the
+model's own forward without a cache, token by token: a model whose cached ``generate`` departs
+from its forward, as Moshi's does with its window), ``differs``, ``refused`` (a ValueError naming why, as
 the library means to), ``error`` (any other exception from inside specdecode: a bug to fix) or,
 for the row, why the tiny model could not be built or run by transformers itself.
 
@@ -135,7 +137,7 @@ def draft_for(vocab: int):
 
 def cell(run) -> str:
     try:
-        ok = run()
+        result = run()
     except ValueError as e:
         return f"refused: {str(e).split(':', 1)[-1].strip()[:110]}"
     except Timeout:
@@ -143,7 +145,7 @@ def cell(run) -> str:
     except Exception as e:  # noqa: BLE001 - recorded: an internal error is a bug to fix
         frame = traceback.extract_tb(e.__traceback__)[-1]
         return f"error: {type(e).__name__} at {frame.filename.rsplit('/', 1)[-1]}:{frame.lineno}"
-    return "same" if ok else "differs"
+    return result
 
 
 def row(model_type: str) -> tuple[str, str, str]:
@@ -155,6 +157,11 @@ def row(model_type: str) -> tuple[str, str, str]:
         ids = torch.randint(3, min(vocab, 128), (1, PROMPT), generator=torch.Generator().manual_seed(2))
         want = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=NEW,
                               pad_token_id=PAD)
+        forward_greedy = ids
+        with torch.no_grad():  # the model's forward without a cache, token by token
+            for _ in range(NEW):
+                logits = model(input_ids=forward_greedy, use_cache=False).logits[:, -1]
+                forward_greedy = torch.cat([forward_greedy, logits.argmax(-1, keepdim=True)], 1)
     except Timeout:
         raise
     except Exception as e:  # noqa: BLE001
@@ -166,7 +173,9 @@ def row(model_type: str) -> tuple[str, str, str]:
         def run() -> bool:
             out = specdecode.generate(model, draft, ids, max_new_tokens=NEW, num_draft_tokens=4, tree=None,
                                       eos_token_id=[], pad_token_id=PAD, decode_path=path)
-            return torch.equal(out.sequences, want)
+            if torch.equal(out.sequences, want):
+                return "same"
+            return "forward's" if torch.equal(out.sequences, forward_greedy) else "differs"
         return run
 
     return "", cell(ours("eager")), cell(ours("static"))

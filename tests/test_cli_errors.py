@@ -36,7 +36,7 @@ BAD = [
      "mix: templates are made when a run starts and are not stored in a prompt file"),
     (["prompts", "--target", "demo", "--out", "p.jsonl.gz", "--mix", "web=1"], "mix: expected SOURCE=SHARE"),
     (["prompts", "--target", "demo", "--out", "p.jsonl.gz", "--count", "0"], "count: expected an int >= 1, got 0"),
-    (["prompts", "--target", "nowhere", "--out", "p.jsonl.gz"], "target: expected 'demo', 'smollm2' or a Hugging"),
+    (["prompts", "--target", "nowhere", "--out", "p.jsonl.gz"], "target: expected 'demo', 'smollm2', 'gemma3' or a Hugging"),
     (["prompts", "--target", "demo", "--out", "p.jsonl.gz", "--device", "nonsense"], "device: expected"),
     (["prompts", "--target", "demo"], "the following arguments are required: --out"),
     (["train", "draft", "--target", "demo", "--out", "D", "--prompts", "p.jsonl.gz"],

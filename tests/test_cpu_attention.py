@@ -298,3 +298,30 @@ def test_static_path_takes_the_op_and_keeps_greedy(monkeypatch):
     with cpu.accelerated(target, enabled=True):
         assert torch.equal(target.generate(ids, attention_mask=mask, do_sample=False, **kwargs), want)
     assert target.config._attn_implementation == "sdpa"
+
+
+def test_a_model_that_branches_on_the_name_keeps_sdpa():
+    """Falcon's attention compares its implementation's name with "sdpa" itself; under another
+    name it would add a boolean mask as if additive (no longer causal). Its attention stays
+    SDPA (the linear layers still take the fast path), and generation stays exact."""
+    import transformers as tf
+
+    import specdecode
+    from specdecode.drafters import NgramDrafter
+
+    torch.manual_seed(0)
+    config = tf.FalconConfig(vocab_size=96, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                             alibi=False, new_decoder_architecture=False, pad_token_id=0)
+    model = tf.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.normal_(0, 0.15)
+    model.generation_config.eos_token_id = None
+    with specdecode.cpu.accelerated(model):
+        assert model.config._attn_implementation == "sdpa"
+    ids = torch.randint(3, 96, (1, 12), generator=torch.Generator().manual_seed(1))
+    want = model.generate(ids, do_sample=False, max_new_tokens=16, pad_token_id=0)
+    out = specdecode.generate(model, NgramDrafter(), ids, max_new_tokens=16, eos_token_id=[], pad_token_id=0,
+                              cpu_fast_path=True)
+    assert torch.equal(out.sequences, want)

@@ -12,6 +12,7 @@ from test_generate_models import ARCHS, PAD, _one_thread, left_padded, make_pair
 import specdecode.engine.batch as batch_layout
 from specdecode import custom_generate, generate
 from specdecode.engine import SpeculativeStats
+from specdecode.models import facts
 
 MAX_NEW = 20
 
@@ -371,6 +372,7 @@ def test_the_prompt_is_scored_with_the_first_chain_draft():
     target, draft = make_pair("llama")
     ids, mask = left_padded([5, 8, 3], seed=21)
     want = target.generate(ids, attention_mask=mask, max_new_tokens=10, do_sample=False, pad_token_id=PAD)
+    facts.check_decoder_forward(target)  # the forward probe runs once per model: before the counted calls
     calls = []
     hook = target.register_forward_hook(lambda m, a, out: calls.append(out.logits.shape[1]))
     try:

@@ -172,6 +172,40 @@ def test_what_cannot_run_is_refused_naming_it():
                  eos_token_id=[], pad_token_id=PAD)
     with pytest.raises(ValueError, match=r"decode_path: .*qwen3_next.*recurrent"):
         generate(target, llama_draft(), ids, max_new_tokens=8, decode_path="static", eos_token_id=[], pad_token_id=PAD)
+    with pytest.raises(ValueError, match=r"model: .*\(qwen3_next\) has recurrent layers; a draft model"):
+        generate(llama_draft(), target, ids, max_new_tokens=8, eos_token_id=[], pad_token_id=PAD)
     jamba = hybrid_model("jamba")  # its Mamba mixers restart on a multi-token forward from a cache
-    with pytest.raises(ValueError, match=r"target: .*\(jamba\) has recurrent layers"):
+    with pytest.raises(ValueError, match=r"target: .*\(jamba\) cannot verify drafts: it has recurrent layers"):
         generate(jamba, NgramDrafter(), ids, max_new_tokens=8, eos_token_id=[], pad_token_id=PAD)
+
+
+# ---------------------------------------------------------------------------- other decoders
+
+
+def test_models_that_cannot_verify_drafts_are_refused_naming_why():
+    """Found by the forward probe (facts.forward_problem) rather than giving a silent wrong answer:
+    an encoder loaded as a causal LM without is_decoder=True attends both ways, GPT-1 keeps no cache."""
+    import transformers as tf
+
+    torch.manual_seed(0)
+    roberta = tf.RobertaForCausalLM(tf.RobertaConfig(vocab_size=V, hidden_size=32, num_hidden_layers=1,
+                                                     num_attention_heads=2, intermediate_size=64,
+                                                     pad_token_id=PAD)).eval()
+    gpt1 = tf.OpenAIGPTLMHeadModel(tf.OpenAIGPTConfig(vocab_size=V, n_embd=32, n_layer=1, n_head=2)).eval()
+    with torch.no_grad():  # weights of a trained model's size: later tokens matter
+        for p in (*roberta.parameters(), *gpt1.parameters()):
+            if p.dim() > 1:
+                p.normal_(0, 0.2)
+    ids = torch.randint(3, V, (1, 8), generator=torch.Generator().manual_seed(7))
+    for model, why in ((roberta, "not causal"), (gpt1, "does not continue from its KV cache")):
+        for path in ("eager", "static"):
+            with pytest.raises(ValueError, match=rf"target: .*cannot verify drafts: .*{why}"):
+                generate(model, NgramDrafter() if path == "eager" else None, ids, max_new_tokens=6, eos_token_id=[],
+                         pad_token_id=PAD, decode_path=path)
+    torch.manual_seed(0)  # the same encoder as a decoder: causal, cached, exact
+    decoder = tf.RobertaForCausalLM(tf.RobertaConfig(vocab_size=V, hidden_size=32, num_hidden_layers=1,
+                                                     num_attention_heads=2, intermediate_size=64, is_decoder=True,
+                                                     pad_token_id=PAD)).eval()
+    decoder.generation_config.eos_token_id = None
+    out = generate(decoder, NgramDrafter(), ids, max_new_tokens=10, eos_token_id=[], pad_token_id=PAD)
+    assert torch.equal(out.sequences[:, 8:], alone(decoder, ids, torch.ones_like(ids), 10))

@@ -281,3 +281,12 @@ def test_a_ring_too_small_for_a_step_is_caught(monkeypatch):
     out = generate(target, ModelDrafter(draft), ids, max_new_tokens=30, num_draft_tokens=4, eos_token_id=[],
                    pad_token_id=PAD, decode_path="static")
     assert not torch.equal(out.sequences[:, 20:], alone(target, ids, torch.ones_like(ids), 30))
+
+
+def test_a_window_the_model_never_applies_is_not_masked():
+    """A config may carry a window that only flash attention reads (Moshi's): a model whose
+    module never builds sliding masks attends over everything, and so do its masks here."""
+    model = llama_draft()
+    model.config.sliding_window = 4
+    assert layer_masks.layout(model) is None
+    assert layer_masks.layout(family_model("mistral", layers=1)) is not None

@@ -28,6 +28,8 @@ handle's ``remove()`` puts ``"sdpa"`` back.
 
 from __future__ import annotations
 
+import inspect
+import sys
 import weakref
 from typing import Any
 
@@ -99,10 +101,36 @@ def skinny_sdpa_attention(module: nn.Module, query: Tensor, key: Tensor, value: 
     return sdpa_fallback(module, query, key, value, attention_mask, dropout, scaling, is_causal, **kwargs)
 
 
+# model class -> whether its module branches on the name "sdpa" itself. Keyed by the class
+# (weakly), never by an id().
+_NAMES_SDPA: "weakref.WeakKeyDictionary[type, bool]" = weakref.WeakKeyDictionary()
+
+
+def _branches_on_the_name(model: nn.Module) -> bool:
+    """Whether a module class of ``model`` compares its attention implementation with ``"sdpa"``
+    itself (Falcon does: under any other name it adds a boolean mask as if it were additive,
+    and stops being causal), so that renaming the implementation would change its math."""
+    for cls in {type(m) for m in model.modules()}:
+        answer = _NAMES_SDPA.get(cls)
+        if answer is None:
+            module = sys.modules.get(cls.__module__)
+            try:
+                source = inspect.getsource(module) if module is not None else ""
+            except (OSError, TypeError):
+                source = ""
+            answer = _NAMES_SDPA[cls] = '_attn_implementation == "sdpa"' in source
+        if answer:
+            return True
+    return False
+
+
 def install(model: nn.Module) -> list[weakref.ref]:
     """Switches every config of ``model`` whose attention implementation is ``"sdpa"`` to
     :data:`ATTENTION_NAME`; returns weak references to the configs switched (for
-    :func:`uninstall`). Models with another implementation (eager, flash, flex) are left alone."""
+    :func:`uninstall`). Models with another implementation (eager, flash, flex) are left alone,
+    and so are models whose code branches on the name ``"sdpa"`` itself (Falcon)."""
+    if _branches_on_the_name(model):
+        return []
     switched = []
     for config in attention_configs(model):
         if config._attn_implementation == "sdpa":

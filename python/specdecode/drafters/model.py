@@ -57,6 +57,10 @@ class ModelDrafter(TreeBuilderDrafter, DrafterBase):
             raise TypeError(f"model: expected a Hugging Face causal LM (torch.nn.Module), got {type(model).__name__}")
         if tree is not None and not isinstance(tree, TreeBuilder):
             raise TypeError(f"tree: expected a TreeBuilder or None, got {type(tree).__name__}")
+        if kv_cache.has_recurrent_layers(model):
+            raise ValueError(f"model: {type(model).__name__} ({model.config.model_type}) has recurrent layers; a draft "
+                             "model's cache is cropped back to the committed tokens after every step, which a "
+                             "recurrent state cannot be (use it as the target, or draft with another model)")
         self.tree = tree
         self.model = model
         self.device = facts.input_device(model)

@@ -98,8 +98,7 @@ class SpeculativeEngine:
         self.view = DraftView(self.batch, s, self.processors, self.clock)
         self.cache = kv_cache.new_cache(self.target)
         self._replays = kv_cache.replays(self.cache)  # recurrent states: rolled back by replaying (engine/replay.py)
-        if self._replays:
-            facts.check_recurrent_target(self.target)
+        facts.check_decoder_forward(self.target)
         self._saved: list = []
         self.eos = torch.tensor(s.eos_ids, dtype=torch.long, device=self.device) if s.eos_ids else None
         self.drafter.reset()

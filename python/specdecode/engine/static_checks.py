@@ -72,6 +72,7 @@ def check_static_path(target: torch.nn.Module, drafter: Any | None, settings: En
         raise ValueError(f"decode_path: {type(target).__name__} ({target.config.model_type}) has recurrent layers, "
                          f"whose states {where} does not hold (static caches hold attention columns); "
                          "use decode_path='eager'")
+    facts.check_decoder_forward(target)
     device = _single_device(target, "target")
     graphed = decode_path == "graphed" or (decode_path == "compiled" and device.type == "cuda")
     tree = None

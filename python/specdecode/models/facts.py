@@ -280,53 +280,70 @@ def _probe_tree_attention(model: torch.nn.Module) -> bool:
     return bool(torch.allclose(tree, plain, atol=1e-3 if dtype == torch.float32 else 5e-2, rtol=1e-3))
 
 
-# Per-model answers of the continuation probe, kept with the model itself (as the mask probe's).
-_CONTINUES: "weakref.WeakKeyDictionary[torch.nn.Module, dict[tuple, bool]]" = weakref.WeakKeyDictionary()
+# Per-model answers of the forward probe, kept with the model itself (as the mask probe's).
+_FORWARD_PROBE: "weakref.WeakKeyDictionary[torch.nn.Module, dict[tuple, str | None]]" = weakref.WeakKeyDictionary()
 
 
-def continues_from_cache(model: torch.nn.Module) -> bool:
-    """Whether a forward over several new tokens continues from what the cache holds (the
-    verification forward of every speculative step). Attention layers always do; some
-    recurrent mixers restart their state on a multi-token forward (they treat it as a prompt).
-    Probed with two tiny forwards once per model and dtype: three tokens, then two more from
-    the cache, against the five at once."""
+def forward_problem(model: torch.nn.Module) -> str | None:
+    """Why speculative decoding cannot verify drafts with ``model``, or None when it can: a
+    forward of several tokens with an explicit KV cache and position ids (what every
+    verification does) must run, give the logits of a forward without a cache, be causal (the
+    first tokens' logits do not change when later
+    tokens are added: an encoder loaded as a causal LM without ``is_decoder=True`` is not) and
+    continue from what the cache holds (some models ignore the cache, and some recurrent mixers
+    restart their state on a multi-token forward). Probed with five tiny forwards once per model
+    and dtype (its inputs carry no mask: the attention implementation does not change the answer)."""
     condition = (str(getattr(model, "dtype", None)),)
-    answers = _CONTINUES.setdefault(model, {})
+    answers = _FORWARD_PROBE.setdefault(model, {})
     if condition not in answers:
-        answers[condition] = _probe_continuation(model)
+        answers[condition] = _probe_forward(model)
     return answers[condition]
 
 
 @torch.no_grad()
-def _probe_continuation(model: torch.nn.Module) -> bool:
-    from specdecode.models.kv_cache import new_cache
+def _probe_forward(model: torch.nn.Module) -> str | None:
+    from specdecode.models.kv_cache import has_recurrent_layers, new_cache
 
     device = input_device(model)
     vocab = int(model.get_input_embeddings().weight.shape[0])
     ids = (torch.arange(5, device=device)[None] * 7 + 3) % vocab
     positions = torch.arange(5, device=device)[None]
+    keep = accepts_logits_to_keep(model)
     dtype = getattr(model, "dtype", torch.float32)
-    try:
-        whole = model(input_ids=ids, position_ids=positions, **cache_kwargs(model, new_cache(model))).logits[0, -2:]
-        cache = new_cache(model)
-        model(input_ids=ids[:, :3], position_ids=positions[:, :3], **cache_kwargs(model, cache))
-        parts = model(input_ids=ids[:, 3:], position_ids=positions[:, 3:], **cache_kwargs(model, cache)).logits[0]
-    except Exception:  # noqa: BLE001 - any failure means "does not continue"
-        return False
     tol = 1e-3 if dtype == torch.float32 else 5e-2
-    return bool(torch.allclose(whole.float(), parts.float(), atol=tol, rtol=tol))
+
+    def run(lo: int, hi: int, cache: Any) -> Tensor:
+        return forward(model, ids[:, lo:hi], None, positions[:, lo:hi], cache, last_only=False,
+                       logits_to_keep_ok=keep)[0].float()
+
+    try:
+        whole = run(0, 5, new_cache(model))
+        plain = full_tensor(model(input_ids=ids, position_ids=positions, use_cache=False).logits)[0].float()
+        first = run(0, 2, new_cache(model))
+        cache = new_cache(model)
+        run(0, 3, cache)
+        parts = run(3, 5, cache)
+    except Exception as exc:  # noqa: BLE001 - any failure is the reason
+        return (f"its forward with an explicit KV cache and position ids fails ({type(exc).__name__}: "
+                f"{str(exc).splitlines()[0][:160] if str(exc) else 'no message'})")
+    if not torch.allclose(whole, plain, atol=tol, rtol=tol):
+        return "its forward with an explicit KV cache gives other logits than without a cache"
+    if not torch.allclose(whole[:2], first, atol=tol, rtol=tol):
+        return ("it is not causal: the logits of a token change when later tokens are added (an encoder "
+                "loaded as a causal LM attends both ways; BERT-like models need is_decoder=True)")
+    if not torch.allclose(whole[3:], parts, atol=tol, rtol=tol):
+        if has_recurrent_layers(model):
+            return ("it has recurrent layers that restart their state on a forward of several tokens from a "
+                    "cache (they take it for a prompt)")
+        return "a forward of several tokens does not continue from its KV cache (it ignores or restarts the cache)"
+    return None
 
 
-def check_recurrent_target(model: torch.nn.Module, name: str = "target") -> None:
-    """``ValueError`` naming ``name`` and the model type unless a model with recurrent layers
-    continues a multi-token forward from its cache (:func:`continues_from_cache`), which every
-    verification forward needs."""
-    from specdecode.models.kv_cache import has_recurrent_layers
-
-    if has_recurrent_layers(model) and not continues_from_cache(model):
+def check_decoder_forward(model: torch.nn.Module, name: str = "target") -> None:
+    """``ValueError`` naming ``name`` and the model type when :func:`forward_problem` finds a
+    reason that drafts cannot be verified with ``model``."""
+    problem = forward_problem(model)
+    if problem is not None:
         model_type = getattr(getattr(model, "config", None), "model_type", "?")
-        raise ValueError(
-            f"{name}: {type(model).__name__} ({model_type}) has recurrent layers that restart their state on a "
-            "forward of several tokens from a cache (they take it for a prompt), so they cannot verify drafts; "
-            "no speculative decoding path supports this model"
-        )
+        raise ValueError(f"{name}: {type(model).__name__} ({model_type}) cannot verify drafts: {problem}; "
+                         "no speculative decoding path supports this model")

@@ -29,8 +29,22 @@ def new_cache(model: torch.nn.Module | None = None) -> Any:
     from transformers import DynamicCache
 
     if model is not None and has_recurrent_layers(model):
-        return DynamicCache(config=model.config)
+        return _full_windows(DynamicCache(config=model.config))
     return DynamicCache()
+
+
+def _full_windows(cache: Any) -> Any:
+    """``cache`` with its sliding-window attention layers swapped for full ones (with their
+    recurrent states where they have them): columns are cropped and gathered exactly, the
+    windows are masks."""
+    from transformers.cache_utils import (DynamicLayer, DynamicSlidingWindowLayer,
+                                          LinearAttentionAndFullAttentionLayer)
+
+    for i, layer in enumerate(cache.layers):
+        if isinstance(layer, DynamicSlidingWindowLayer):
+            cache.layers[i] = (LinearAttentionAndFullAttentionLayer(number_of_states=layer.number_of_states)
+                               if _is_recurrent(layer) else DynamicLayer())
+    return cache
 
 
 def _is_recurrent(layer: Any) -> bool:
