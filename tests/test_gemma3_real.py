@@ -62,7 +62,7 @@ def test_compiled_past_the_window(gemma, monkeypatch):
 
 
 def test_static_sliding_layers_keep_a_ring(gemma):
-    """The static path's sliding layers keep 512 + 4 + 1 columns, the full ones the capacity."""
+    """The static path's sliding layers keep 512 + 4 columns, the full ones the capacity."""
     from specdecode.engine.static_layouts import kept_layouts
 
     target, ids, want = gemma
@@ -75,5 +75,5 @@ def test_static_sliding_layers_keep_a_ring(gemma):
         static_loop.clear_static_sessions()
     assert torch.equal(out.sequences, want)
     types = target.config.layer_types
-    assert {s for s, kind in zip(sizes, types) if kind == "sliding_attention"} == {512 + 4 + 1}
+    assert {s for s, kind in zip(sizes, types) if kind == "sliding_attention"} == {512 + 4}
     assert {s for s, kind in zip(sizes, types) if kind == "full_attention"} == {session.cache.capacity}

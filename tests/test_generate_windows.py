@@ -247,8 +247,8 @@ def test_cpu_fast_path_keeps_the_windows():
 
 
 def test_static_sliding_layers_keep_a_ring():
-    """On the static path a sliding layer keeps its window plus one step's columns (plus one),
-    a full layer the whole capacity; the output stays the model's own past the window, chains
+    """On the static path a sliding layer keeps its window plus one step's draft columns, a full
+    layer the whole capacity; the output stays the model's own past the window, chains
     and trees."""
     target, draft = family_model("gemma3_text"), llama_draft()
     ids, mask = left_padded([30, 22], vocab=V, seed=9)
@@ -263,7 +263,7 @@ def test_static_sliding_layers_keep_a_ring():
         rings = {cache.keys[i].shape[2] for i in sliding}
         assert len(rings) == 1
         ring = rings.pop()
-        assert ring == WINDOW + span + 1 if span is not None else WINDOW + 2 <= ring < cache.capacity
+        assert ring == WINDOW + span if span is not None else WINDOW + 1 <= ring < cache.capacity
         assert all(cache.keys[i].shape[2] == cache.capacity for i in range(3) if i not in sliding)
         static_loop.clear_static_sessions()
 
@@ -275,7 +275,7 @@ def test_a_ring_too_small_for_a_step_is_caught(monkeypatch):
 
     real = masks_module.ring_sizes
     monkeypatch.setattr(masks_module, "ring_sizes", lambda model, span, capacity: {
-        i: r - span - 1 for i, r in real(model, span, capacity).items()})
+        i: r - span for i, r in real(model, span, capacity).items()})
     target, draft = family_model("mistral"), llama_draft()
     ids = torch.randint(3, V, (1, 20), generator=torch.Generator().manual_seed(10))
     out = generate(target, ModelDrafter(draft), ids, max_new_tokens=30, num_draft_tokens=4, eos_token_id=[],

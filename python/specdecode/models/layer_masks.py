@@ -180,15 +180,15 @@ def layer_masks(model: torch.nn.Module, attention_mask: Tensor | None, position_
 
 def ring_sizes(model: torch.nn.Module, span: int, capacity: int) -> dict[int, int]:
     """Layer index -> columns a static cache keeps for each sliding-window layer of ``model``:
-    its window plus the ``span`` columns one step writes, plus one (what its queries can still
-    attend; see :class:`specdecode.models.static_cache.ColumnCache`), for the layers where that
-    is fewer than ``capacity``. Empty for models without sliding layers, and for models whose
+    its window plus the ``span`` columns one step writes after the pending one (what its queries
+    can still attend; see :class:`specdecode.models.static_cache.ColumnCache`), for the layers
+    where that is fewer than ``capacity``. Empty for models without sliding layers, and for models whose
     layers share key/value states (their cache indices are not their layers')."""
     info = layout(model)
     window = None if info is None else info.windows.get("sliding_attention")
     if window is None or getattr(getattr(model, "config", None), "num_kv_shared_layers", 0):
         return {}
-    ring = window + span + 1
+    ring = window + span
     if ring >= capacity:
         return {}
     config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config

@@ -15,14 +15,20 @@ length past it, and the next forward overwrites it.
 Attention always runs over all ``capacity`` columns with a 4D additive mask (built by
 :func:`column_inputs`): the cost of static shapes.
 
-Sliding-window layers keep a *ring* of ``R = window + span + 1`` columns instead
-(:func:`specdecode.models.layer_masks.ring_sizes`; ``span`` the columns one step writes): column
+Sliding-window layers keep a *ring* of ``R = window + span`` columns instead
+(:func:`specdecode.models.layer_masks.ring_sizes`; ``span`` the columns one step writes after
+the pending one): column
 ``c`` lives at slot ``c % R``. A forward's ring layer attends over the ring as it was before the
 forward (slot ``s`` then holds the last column before the forward's first that is ``s`` modulo
 ``R``) followed by the forward's own new columns, ``R + n`` keys in all, its mask gathered from
 the sliding mask over the capacity (:meth:`ColumnCache.ring_key_columns`). A slot may still hold a
-rejected draft's keys from an earlier step: such a column lies at least ``R - span + 1 > window``
-columns before every query of the forward, so the window masks it whatever it holds. The cache implements the Hugging Face
+rejected draft's keys from an earlier step (written at most ``span`` columns after that step's
+pending column): its slot's column by the formula is ``R`` columns earlier, at least
+``R - span = window`` columns before every query of the forward (a row's pending column never
+moves back), so the window masks it whatever it holds. And the ring holds every column a query
+can attend: the ``R >= window`` columns before the forward's first.
+
+The cache implements the Hugging Face
 ``Cache`` interface that decoder layers call (``update(key, value, layer_idx)``), so any model
 that accepts a custom 4D attention mask with explicit position ids runs on it unchanged
 (:func:`specdecode.models.facts.accepts_custom_4d_mask`).
@@ -70,8 +76,8 @@ class ColumnCache(Cache):
     @classmethod
     def for_model(cls, model: torch.nn.Module, capacity: int, span: int) -> "ColumnCache":
         """The cache of ``model`` with ``capacity`` columns, its sliding-window layers keeping a
-        ring of their window plus the ``span`` columns one step writes (plus one), where that is
-        smaller (:func:`specdecode.models.layer_masks.ring_sizes`)."""
+        ring of their window plus the ``span`` columns one step writes after the pending one,
+        where that is smaller (:func:`specdecode.models.layer_masks.ring_sizes`)."""
         from specdecode.models.layer_masks import ring_sizes
 
         return cls(capacity, ring_sizes(model, span, capacity))
