@@ -29,6 +29,7 @@ BAD = [
     (["bench", "--num-prompts", "-1"], "num_prompts: expected an int >= 1, got -1"),
     (["bench", "--quick", "--sizes", "0"], "unrecognized arguments: --sizes 0"),
     (["info", "--bogus", "foo"], "unrecognized arguments: --bogus foo"),
+    (["install-models", "llama"], "unknown model(s) llama; expected smollm2 and/or gemma3"),
     (["demo", "--gamma", "0"], "num_draft_tokens: expected an int >= 1, got 0"),
     (["nope"], "invalid choice: 'nope'"),
     (["prompts", "--target", "demo", "--out", "p.json"], "out: a prompt file's name ends with .jsonl.gz, got 'p.json'"),
