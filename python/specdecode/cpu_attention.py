@@ -28,8 +28,6 @@ handle's ``remove()`` puts ``"sdpa"`` back.
 
 from __future__ import annotations
 
-import inspect
-import sys
 import weakref
 from typing import Any
 
@@ -38,6 +36,7 @@ from torch import Tensor, nn
 
 from specdecode._ops import ops
 from specdecode.hf_attention import attention_configs, register_attention, sdpa_fallback
+from specdecode.models.source_text import module_mentions
 
 __all__ = ["ATTENTION_NAME", "MAX_QUERIES", "install", "installed_configs", "skinny_attention_applies",
            "skinny_sdpa_attention", "uninstall"]
@@ -101,27 +100,11 @@ def skinny_sdpa_attention(module: nn.Module, query: Tensor, key: Tensor, value: 
     return sdpa_fallback(module, query, key, value, attention_mask, dropout, scaling, is_causal, **kwargs)
 
 
-# model class -> whether its module branches on the name "sdpa" itself. Keyed by the class
-# (weakly), never by an id().
-_NAMES_SDPA: "weakref.WeakKeyDictionary[type, bool]" = weakref.WeakKeyDictionary()
-
-
 def _branches_on_the_name(model: nn.Module) -> bool:
     """Whether a module class of ``model`` compares its attention implementation with ``"sdpa"``
     itself (Falcon does: under any other name it adds a boolean mask as if it were additive,
     and stops being causal), so that renaming the implementation would change its math."""
-    for cls in {type(m) for m in model.modules()}:
-        answer = _NAMES_SDPA.get(cls)
-        if answer is None:
-            module = sys.modules.get(cls.__module__)
-            try:
-                source = inspect.getsource(module) if module is not None else ""
-            except (OSError, TypeError):
-                source = ""
-            answer = _NAMES_SDPA[cls] = '_attn_implementation == "sdpa"' in source
-        if answer:
-            return True
-    return False
+    return any(module_mentions(cls, '_attn_implementation == "sdpa"') for cls in {type(m) for m in model.modules()})
 
 
 def install(model: nn.Module) -> list[weakref.ref]:

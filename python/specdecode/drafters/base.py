@@ -232,8 +232,8 @@ class Drafter(Protocol):
 
     Optional attributes the engine reads when present: ``name`` (str, for statistics),
     ``device`` (a ``torch.device`` the drafter computes on, synchronised for timings) and
-    ``max_columns`` (int: the drafter cannot attend over more cache columns, e.g. a draft
-    model's sliding window) and ``feature_layers`` (a tuple of indices into the target's
+    ``max_columns`` (int: the drafter cannot attend over more cache columns, e.g. a cache
+    that keeps only so many) and ``feature_layers`` (a tuple of indices into the target's
     ``hidden_states``, or None: the target's hidden states the drafter reads, handed over in
     :attr:`CommitUpdate.features` from the verification forward itself; a drafter without it
     gets none and the target is not asked for them).
@@ -383,7 +383,8 @@ class DrafterBase:
 
     #: Shown in statistics and benchmark tables.
     name: str = "drafter"
-    #: Most cache columns the drafter can attend over (a sliding window), or None.
+    #: Most cache columns the drafter can attend over, or None (a model's own sliding-window
+    #: layers need nothing here: their windows are masks, specdecode.models.layer_masks).
     max_columns: int | None = None
     #: Draft tokens per step ``generate`` uses when not told (None: its default, 5); a trained
     #: drafter's record may set it (``specdecode.load_drafter``).

@@ -1,5 +1,5 @@
 """The Hugging Face model layer: facts about a causal LM (where its inputs go, its vocabulary,
-its sliding window, its decoder layers), how a cache is handed to a model and read back
+its decoder layers, the masks of each layer type), how a cache is handed to a model and read back
 (``cache=`` or ``past_key_values=``, per model class), one forward call with an explicit cache, the KV-cache
 operations the engine and the drafters share (crop, row selection, per-row column gather), and
 a view of a model that runs a subset of its decoder layers on the same weights.
@@ -17,7 +17,6 @@ from specdecode.models.facts import (
     full_tensor,
     input_device,
     local_tensor,
-    sliding_window,
     unloaded_parameters,
     vocab_rows,
 )
@@ -42,7 +41,6 @@ __all__ = [
     "new_cache",
     "returned_cache",
     "select_rows",
-    "sliding_window",
     "unloaded_parameters",
     "vocab_rows",
 ]

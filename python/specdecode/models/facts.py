@@ -84,15 +84,6 @@ def check_model(name: str, model: Any) -> None:
         )
 
 
-def sliding_window(model: torch.nn.Module) -> int | None:
-    """The model's sliding attention window in tokens, or None."""
-    config = getattr(model, "config", None)
-    window = getattr(config, "sliding_window", None)
-    if window is None or getattr(config, "use_sliding_window", True) is False:
-        return None
-    return int(window)
-
-
 def vocab_rows(model: torch.nn.Module) -> int:
     """Width of the model's logits: rows of its output embedding (config.vocab_size otherwise).
     A tensor-parallel output embedding is a ``DTensor`` whose shape is the global one."""

@@ -26,14 +26,13 @@ None for them).
 
 from __future__ import annotations
 
-import inspect
-import sys
-import weakref
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor
+
+from specdecode.models.source_text import module_mentions
 
 __all__ = ["ATTENTION_TYPES", "LayerLayout", "layer_masks", "layout"]
 
@@ -75,8 +74,9 @@ def layout(model: torch.nn.Module) -> LayerLayout | None:
     chunk = _positive(getattr(config, "attention_chunk_size", None))
     types = getattr(config, "layer_types", None)
     if not isinstance(types, (list, tuple)) or not types:
-        if window is None or not _builds_sliding_masks(type(model)):
-            return None  # a window the model's own masks never apply (e.g. one only flash attention reads)
+        if window is None or not module_mentions(type(model), "create_sliding_window_causal_mask"):
+            # a window the model's own masks never apply (Moshi's: only flash attention reads it)
+            return None
         return LayerLayout(windows={"sliding_attention": window}, chunk=None, mapping=False)
     kinds = list(dict.fromkeys(str(t) for t in types))
     if "sliding_attention" not in kinds and "chunked_attention" not in kinds:
@@ -84,31 +84,6 @@ def layout(model: torch.nn.Module) -> LayerLayout | None:
     windows = {kind: (window if kind == "sliding_attention" else None) for kind in kinds if kind in ATTENTION_TYPES}
     others = tuple(kind for kind in kinds if kind not in ATTENTION_TYPES)
     return LayerLayout(windows=windows, chunk=chunk, mapping=True, other_types=others)
-
-
-# model class -> whether its module builds sliding-window masks. Keyed by the class itself
-# (weakly: a class made in a notebook cell goes with it), never by an id().
-_SLIDES: "weakref.WeakKeyDictionary[type, bool]" = weakref.WeakKeyDictionary()
-
-
-def _builds_sliding_masks(cls: type) -> bool:
-    """Whether a model class without ``config.layer_types`` applies ``config.sliding_window`` in
-    its own masks: some module along its MRO calls Hugging Face's sliding-window mask builder
-    (Mistral, Phi-3, Starcoder2, ...; Moshi's config has a window that only flash attention reads)."""
-    answer = _SLIDES.get(cls)
-    if answer is None:
-        answer = False
-        for klass in cls.__mro__:
-            module = sys.modules.get(klass.__module__)
-            try:
-                source = inspect.getsource(module) if module is not None else ""
-            except (OSError, TypeError):
-                continue
-            if "create_sliding_window_causal_mask" in source:
-                answer = True
-                break
-        _SLIDES[cls] = answer
-    return answer
 
 
 def _allowed(attention_mask: Tensor | None, batch: int, num_queries: int, num_columns: int,
