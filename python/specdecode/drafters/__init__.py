@@ -25,6 +25,9 @@
   tokens in earlier generations, a :class:`TokenCorpus` of documents and the row's own context).
 - :class:`FallbackDrafter`: a model-free chain (SuffixDecoding, prompt lookup) where it is
   confident, a model's chain (EAGLE, a draft model) elsewhere.
+- :class:`DFlashDrafter`: block drafting (DFlash): a small non-causal network reads the target's
+  fused hidden states as keys/values and drafts a whole block of mask tokens in one forward
+  (chains and top-k rank trees).
 - :class:`PartialCacheDrafter`: the target over a partial KV cache (attention sinks plus a recent
   window), TriForce's middle drafter; under a :class:`VerticalCascadeDrafter`, the hierarchy.
 """
@@ -40,6 +43,7 @@ from specdecode.drafters.base import (
     StaticDraftState,
     point_mass_logits,
 )
+from specdecode.drafters.dflash import DFlashDrafter
 from specdecode.drafters.eagle import EagleDrafter
 from specdecode.drafters.jacobi import JacobiDrafter
 from specdecode.drafters.cascade import HorizontalCascadeDrafter, VerticalCascadeDrafter
@@ -58,6 +62,7 @@ from specdecode.drafters.tokenizer_bridge import TokenizerBridgeDrafter
 
 __all__ = [
     "CommitUpdate",
+    "DFlashDrafter",
     "DraftState",
     "Drafter",
     "DrafterBase",

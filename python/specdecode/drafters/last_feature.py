@@ -29,7 +29,8 @@ from specdecode.trees.static_growth import StaticTreeDraft, StaticTreePlan
 from specdecode.trees.tree import TokenTree
 
 __all__ = ["FeatureHeads", "LastFeatureDrafter", "check_count", "check_heads_target", "check_width", "draw",
-           "heads_setup", "static_features_at", "tree_layout", "tree_proposal"]
+           "heads_setup", "static_features_at", "static_rank_tree", "tree_layout",
+           "tree_proposal"]
 
 
 def check_count(name: str, value: object) -> int:
@@ -266,17 +267,21 @@ class LastFeatureDrafter(DrafterBase):
         return None
 
     def _static_tree_draft(self, state: StaticDraftState, plan: StaticTreePlan, tokens: Tensor) -> StaticTreeDraft:
-        """The step's trees from their node tokens (the pending token first), in the plan's
-        shape; every node is present (siblings are distinct ranks of one distribution).
+        return static_rank_tree(state, plan, tokens)
 
-        Shape: tokens ``[B, N]`` int64.
-        """
-        shape = plan.shape
-        assert shape is not None
-        parents, offsets = state.buffer(f"choices_tree:{plan.key}", lambda: (
-            torch.tensor(shape.parents, dtype=torch.long, device=state.device),
-            torch.arange(shape.num_nodes, device=state.device)))
-        B, N = tokens.shape
-        return StaticTreeDraft(tokens, parents.expand(B, -1).contiguous(),
-                               torch.full((B,), N, dtype=torch.long, device=state.device), None,
-                               offsets.expand(B, -1).contiguous())
+
+def static_rank_tree(state: StaticDraftState, plan: StaticTreePlan, tokens: Tensor) -> StaticTreeDraft:
+    """The step's trees from their node tokens (the pending token first), in the plan's shape;
+    every node is present (siblings are distinct ranks of one distribution).
+
+    Shape: tokens ``[B, N]`` int64.
+    """
+    shape = plan.shape
+    assert shape is not None
+    parents, offsets = state.buffer(f"choices_tree:{plan.key}", lambda: (
+        torch.tensor(shape.parents, dtype=torch.long, device=state.device),
+        torch.arange(shape.num_nodes, device=state.device)))
+    B, N = tokens.shape
+    return StaticTreeDraft(tokens, parents.expand(B, -1).contiguous(),
+                           torch.full((B,), N, dtype=torch.long, device=state.device), None,
+                           offsets.expand(B, -1).contiguous())
