@@ -44,8 +44,8 @@ def demo_run(tmp_path_factory):
 
 
 def test_kinds():
-    assert list_kinds() == ["draft", "eagle", "exit", "hydra", "medusa"]
-    with pytest.raises(ValueError, match="kind: expected one of draft, eagle, exit, hydra, medusa"):
+    assert list_kinds() == ["dflash", "draft", "eagle", "exit", "hydra", "medusa"]
+    with pytest.raises(ValueError, match="kind: expected one of dflash, draft, eagle, exit, hydra, medusa"):
         train_drafter("nonesuch", torch.nn.Linear(2, 2), "unused")
 
 

@@ -40,11 +40,11 @@ def demo():
 
 @pytest.fixture(scope="module")
 def every_kind(tmp_path_factory):
-    """``train eagle medusa hydra exit draft --target demo`` with --export, 2 steps each."""
+    """``train eagle medusa hydra exit draft dflash --target demo`` with --export, 2 steps each."""
     root = tmp_path_factory.mktemp("run")
     out, export = root / "run", root / "export"
-    main(["train", "eagle", "medusa", "hydra", "exit", "draft", "--target", "demo", "--out", str(out),
-          "--export", str(export), "--max-steps", "2", "--num-layers", "1", *TINY])
+    main(["train", "eagle", "medusa", "hydra", "exit", "draft", "dflash", "--target", "demo", "--out", str(out),
+          "--export", str(export), "--max-steps", "2", "--num-layers", "1", "--block-size", "4", *TINY])
     return out, export
 
 
@@ -57,7 +57,7 @@ def test_every_kind_trains_from_one_data_cache(every_kind, capsys):
     for kind, record in records.items():
         t = record["training"]
         assert record["kind"] == kind and record["target"]["name"] == "demo" and t["steps"] == 2
-        assert t["kinds_in_run"] == ["eagle", "medusa", "hydra", "exit", "draft"]
+        assert t["kinds_in_run"] == ["eagle", "medusa", "hydra", "exit", "draft", "dflash"]
         assert (t["sequences"], t["data_seconds"], t["tokens"]) == (first["sequences"], first["data_seconds"],
                                                                     first["tokens"])
         assert t["device"] == "cpu" and t["data_batch_size"] == 4
@@ -212,7 +212,7 @@ def cuda() -> torch.device:
 @pytest.mark.cuda
 def test_every_kind_in_one_run_on_the_gpu(cuda, tmp_path, capsys):
     """The command a GPU session runs, on the demo target: every kind, --device cuda, --export."""
-    main(["train", "eagle", "medusa", "hydra", "exit", "draft", "--target", "demo", "--device", "cuda",
+    main(["train", "eagle", "medusa", "hydra", "exit", "draft", "dflash", "--target", "demo", "--device", "cuda",
           "--out", str(tmp_path / "run"), "--export", str(tmp_path / "fp16"), "--max-steps", "2", "--num-layers", "1",
           "--num-prompts", "8", "--max-length", "48", "--max-new-tokens", "16"])
     target, _, tokenizer = specdecode.load_demo_pair()

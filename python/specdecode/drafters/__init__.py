@@ -28,6 +28,8 @@
 - :class:`DFlashDrafter`: block drafting (DFlash): a small non-causal network reads the target's
   fused hidden states as keys/values and drafts a whole block of mask tokens in one forward
   (chains and top-k rank trees).
+- :func:`load_dflash`: a :class:`DFlashDrafter` from a published DFlash checkpoint folder
+  (``DFlashDraftModel``; :mod:`specdecode.drafters.dflash_checkpoint`).
 - :class:`PartialCacheDrafter`: the target over a partial KV cache (attention sinks plus a recent
   window), TriForce's middle drafter; under a :class:`VerticalCascadeDrafter`, the hierarchy.
 """
@@ -44,6 +46,7 @@ from specdecode.drafters.base import (
     point_mass_logits,
 )
 from specdecode.drafters.dflash import DFlashDrafter
+from specdecode.drafters.dflash_checkpoint import load_dflash
 from specdecode.drafters.eagle import EagleDrafter
 from specdecode.drafters.jacobi import JacobiDrafter
 from specdecode.drafters.cascade import HorizontalCascadeDrafter, VerticalCascadeDrafter
@@ -89,5 +92,6 @@ __all__ = [
     "TokenCorpus",
     "TokenizerBridgeDrafter",
     "VerticalCascadeDrafter",
+    "load_dflash",
     "point_mass_logits",
 ]

@@ -124,6 +124,9 @@ class DFlashDrafter(DrafterBase):
         ids = model.draft_to_target
         self._head = output_head(target, None if ids is None else ids.cpu(), model.target_vocab)
         self.default_num_draft_tokens = min(self.max_drafts, 7)
+        #: per block position, the measured rate of each rank (a trained drafter's record), or None:
+        #: ``sparse_tree(drafter.rank_rates, N)`` builds a tree from it
+        self.rank_rates: list[list[float]] | None = None
         self.reset()
 
     def reset(self) -> None:
@@ -140,7 +143,9 @@ class DFlashDrafter(DrafterBase):
 
     def with_tree(self, tree: Sequence[Sequence[int]] | None) -> "DFlashDrafter":
         """A drafter on the same network drafting rank-path trees (None: chains)."""
-        return DFlashDrafter(self.target, self.model, tree=tree)
+        clone = DFlashDrafter(self.target, self.model, tree=tree)
+        clone.rank_rates = self.rank_rates
+        return clone
 
     # ------------------------------------------------------------------ logits
     def _logits(self, hidden: Tensor, vocab_size: int, device: torch.device) -> Tensor:

@@ -112,13 +112,20 @@ def load_drafter(path: str | Path, target: torch.nn.Module) -> Any:
     :func:`specdecode.generate` with ``target`` (for the ``draft`` kind: a plain Hugging Face
     causal LM in eval mode, on the target's device and in its dtype).
 
+    A published DFlash checkpoint folder (``config.json`` naming ``DFlashDraftModel``, no
+    ``specdecode_drafter.json``) loads too, through
+    :func:`~specdecode.drafters.dflash_checkpoint.load_dflash`.
+
     Raises ``ValueError`` naming ``target`` when ``target`` is not the model the drafter was
     trained for (its weights fingerprint differs), and naming ``path`` when the folder holds no
     drafter."""
+    from specdecode.drafters.dflash_checkpoint import is_dflash_checkpoint, load_dflash
     from specdecode.training import kind_module
 
     if not isinstance(target, torch.nn.Module):
         raise TypeError(f"target: expected the target model (a torch.nn.Module), got {type(target).__name__}")
+    if is_dflash_checkpoint(path) and not (Path(path) / RECORD_FILE).is_file():
+        return load_dflash(path, target)
     record = read_record(path)
     check_target(record, target, path)
     drafter = kind_module(record["kind"]).load(Path(path), target, record)

@@ -134,6 +134,17 @@ def _shares(text: str) -> dict[str, float]:
     return parse_shares(text)
 
 
+def _target_layers(text: str) -> list[int]:
+    """``"1,3"`` as ``[1, 3]`` (decoder layers, 0-based), or ``ValueError`` naming ``target_layer_ids``."""
+    try:
+        layers = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise ValueError(f"target_layer_ids: expected comma-separated ints such as 1,9,17, got {text!r}") from None
+    if any(layer < 0 for layer in layers) or len(set(layers)) != len(layers):
+        raise ValueError(f"target_layer_ids: distinct decoder layers >= 0, got {text!r}")
+    return layers
+
+
 def _feature_layers(text: str) -> tuple[int, ...]:
     """``2,15,-1`` as ``(2, 15, -1)`` (checked against the target when the drafter is built)."""
     parts = [part.strip() for part in text.split(",")]
@@ -158,7 +169,7 @@ def train_parser(sub: Any) -> argparse.ArgumentParser:
     t = sub.add_parser("train", help="train drafters for a target (python -m specdecode train --help)",
                        description=TRAIN_DESCRIPTION, formatter_class=cli_args.HelpFormatter)
     t.add_argument("kind", nargs="*", type=cli_args.checked(_kind, "kind"),
-                   help="drafter kinds: draft, eagle, exit, hydra, medusa (one or more, or --kinds)")
+                   help="drafter kinds: dflash, draft, eagle, exit, hydra, medusa (one or more, or --kinds)")
     t.add_argument("--kinds", type=cli_args.checked(_kinds, "kinds"), default=None,
                    help="the kinds as one comma-separated list (instead of the positional kinds)")
     t.add_argument("--target", required=True, type=cli_args.checked(_target, "target"),
@@ -203,7 +214,13 @@ def train_parser(sub: Any) -> argparse.ArgumentParser:
                         "eagle=0.5,medusa=0.2,hydra=0.1,exit=0.1,draft=0.1 (weights; default: eagle 40%%, or twice "
                         "each other kind's share when that is more, the others equal)")
     t.add_argument("--draft-vocab", type=cli_args.int_at_least("draft_vocab", 1), default=None,
-                   help="eagle: a reduced head over the N most frequent tokens (default: the target's head)")
+                   help="eagle, dflash: a reduced head over the N most frequent tokens (default: the target's head)")
+    t.add_argument("--block-size", type=cli_args.int_at_least("block_size", 2), default=None,
+                   help="dflash: positions per block, the pending token and block_size - 1 drafts (default 16)")
+    t.add_argument("--target-layers", type=cli_args.checked(_target_layers, "target_layer_ids"), default=None,
+                   help="dflash: the target's decoder layers (0-based) whose outputs the drafter reads, "
+                        "comma-separated (default: as many as its layers, spread from the second to the fourth "
+                        "from last)")
     t.add_argument("--unroll", type=int, choices=range(1, 8), default=None, metavar="{1..7}",
                    help="eagle: C > 1 also trains draft steps 2..C on the drafter's own features (training-time "
                         "test; default 1)")
@@ -224,7 +241,8 @@ def train_parser(sub: Any) -> argparse.ArgumentParser:
     t.add_argument("--head-layers", type=cli_args.int_at_least("head_layers", 1), default=None,
                    help="hydra: layers of each head's MLP (default 2)")
     t.add_argument("--num-layers", type=cli_args.int_at_least("num_layers", 1), default=None,
-                   help="draft: the target's first N layers (default: an eighth of them)")
+                   help="draft: the target's first N layers (default: an eighth of them); dflash: its draft layers "
+                        "(default 1)")
     t.add_argument("--num-prompts", type=cli_args.int_at_least("num_prompts", 1), default=None,
                    help="default prompts to continue with the target (default 256; ignored with --data FILE)")
     t.add_argument("--data-batch-size", type=cli_args.int_at_least("data_batch_size", 1), default=None,
@@ -250,14 +268,16 @@ def train_parser(sub: Any) -> argparse.ArgumentParser:
 
 # flag (its args attribute) -> (the build option it sets, the kinds that take it, what the error says)
 _KIND_FLAGS: tuple[tuple[str, str, tuple[str, ...], str], ...] = (
-    ("draft_vocab", "draft_vocab_size", ("eagle",), "only the eagle kind has a reduced head"),
+    ("draft_vocab", "draft_vocab_size", ("eagle", "dflash"), "only the eagle and dflash kinds have a reduced head"),
+    ("block_size", "block_size", ("dflash",), "only the dflash kind drafts blocks"),
+    ("target_layers", "target_layer_ids", ("dflash",), "only the dflash kind reads chosen decoder layers"),
     ("unroll", "unroll", ("eagle",), "only the eagle kind unrolls its draft steps"),
     ("feature_layers", "feature_layers", ("eagle",), "only the eagle kind reads chosen target layers"),
     ("num_heads", "num_heads", ("medusa", "hydra"), "only the medusa and hydra kinds have heads"),
     ("head_tokens", "head_tokens", ("exit", "medusa", "hydra"),
      "only the exit, medusa and hydra kinds end in the target's head"),
     ("head_layers", "head_layers", ("hydra",), "only the hydra kind has MLP heads"),
-    ("num_layers", "num_layers", ("draft",), "only the draft kind is made of the target's first layers"),
+    ("num_layers", "num_layers", ("draft", "dflash"), "only the draft and dflash kinds have a number of layers"),
 )
 _EXIT_FLAGS = (("layer", "exit_layer"), ("adapter", "adapter"))
 
@@ -365,7 +385,7 @@ def run_train(args: argparse.Namespace) -> dict[str, Any]:
         raise ValueError("kinds: give the kinds as arguments or as --kinds, not both")
     kinds = kit.check_kinds(listed or kinds) if (listed or kinds) else []
     if not kinds:
-        raise ValueError("kind: name at least one drafter kind (draft, eagle, exit, hydra, medusa)")
+        raise ValueError("kind: name at least one drafter kind (dflash, draft, eagle, exit, hydra, medusa)")
     options = _kind_options(args, kinds)
     settings = _run_settings(args)
     out = Path(args.out)

@@ -12,7 +12,8 @@ from typing import Any
 __all__ = ["KINDS", "TrainResult", "check_kinds", "check_number", "kind_module", "list_kinds"]
 
 #: Drafter kinds: name -> the module that builds, runs, saves and loads one.
-KINDS: dict[str, str] = {"draft": "specdecode.training.draft", "eagle": "specdecode.training.eagle",
+KINDS: dict[str, str] = {"dflash": "specdecode.training.dflash", "draft": "specdecode.training.draft",
+                         "eagle": "specdecode.training.eagle",
                          "exit": "specdecode.training.exit", "hydra": "specdecode.training.hydra",
                          "medusa": "specdecode.training.medusa"}
 

@@ -14,6 +14,7 @@ and stops there or when the budget is spent, whichever comes first.
 
 from __future__ import annotations
 
+import inspect
 import math
 import time
 from contextlib import contextmanager
@@ -27,7 +28,7 @@ from tqdm.auto import tqdm
 
 from specdecode.training.data import Example
 from specdecode.training.device import peak_memory_mib
-from specdecode.training.losses import distill_loss
+from specdecode.training.losses import DistillMetrics, PlacedLogits, distill_loss, placed_loss
 
 __all__ = ["CHECKPOINT_FILE", "Batch", "LoopSettings", "StepInfo", "collate", "run_loop", "step_metrics"]
 
@@ -170,18 +171,30 @@ def _lr(step: int, horizon: int | None, settings: LoopSettings) -> float:
 Forward = Callable[..., Any]
 
 
-def _run_forward(forward: Forward, model: torch.nn.Module, b: Batch) -> tuple[Tensor, Tensor | None]:
+def _run_forward(forward: Forward, model: torch.nn.Module, b: Batch) -> tuple[Any, Tensor | None]:
     """The drafter's logits on a batch and the extra loss its kind adds (None when none);
-    ``features=`` is passed only when the batch has them."""
-    out = forward(model, b.input_ids, b.attention_mask, **({} if b.features is None else {"features": b.features}))
+    ``features=`` is passed only when the batch has them, ``counted=`` only to a forward that
+    takes it (a block drafter places its blocks where the loss counts)."""
+    extra: dict[str, Any] = {} if b.features is None else {"features": b.features}
+    if "counted" in inspect.signature(forward).parameters:
+        extra["counted"] = b.counted
+    out = forward(model, b.input_ids, b.attention_mask, **extra)
     return out if isinstance(out, tuple) else (out, None)
+
+
+def _metrics(logits: Any, b: Batch, loss: str) -> DistillMetrics:
+    """The distillation loss and estimates of a forward's logits (``[b, t, V]`` predicting each
+    position's next token, or :class:`~specdecode.training.losses.PlacedLogits`)."""
+    if isinstance(logits, PlacedLogits):
+        return placed_loss(logits, b.top_logp, b.top_ids, b.counted, loss)
+    return distill_loss(logits, b.top_logp, b.top_ids, b.counted, loss)
 
 
 def step_metrics(forward: Forward, model: torch.nn.Module, b: Batch, loss: str) -> tuple[Any, Tensor]:
     """One training step's metrics on batch ``b`` (the distillation loss and the acceptance
     estimates) and the loss to minimize (the distillation loss plus the kind's extra term)."""
     logits, extra = _run_forward(forward, model, b)
-    metrics = distill_loss(logits, b.top_logp, b.top_ids, b.counted, loss)
+    metrics = _metrics(logits, b, loss)
     return metrics, (metrics.loss if extra is None else metrics.loss + extra)
 
 
@@ -194,7 +207,7 @@ def evaluate(model: torch.nn.Module, forward: Forward, examples: list[Example], 
     total = 0
     for start in range(0, len(examples), settings.batch_size):
         b = collate(examples[start: start + settings.batch_size], device)
-        m = distill_loss(_run_forward(forward, model, b)[0], b.top_logp, b.top_ids, b.counted, settings.loss)
+        m = _metrics(_run_forward(forward, model, b)[0], b, settings.loss)
         sums["loss"] += m.loss.item() * m.positions
         sums["greedy_acceptance"] += m.greedy_acceptance * m.positions
         sums["sampled_acceptance"] += m.sampled_acceptance * m.positions

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-__all__ = ["LOSSES", "DistillMetrics", "SubsetLogits", "distill_loss"]
+__all__ = ["LOSSES", "DistillMetrics", "PlacedLogits", "SubsetLogits", "distill_loss", "placed_loss"]
 
 LOSSES: tuple[str, ...] = ("kl", "tvd")
 
@@ -44,6 +44,38 @@ class SubsetLogits:
 
 
 @dataclass
+class PlacedLogits:
+    """Draft logits whose labels sit at other positions of the batch: row ``(b, i)`` is trained
+    toward the target's distribution at position ``source[b, i]`` of row ``b`` (a block drafter
+    predicts several positions from one anchor, and a position from several anchors), weighed
+    ``weights[b, i]`` in the loss.
+
+    Shape:
+        logits: ``[b, m, V]`` (or :class:`SubsetLogits` of ``[b, m, N]``); source: ``[b, m]``
+        int64 in ``[0, t)``; counted: ``[b, m]`` bool (rows that count, before the batch's own
+        ``counted`` at ``source`` is applied); weights: ``[b, m]`` float or None (all 1).
+    """
+
+    logits: Tensor | SubsetLogits
+    source: Tensor
+    counted: Tensor
+    weights: Tensor | None = None
+
+
+def placed_loss(placed: PlacedLogits, top_logp: Tensor, top_ids: Tensor, counted: Tensor, loss: str = "kl"
+                ) -> "DistillMetrics":
+    """:func:`distill_loss` of :class:`PlacedLogits`: the labels gathered at ``source`` (a row
+    counts where ``placed.counted`` and the batch's ``counted`` at its source both hold).
+
+    Shape: top_logp, top_ids ``[b, t, k]``; counted ``[b, t]`` bool.
+    """
+    index = placed.source[..., None].expand(-1, -1, top_ids.shape[-1])
+    mask = placed.counted & counted.gather(1, placed.source)
+    return distill_loss(placed.logits, top_logp.gather(1, index), top_ids.gather(1, index), mask, loss,
+                        weights=placed.weights)
+
+
+@dataclass
 class DistillMetrics:
     """Means over the counted positions: the loss, greedy agreement (the draft's argmax is the
     target's: a greedy draft token is accepted) and the sampled acceptance ``sum min(p, q)``
@@ -56,14 +88,16 @@ class DistillMetrics:
 
 
 def distill_loss(draft_logits: Tensor | SubsetLogits, top_logp: Tensor, top_ids: Tensor, mask: Tensor,
-                 loss: str = "kl") -> DistillMetrics:
-    """The distillation loss and acceptance estimates of one batch.
+                 loss: str = "kl", weights: Tensor | None = None) -> DistillMetrics:
+    """The distillation loss and acceptance estimates of one batch (``weights``: the loss is the
+    weighted mean over the counted positions; the estimates stay plain means).
 
     Shape:
         draft_logits: ``[b, t, V]`` the drafter's next-token logits (or :class:`SubsetLogits`).
         top_logp: ``[b, t, k]`` the target's largest log-probabilities, decreasing.
         top_ids: ``[b, t, k]`` int, their token ids.
         mask: ``[b, t]`` bool, the positions that count.
+        weights: ``[b, t]`` float or None.
     """
     if loss not in LOSSES:
         raise ValueError(f"loss: expected one of {', '.join(LOSSES)}, got {loss!r}")
@@ -90,7 +124,11 @@ def distill_loss(draft_logits: Tensor | SubsetLogits, top_logp: Tensor, top_ids:
         rest = (q_top.sum(-1) - p.sum(-1)).abs()
         per_position = 0.5 * ((p - q_top).abs().sum(-1) + rest)
     count = int(mask.sum())
-    value = (per_position * mask).sum() / max(count, 1)
+    if weights is None:
+        value = (per_position * mask).sum() / max(count, 1)
+    else:
+        weighted = weights.float() * mask
+        value = (per_position * weighted).sum() / weighted.sum().clamp_min(1e-9)
     with torch.no_grad():
         greedy = ((argmax == ids[..., 0]) & mask).sum().item() / max(count, 1)
         sampled = (torch.minimum(p, q_top).sum(-1) * mask).sum().item() / max(count, 1)
