@@ -2,7 +2,8 @@
 # One prepared GPU run of the training kit: every drafter kind for SmolLM2-135M-Instruct from one
 # process and one data stage (the continuations on specdecode's graphed path, the self-instruct and
 # multi-turn prompts from the file that ships with the package), EAGLE continued from the shipped
-# drafter (--init-from), the drafters back in half precision.
+# drafter (--init-from), DFlash trained beside it with the same share of the time (the block
+# drafter against EAGLE at equal training on SmolLM2), the drafters back in half precision.
 #
 # The target's GGUF (94 MiB) is larger than what one device call carries (64 MiB, the ~26 MB
 # working tree included), so it travels in parts over consecutive calls to one warm machine,
@@ -45,22 +46,23 @@
 # (each kind is exported as soon as it is trained, so a run cut short still returns the kinds it
 # finished; the time after the data stage is shared by the kinds as SHARES says: EAGLE the largest
 # part, then Medusa) and writes into $OUT: KIND.tar per kind, train.log, and summary.json (each kind's
-# record without its loss curve): at most 7 files, each under 16 MiB with the default KIND_ARGS.
+# record without its loss curve): at most 8 files, each under 16 MiB with the default KIND_ARGS.
 #
 # Environment (defaults in brackets):
 #   MINUTES       the training run's budget, data and every kind [7.5]
 #   DATA_MINUTES  the data stage's part of it [2]
-#   KINDS         kinds, in training order [eagle medusa hydra exit draft]
-#   SHARES        --shares' value [eagle=0.45,medusa=0.25,hydra=0.1,exit=0.1,draft=0.1 with the default
-#                 KINDS: the time to the kinds the issue's goals name (EAGLE 3 tokens per call, Medusa
-#                 2.3; the exit adapter's 1.8 is met), each other kind a tenth; other KINDS: none, the
-#                 kit's default shares]
+#   KINDS         kinds, in training order [eagle dflash medusa hydra exit draft]
+#   SHARES        --shares' value [eagle=0.35,dflash=0.35,medusa=0.12,hydra=0.06,exit=0.06,draft=0.06
+#                 with the default KINDS: EAGLE and DFlash the same time (the block drafter measured
+#                 against EAGLE at equal training; whichever gives more tokens per second on held-out
+#                 prompts ships), the rest to the others; other KINDS: none, the kit's default shares]
 #   NUM_PROMPTS   prompts the data stage may continue (it stops at its time) [150000]
 #   PROMPT_MIX    [templates=0.6,self-instruct=0.15,multi-turn=0.15,code=0.05,prose=0.05]
 #   INIT_FROM     --init-from's value [eagle=python/specdecode/pair_drafters/smollm2-eagle for smollm2,
 #                 none for demo]
-#   KIND_ARGS     [--draft-vocab 8192 --freeze-head --unroll 4 --num-layers 2 --head-tokens 8192] (the
-#                 shipped EAGLE drafter's head; the training-time test four steps deep: steps 3+ gain at
+#   KIND_ARGS     [--draft-vocab 8192 --freeze-head --unroll 4 --num-layers 2 --head-tokens 8192
+#                 --block-size 16] (the shipped EAGLE drafter's head, DFlash's too: 2 draft layers, blocks
+#                 of 16; the training-time test four steps deep: steps 3+ gain at
 #                 equal time, 2026-11-29; a 2-layer draft model keeps its file under 16 MiB; Medusa, Hydra
 #                 and the exit adapter over a reduced head of 8192 ids: 4.6x the Medusa steps a second
 #                 on the CPU, higher acceptance at every draft step, 2026-11-29)
@@ -91,14 +93,14 @@ TARGET=${TARGET:-smollm2}
 DEVICE=${DEVICE:-cuda}
 MINUTES=${MINUTES:-7.5}
 DATA_MINUTES=${DATA_MINUTES:-2}
-DEFAULT_KINDS="eagle medusa hydra exit draft"
+DEFAULT_KINDS="eagle dflash medusa hydra exit draft"
 KINDS=${KINDS:-$DEFAULT_KINDS}
-if [ "$KINDS" = "$DEFAULT_KINDS" ]; then SHARES=${SHARES-eagle=0.45,medusa=0.25,hydra=0.1,exit=0.1,draft=0.1}
+if [ "$KINDS" = "$DEFAULT_KINDS" ]; then SHARES=${SHARES-eagle=0.35,dflash=0.35,medusa=0.12,hydra=0.06,exit=0.06,draft=0.06}
 else SHARES=${SHARES:-}; fi
 NUM_PROMPTS=${NUM_PROMPTS:-150000}
 PROMPT_MIX=${PROMPT_MIX:-templates=0.6,self-instruct=0.15,multi-turn=0.15,code=0.05,prose=0.05}
 if [ "$TARGET" = smollm2 ]; then INIT_FROM=${INIT_FROM-eagle=python/specdecode/pair_drafters/smollm2-eagle}; else INIT_FROM=${INIT_FROM:-}; fi
-KIND_ARGS=${KIND_ARGS---draft-vocab 8192 --freeze-head --unroll 4 --num-layers 2 --head-tokens 8192}
+KIND_ARGS=${KIND_ARGS---draft-vocab 8192 --freeze-head --unroll 4 --num-layers 2 --head-tokens 8192 --block-size 16}
 EXTRA_ARGS=${EXTRA_ARGS:-}
 PROBE_PICK=${PROBE_PICK:-1}
 PROBE_MAX_BATCH=${PROBE_MAX_BATCH:-1024}

@@ -129,15 +129,37 @@ def test_block_logits_equal_a_from_scratch_reference(shape, monkeypatch):
         assert out.stats.repacks > 0 and out.stats.acceptance_rate < 1.0
 
 
-def test_compiled_path_greedy_and_tree():
+def test_compiled_path_traces_whole_and_compiles_once(monkeypatch):
+    """Chains and trees on the compiled path: greedy output is the target's, and a second
+    generation compiles nothing (the step traced whole, as for Inductor)."""
+    import specdecode.engine.compiled as compiled
+    from torch._dynamo.utils import counters
+
+    monkeypatch.setattr(compiled, "BACKEND", "aot_eager")
     target = target_model("llama", seed=2)
     ids, mask = left_padded([4, 7], vocab=111, seed=6)
     want = hf_greedy(target, ids, mask, max_new_tokens=12)
     for tree in (None, [(0,), (1,), (0, 0)]):
         drafter = DFlashDrafter(target, random_dflash(target, seed=5), tree=tree)
-        out = specdecode.generate(target, drafter, ids, mask, num_draft_tokens=3, max_new_tokens=12,
-                                  decode_path="compiled", pad_token_id=PAD)
-        assert torch.equal(out.sequences, want) and out.stats.decode_path == "compiled"
+        runs = []
+        for _ in range(2):
+            before = counters["stats"]["unique_graphs"]
+            runs.append(specdecode.generate(target, drafter, ids, mask, num_draft_tokens=3, max_new_tokens=12,
+                                            decode_path="compiled", pad_token_id=PAD))
+        assert all(torch.equal(out.sequences, want) and out.stats.decode_path == "compiled" for out in runs)
+        assert counters["stats"]["unique_graphs"] == before  # the second generation compiled nothing
+
+
+def test_static_propose_reads_nothing_on_the_host():
+    from test_static_features import guard_static_propose
+
+    target = target_model("llama", seed=3)
+    drafter = DFlashDrafter(target, random_dflash(target, seed=4))
+    calls = guard_static_propose(drafter)
+    ids, mask = left_padded([5, 3], vocab=111, seed=8)
+    out = specdecode.generate(target, drafter, ids, mask, num_draft_tokens=3, max_new_tokens=10, do_sample=True,
+                              decode_path="static", pad_token_id=PAD, generator=torch.Generator().manual_seed(0))
+    assert calls[0] == out.stats.decode_steps_run > 0
 
 
 # ------------------------------------------------------------------------ sampling exactness
@@ -193,10 +215,14 @@ class StaleContext(DFlashDrafter):
         proposal = super().propose(state, num_tokens)
         last = state.num_columns - 2
         if last >= 0:
-            kept = self.context.data[:, last].clone()
-            self.context.data[:, last] = 0
+            kept = [(k.data[:, :, last].clone(), v.data[:, :, last].clone()) for k, v in self.context]
+            for k, v in self.context:
+                k.data[:, :, last] = 0
+                v.data[:, :, last] = 0
             stale = self._block_logits(state)
-            self.context.data[:, last] = kept
+            for (k, v), (old_k, old_v) in zip(self.context, kept):
+                k.data[:, :, last] = old_k
+                v.data[:, :, last] = old_v
             proposal.draft_logits = stale[:, : proposal.draft_tokens.shape[1]]
         return proposal
 

@@ -150,7 +150,8 @@ def test_the_training_call_on_the_demo_target(tmp_path):
                                      "demo,bfloat16,16,5000.0,sdpa\ndemo,bfloat16,2048,9000.0,grouped\n")
     (stash / "labels-forward").touch()  # the probe's CUDA tests of the decode labels failed
     done = _run(RUN, "train", cwd=ROOT, TARGET="demo", DEVICE="cpu", MINUTES="0.4", DATA_MINUTES="0.1", STASH=str(stash),
-                NUM_PROMPTS="8", KIND_ARGS="--draft-vocab 512 --freeze-head --unroll 4 --num-layers 1 --head-tokens 512",
+                NUM_PROMPTS="8",
+                KIND_ARGS="--draft-vocab 512 --freeze-head --unroll 4 --num-layers 1 --head-tokens 512 --block-size 4",
                 # as planned (the demo's ids are fewer)
                 PROMPT_MIX="templates=0.5,code=0.25,prose=0.25",
                 EXTRA_ARGS="--threads 1 --max-length 48 --max-new-tokens 16 --data-batch-size 4 --batch-size 4 "
@@ -162,15 +163,15 @@ def test_the_training_call_on_the_demo_target(tmp_path):
     assert "data stage as the probe found fastest: --data-batch-size 4 --dtype float32" in done.stdout
     assert "the data stage labels with a second forward" in done.stdout
     files = sorted(p.name for p in out.iterdir())
-    kinds = ["draft", "eagle", "exit", "hydra", "medusa"]
+    kinds = ["dflash", "draft", "eagle", "exit", "hydra", "medusa"]
     assert files == [f"{k}.tar" for k in kinds] + ["summary.json", "train.log"] and len(files) <= 8
     assert all((out / name).stat().st_size < 16 * MIB for name in files)
     summary = json.loads((out / "summary.json").read_text())
     assert sorted(summary) == kinds and all("losses" not in s["training"] for s in summary.values())
     assert summary["eagle"]["training"]["options"]["unroll"] == 4
-    assert all(summary[kind]["vocab"]["size"] == 512 for kind in ("exit", "hydra", "medusa"))
-    assert summary["medusa"]["training"]["time_shares"] == {"eagle": 0.45, "medusa": 0.25, "hydra": 0.1,
-                                                            "exit": 0.1, "draft": 0.1}
+    assert all(summary[kind]["vocab"]["size"] == 512 for kind in ("exit", "hydra", "medusa", "dflash"))
+    assert summary["medusa"]["training"]["time_shares"] == {"eagle": 0.35, "dflash": 0.35, "medusa": 0.12,
+                                                            "hydra": 0.06, "exit": 0.06, "draft": 0.06}
     target, _, tokenizer = specdecode.load_demo_pair()
     back = tmp_path / "back"
     for kind in kinds:

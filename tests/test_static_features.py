@@ -262,10 +262,8 @@ def no_host_reads():
                 delattr(torch.Tensor, name)
 
 
-@pytest.mark.parametrize("kind", KINDS)
-def test_static_propose_reads_nothing_on_the_host(kind):
-    target = target_model("llama")
-    drafter = make_drafter(kind, target)
+def guard_static_propose(drafter) -> list[int]:
+    """Make ``drafter.static_propose`` fail on any host read; returns its call counter."""
     propose = drafter.static_propose
     calls = [0]
 
@@ -276,6 +274,14 @@ def test_static_propose_reads_nothing_on_the_host(kind):
         return result
 
     drafter.static_propose = guarded
+    return calls
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_static_propose_reads_nothing_on_the_host(kind):
+    target = target_model("llama")
+    drafter = make_drafter(kind, target)
+    calls = guard_static_propose(drafter)
     ids, mask = left_padded([5, 3], vocab=111, seed=8)
     out = static(target, drafter, ids, mask, do_sample=True, generator=torch.Generator().manual_seed(0))
     assert calls[0] == out.stats.decode_steps_run > 0

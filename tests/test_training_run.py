@@ -101,7 +101,7 @@ def test_kinds_flag_and_kind_flags(tmp_path, capsys):
             (["train", "--kinds", "eagle,eagle"], "each kind once"),
             (["train", "--kinds", "eagle,nonesuch"], "--kinds"),
             (["train"], "at least one drafter kind"),
-            (["train", "eagle", "medusa", "--num-layers", "2"], "num_layers: only the draft kind"),
+            (["train", "eagle", "medusa", "--num-layers", "2"], "num_layers: only the draft and dflash kinds"),
             (["train", "draft", "medusa", "--layer", "2"], "--layer only apply to the 'exit' kind"),
             (["train", "eagle", "--device", "tpu"], "--device"),
             (["train", "eagle", "--dtype", "int8"], "--dtype"),

@@ -55,23 +55,33 @@ __all__ = ["DFlashDrafter"]
 
 
 class _ColumnStore:
-    """Per-row, per-column tensors ``[b, columns, ...]`` (grown by doubling), moved with the
-    engine's row selections and column re-packs."""
+    """Per-row tensors with a column axis (``axis``; grown by doubling), moved with the engine's
+    row selections and column re-packs: ``[b, columns, ...]`` for ``axis=1``, ``[b, h, columns,
+    d]`` for ``axis=2``."""
 
-    def __init__(self) -> None:
+    def __init__(self, axis: int = 1) -> None:
+        self.axis = axis
         self.data: Tensor | None = None
 
     def write(self, start: int, values: Tensor) -> None:
-        """Shape: values ``[b, m, ...]`` stored at columns ``start .. start + m - 1``."""
-        end = start + values.shape[1]
+        """Shape: ``values`` has ``m`` columns on the axis, stored at columns ``start .. start + m - 1``."""
+        axis = self.axis
+        end = start + values.shape[axis]
         have = self.data
-        if have is None or have.shape[1] < end or have.shape[0] != values.shape[0]:
-            width = max(end + 16, 0 if have is None else 2 * have.shape[1])
-            grown = values.new_zeros((values.shape[0], width, *values.shape[2:]))
+        if have is None or have.shape[axis] < end or have.shape[0] != values.shape[0]:
+            width = max(end + 16, 0 if have is None else 2 * have.shape[axis])
+            shape = list(values.shape)
+            shape[axis] = width
+            grown = values.new_zeros(shape)
             if have is not None and have.shape[0] == values.shape[0]:
-                grown[:, : have.shape[1]] = have
+                grown.narrow(axis, 0, have.shape[axis]).copy_(have)
             self.data = grown
-        self.data[:, start:end] = values.to(self.data.dtype)
+        self.data.narrow(axis, start, end - start).copy_(values)
+
+    def columns(self, count: int) -> Tensor:
+        """The first ``count`` columns (a view)."""
+        assert self.data is not None
+        return self.data.narrow(self.axis, 0, count)
 
     def rows(self, rows: Tensor) -> None:
         if self.data is not None:
@@ -81,12 +91,17 @@ class _ColumnStore:
         """Column ``j`` of row ``r`` takes what column ``order[r, j]`` held. Shape: ``[b, n]``."""
         if self.data is None:
             return
-        if self.data.shape[1] < order.shape[1]:  # columns never written: zeros (never read before written)
-            self.write(order.shape[1] - 1, self.data.new_zeros((self.data.shape[0], 1, *self.data.shape[2:])))
+        axis, n = self.axis, order.shape[1]
+        if self.data.shape[axis] < n:  # columns never written: zeros (never read before written)
+            shape = list(self.data.shape)
+            shape[axis] = 1
+            self.write(n - 1, self.data.new_zeros(shape))
         data = self.data
-        index = order.to(data.device).clamp_max(data.shape[1] - 1)
-        index = index.view(*index.shape, *([1] * (data.dim() - 2))).expand(-1, -1, *data.shape[2:])
-        data[:, : order.shape[1]] = data.gather(1, index)
+        index = order.to(data.device).clamp_max(data.shape[axis] - 1)
+        expanded = list(data.shape)
+        expanded[axis] = n
+        index = index.view(index.shape[0], *([1] * (axis - 1)), n, *([1] * (data.dim() - axis - 1)))
+        data.narrow(axis, 0, n).copy_(data.gather(axis, index.expand(expanded)))
 
 
 class DFlashDrafter(DrafterBase):
@@ -131,7 +146,8 @@ class DFlashDrafter(DrafterBase):
 
     def reset(self) -> None:
         self.features = _ColumnStore()  # [b, columns, F]: the target's features of committed columns
-        self.context = _ColumnStore()  # [b, columns, layers, 2, kv_heads, head_dim]: projected keys/values
+        # per layer, keys and values [b, kv_heads, columns, head_dim] projected from those features
+        self.context = [(_ColumnStore(2), _ColumnStore(2)) for _ in range(self.model.config.num_layers)]
         self.projected = 0  # columns [0, projected) have their keys/values in self.context
 
     def describe(self) -> dict:
@@ -152,8 +168,9 @@ class DFlashDrafter(DrafterBase):
         """Draft logits ``[b, n, vocab_size]`` float32 from the network's outputs ``[b, n, H]``."""
         return self._head(hidden)[..., :vocab_size].to(device=device, dtype=torch.float32)
 
-    def _block_logits(self, state: DraftState) -> Tensor:
-        """Every draft position's logits from one forward. Shape: returns ``[b, block_size - 1, V]``."""
+    def _block_logits(self, state: DraftState, count: int | None = None) -> Tensor:
+        """The logits of the first ``count`` draft positions (None: all ``block_size - 1``) from
+        one forward; the head reads only those. Shape: returns ``[b, count, V]``."""
         pending = state.num_columns - 1
         if pending > self.projected:
             feats = self.features.data
@@ -162,15 +179,14 @@ class DFlashDrafter(DrafterBase):
                                    "them over with every commit to a drafter with feature_layers)")
             positions = state.positions[:, self.projected: pending].to(self.device)
             pairs = self.model.context_keys_values(feats[:, self.projected: pending], positions)
-            stacked = torch.stack([torch.stack(kv, 2) for kv in pairs], 2)  # [b, kvh, L, 2, m, hd]
-            self.context.write(self.projected, stacked.permute(0, 4, 2, 3, 1, 5))
+            for (keys, values), (k, v) in zip(self.context, pairs):
+                keys.write(self.projected, k)
+                values.write(self.projected, v)
             self.projected = pending
         b, size = state.batch_size, self.model.block_size
         visible = state.attention_mask[:, :pending].to(self.device).bool()
         if pending:
-            stored = self.context.data[:, :pending]  # [b, C, L, 2, kvh, hd]
-            context = [(stored[:, :, i, 0].transpose(1, 2), stored[:, :, i, 1].transpose(1, 2))
-                       for i in range(self.model.config.num_layers)]
+            context = [(keys.columns(pending), values.columns(pending)) for keys, values in self.context]
         else:
             c = self.model.config
             empty = torch.zeros((b, c.num_kv_heads, 0, c.head_dim), dtype=self.model.dtype, device=self.device)
@@ -181,17 +197,19 @@ class DFlashDrafter(DrafterBase):
         hidden = self.model(self.model.block_embeddings(self.target, tokens, is_mask),
                             block_positions(state.positions[:, pending].to(self.device), size), context,
                             block_mask(visible, size))
-        return self._logits(hidden[:, 1:], state.vocab_size, state.device)
+        wanted = self.max_drafts if count is None else count
+        return self._logits(hidden[:, 1: 1 + wanted], state.vocab_size, state.device)
 
     # ------------------------------------------------------------------ eager path
     @torch.no_grad()
     def propose(self, state: DraftState, num_tokens: int) -> Proposal:
-        logits = self._block_logits(state)
         if self._layout is not None:
-            return self._propose_tree(state, logits)
+            return self._propose_tree(state, self._block_logits(state, int(self._layout[0].max()) + 1))
+        count = min(num_tokens, self.max_drafts)
+        logits = self._block_logits(state, max(count, 1))
         tokens: list[Tensor] = []
         used: list[Tensor] = []
-        for j in range(min(num_tokens, self.max_drafts)):
+        for j in range(count):
             token, q = draw(state, logits[:, j], tokens)
             tokens.append(token)
             used.append(q)
@@ -221,13 +239,14 @@ class DFlashDrafter(DrafterBase):
             self.features.write(start, update.features.to(device=self.device, dtype=self.model.dtype))
             self.projected = min(self.projected, start)
         self.projected = min(self.projected, update.num_columns - 1)
+        stores = [self.features, *(store for pair in self.context for store in pair)]
         if update.kept_rows is not None:
-            self.features.rows(update.kept_rows)
-            self.context.rows(update.kept_rows)
+            for store in stores:
+                store.rows(update.kept_rows)
         order = update.column_order
         if order is not None:
-            self.features.reorder(order)
-            self.context.reorder(order)
+            for store in stores:
+                store.reorder(order)
             # keep the prefix of columns whose projections all moved from projected columns
             moved = (order.to(self.device) < self.projected).all(0).long().cumprod(0)
             self.projected = int(moved.sum())
@@ -269,9 +288,9 @@ class DFlashDrafter(DrafterBase):
             columns = torch.arange(width, device=state.device)[None].expand(state.batch_size, -1)
             self._static_project(state, columns)
 
-    def _static_block_logits(self, state: StaticDraftState, window: int) -> Tensor:
-        """Re-project the ``window`` columns before the pending one, then one block forward.
-        Shape: returns ``[B, block_size - 1, V]`` float32."""
+    def _static_block_logits(self, state: StaticDraftState, window: int, positions: int) -> Tensor:
+        """Re-project the ``window`` columns before the pending one, then one block forward; the
+        logits of the first ``positions`` draft positions. Shape: returns ``[B, positions, V]`` float32."""
         first = (state.lengths - window).clamp_min(0)
         self._static_project(state, first[:, None] + torch.arange(window, device=state.device))
         size = self.model.block_size
@@ -283,7 +302,7 @@ class DFlashDrafter(DrafterBase):
         embeds = self.model.block_embeddings(self.target, root.expand(B, size), is_mask.expand(B, size))
         hidden = self.model(embeds, block_positions(state.lengths - state.start, size), self._static_context(state),
                             block_mask(visible, size))
-        return self._logits(hidden[:, 1:], state.vocab_size, state.device)
+        return self._logits(hidden[:, 1: 1 + positions], state.vocab_size, state.device)
 
     @torch.no_grad()
     def static_propose(self, state: StaticDraftState, num_tokens: int) -> tuple[Tensor, Tensor]:
@@ -291,7 +310,7 @@ class DFlashDrafter(DrafterBase):
 
         Shape: returns ``[B, num_tokens]`` int64 and ``[B, num_tokens, V]`` float32.
         """
-        logits = self._static_block_logits(state, num_tokens + 1)[:, :num_tokens]
+        logits = self._static_block_logits(state, num_tokens + 1, num_tokens)
         tokens = [state.sample(logits[:, j]) for j in range(num_tokens)]
         return torch.stack(tokens, 1), logits
 
@@ -316,8 +335,8 @@ class DFlashDrafter(DrafterBase):
         positions, ranks, _, width = self._layout
         picks = state.buffer(f"dflash_tree:{tuple(self.choices)}",
                              lambda: (positions * width + ranks).to(state.device))
-        logits = self._static_block_logits(state, plan.max_depth + 1)
-        top = logits[:, : plan.max_depth].topk(width, dim=-1).indices  # [B, depth, width]
+        logits = self._static_block_logits(state, plan.max_depth + 1, plan.max_depth)
+        top = logits.topk(width, dim=-1).indices  # [B, depth, width]
         root = state.tokens.gather(1, state.lengths[:, None])
         return static_rank_tree(state, plan, torch.cat([root, top.flatten(1).index_select(1, picks)], 1))
 

@@ -207,17 +207,27 @@ class DFlashAttention(nn.Module):
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, context_keys: Tensor, context_values: Tensor,
                 mask: Tensor) -> Tensor:
         """Shape: x ``[b, n, H]``; context keys/values ``[b, kv_heads, C, head_dim]``; mask
-        ``[b, 1, n, C + n]`` bool (True: attend). Returns ``[b, n, H]``."""
+        ``[b, 1, n, C + n]`` bool (True: attend). Returns ``[b, n, H]``.
+
+        The context's keys and values are read where they are (never concatenated with the
+        block's, never repeated per query head): the scores over the context and over the block
+        share one softmax, each query head reads its key/value head through a grouped view.
+        """
         b, n, _ = x.shape
-        queries = _rotate(self._heads(x, self.q_proj, self.c.num_heads, "q_norm"), cos, sin)
+        c = self.c
+        groups = c.num_heads // c.num_kv_heads
+        queries = _rotate(self._heads(x, self.q_proj, c.num_heads, "q_norm"), cos, sin)
+        queries = queries.reshape(b, c.num_kv_heads, groups * n, c.head_dim)  # heads of one group together
         keys, values = self.keys_values(x, cos, sin)
-        keys = torch.cat([context_keys.to(keys.dtype), keys], 2)
-        values = torch.cat([context_values.to(values.dtype), values], 2)
-        groups = self.c.num_heads // self.c.num_kv_heads
-        if groups > 1:
-            keys, values = keys.repeat_interleave(groups, 1), values.repeat_interleave(groups, 1)
-        out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask)
-        return self.o_proj(out.transpose(1, 2).reshape(b, n, -1))
+        scale = c.head_dim ** -0.5
+        context = context_keys.shape[2]
+        scores = torch.cat([queries @ context_keys.to(queries.dtype).transpose(-1, -2),
+                            queries @ keys.transpose(-1, -2)], -1) * scale  # [b, kvh, g * n, C + n]
+        allowed = mask[:, :, None].expand(b, 1, groups, n, context + n).reshape(b, 1, groups * n, context + n)
+        weights = scores.float().masked_fill(~allowed, float("-inf")).softmax(-1).to(queries.dtype)
+        out = weights[..., :context] @ context_values.to(queries.dtype) + weights[..., context:] @ values
+        out = out.view(b, c.num_heads, n, c.head_dim).transpose(1, 2).reshape(b, n, -1)
+        return self.o_proj(out)
 
 
 class GatedMLP(nn.Module):

@@ -217,6 +217,9 @@ def train_parser(sub: Any) -> argparse.ArgumentParser:
                    help="eagle, dflash: a reduced head over the N most frequent tokens (default: the target's head)")
     t.add_argument("--block-size", type=cli_args.int_at_least("block_size", 2), default=None,
                    help="dflash: positions per block, the pending token and block_size - 1 drafts (default 16)")
+    t.add_argument("--num-anchors", type=cli_args.int_at_least("num_anchors", 1), default=None,
+                   help="dflash: blocks per training example (default: about two per block length of the "
+                        "positions the loss counts, at most 128)")
     t.add_argument("--target-layers", type=cli_args.checked(_target_layers, "target_layer_ids"), default=None,
                    help="dflash: the target's decoder layers (0-based) whose outputs the drafter reads, "
                         "comma-separated (default: as many as its layers, spread from the second to the fourth "
@@ -270,6 +273,7 @@ def train_parser(sub: Any) -> argparse.ArgumentParser:
 _KIND_FLAGS: tuple[tuple[str, str, tuple[str, ...], str], ...] = (
     ("draft_vocab", "draft_vocab_size", ("eagle", "dflash"), "only the eagle and dflash kinds have a reduced head"),
     ("block_size", "block_size", ("dflash",), "only the dflash kind drafts blocks"),
+    ("num_anchors", "num_anchors", ("dflash",), "only the dflash kind trains blocks at anchors"),
     ("target_layers", "target_layer_ids", ("dflash",), "only the dflash kind reads chosen decoder layers"),
     ("unroll", "unroll", ("eagle",), "only the eagle kind unrolls its draft steps"),
     ("feature_layers", "feature_layers", ("eagle",), "only the eagle kind reads chosen target layers"),
