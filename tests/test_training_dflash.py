@@ -8,6 +8,7 @@ options are refused by name."""
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 import torch
@@ -103,7 +104,7 @@ def trained(tmp_path_factory):
     return target, out, result, data
 
 
-def test_a_run_saves_a_drafter_with_its_rates(trained):
+def test_a_run_saves_a_drafter_with_its_rates(trained, tmp_path):
     target, out, result, _ = trained
     record = json.loads((out / "specdecode_drafter.json").read_text())
     assert record["kind"] == "dflash" and record["block_size"] == 5 and record["vocab"]["size"] == 80
@@ -117,6 +118,20 @@ def test_a_run_saves_a_drafter_with_its_rates(trained):
     for path in ("eager", "static"):
         out_ids = specdecode.generate(target, drafter, ids, max_new_tokens=12, decode_path=path).sequences
         assert torch.equal(out_ids, hf_greedy(target, ids, max_new_tokens=12))
+    # the measured rank rates make a sparse tree, through generate's tree= and a record's generation settings
+    sparse = specdecode.generate(target, drafter, ids, max_new_tokens=12, tree="sparse", num_nodes=6)
+    assert torch.equal(sparse.sequences, hf_greedy(target, ids, max_new_tokens=12))
+    assert sparse.stats.tree_rule == "deterministic"
+    assert len(drafter.with_tree("sparse", num_nodes=6, tree_depth=2).choices) == 5
+    copy = tmp_path / "copy"
+    shutil.copytree(out, copy)
+    record["generation"] = {"tree": "sparse", "num_nodes": 6}
+    (copy / "specdecode_drafter.json").write_text(json.dumps(record))
+    assert len(specdecode.load_drafter(copy, target).choices) == 5
+    with pytest.raises(ValueError, match="tree: 'sparse' needs measured rank rates"):
+        DFlashDrafter(target, drafter.model).with_tree("sparse")
+    with pytest.raises(ValueError, match="tree: a DFlashDrafter drafts 'sparse'"):
+        drafter.with_tree("dynamic")
 
 
 def test_a_saved_drafter_refuses_another_target_and_continues(trained, tmp_path):

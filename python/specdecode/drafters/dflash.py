@@ -157,10 +157,33 @@ class DFlashDrafter(DrafterBase):
                 "draft_params": sum(p.numel() for p in self.model.parameters()),
                 "tree_nodes": None if self.choices is None else len(self.choices) + 1}
 
-    def with_tree(self, tree: Sequence[Sequence[int]] | None) -> "DFlashDrafter":
-        """A drafter on the same network drafting rank-path trees (None: chains)."""
+    def with_tree(self, tree: str | Sequence[Sequence[int]] | None, num_nodes: int = 16, tree_depth: int | None = None,
+                  tree_children: str | None = None) -> "DFlashDrafter":
+        """A drafter on the same network drafting a token tree (``generate``'s ``tree=``,
+        ``num_nodes`` and ``tree_depth`` land here; this drafter is not modified): rank paths, or
+        ``"sparse"``: the ``num_nodes - 1`` paths most likely accepted under the measured
+        :attr:`rank_rates` (:func:`~specdecode.drafters.medusa.sparse_tree`), at most
+        ``tree_depth`` deep; None for chains. Its children are always ``deterministic``.
+
+        >>> tree_drafter = drafter.with_tree("sparse", num_nodes=12)  # doctest: +SKIP
+        """
+        if tree_children not in (None, "deterministic"):
+            raise ValueError(f"tree_children: a DFlash tree's children are distinct ranks of one distribution "
+                             f"('deterministic'), got {tree_children!r}")
+        if isinstance(tree, str):
+            if tree != "sparse":
+                raise ValueError(f"tree: a DFlashDrafter drafts 'sparse' trees (from its measured rank rates) or rank "
+                                 f"paths, got {tree!r}")
+            if self.rank_rates is None:
+                raise ValueError("tree: 'sparse' needs measured rank rates (a trained drafter's record: "
+                                 "specdecode.load_drafter); pass rank paths instead, e.g. product_tree([3, 2])")
+            from specdecode.drafters.medusa import sparse_tree
+
+            depth = self.max_drafts if tree_depth is None else min(tree_depth, self.max_drafts)
+            tree = sparse_tree(torch.tensor(self.rank_rates)[:depth], max(1, num_nodes - 1))
         clone = DFlashDrafter(self.target, self.model, tree=tree)
         clone.rank_rates = self.rank_rates
+        clone.default_num_draft_tokens = self.default_num_draft_tokens
         return clone
 
     # ------------------------------------------------------------------ logits
