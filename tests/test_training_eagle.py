@@ -147,7 +147,7 @@ def test_command_refuses_eagle_options_for_other_kinds():
     from specdecode.training.command import run_train
 
     base = dict(target="demo", out="unused", minutes=None, data=None, seed=0, max_steps=1, threads=None)
-    with pytest.raises(ValueError, match="draft_vocab: only the eagle kind"):
+    with pytest.raises(ValueError, match="draft_vocab: only the eagle and dflash kinds"):
         run_train(argparse.Namespace(kind="draft", draft_vocab=8, unroll=None, **base))
     with pytest.raises(ValueError, match="unroll: only the eagle kind"):
         run_train(argparse.Namespace(kind="draft", draft_vocab=None, unroll=2, **base))
