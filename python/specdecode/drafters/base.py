@@ -393,6 +393,11 @@ class DrafterBase:
     #: this one); a trained drafter's record may set it, e.g. a chain at T > 0 where a tree pays
     #: only greedily (``specdecode.load_drafter``).
     sampling_drafter: Any = None
+    #: True: ``propose`` may run on the host between the steps of the static decode path
+    #: (:mod:`specdecode.engine.host_drafts`): it returns deterministic chains, reads only the
+    #: layout of :class:`DraftState` (no coins, no processors) and needs from ``commit`` only
+    #: ``accepted_len``.
+    static_host_drafts: bool = False
 
     def reset(self) -> None:  # noqa: D102
         return None

@@ -41,10 +41,14 @@ class StepProgram:
     graph or one compiled function and only the step's total is timed). ``idempotent``: running
     the phases twice in a row leaves what running them once does (a prefill, not a step), so a
     compiled program compiles in its first call. ``runs`` counts the calls of :meth:`run`.
+    ``host``: a function run eagerly at the start of every :meth:`run`, outside any graph or
+    compiled code (before the warm-up and the capture too): the step's host work, e.g. a host
+    drafter filling the buffers the phases read (:mod:`specdecode.engine.host_drafts`).
     """
 
     def __init__(self, phases: list[tuple[str, Callable[[], None]]], device: torch.device, *, graphed: bool,
-                 phase_timing: bool, syncs: Any = None, compiled: bool = False, idempotent: bool = False) -> None:
+                 phase_timing: bool, syncs: Any = None, compiled: bool = False, idempotent: bool = False,
+                 host: Callable[[], None] | None = None) -> None:
         from specdecode.engine.compiled import compile_phase, in_sequence
 
         if graphed and device.type != "cuda":
@@ -56,6 +60,7 @@ class StepProgram:
         if compiled:
             groups = phases if phase_timing or len(phases) == 1 else [("step", in_sequence(phases))]
             self.phases = [(name, compile_phase(name, fn)) for name, fn in groups]
+        self.host = host
         self.runs = 0
         self.idempotent = idempotent
         self.device = device
@@ -76,6 +81,8 @@ class StepProgram:
         """One step."""
         first = self.runs == 0
         self.runs += 1
+        if self.host is not None:
+            self.host()
         if self.compiled and first:
             self._run_eager(self.eager_phases)  # makes what the phases create on first use
             if not self.idempotent:

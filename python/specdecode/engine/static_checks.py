@@ -2,7 +2,8 @@
 front with a ``ValueError`` that names the argument and says what to use instead (mostly
 ``decode_path='eager'``): host work at every token (processors, stopping criteria, streamers),
 changing shapes (adaptive schedules), Python rules, drafters without
-:class:`~specdecode.drafters.StaticDrafter`, models spread over devices or ignoring custom 4D
+:class:`~specdecode.drafters.StaticDrafter` (except host drafters of chains,
+:mod:`~specdecode.engine.host_drafts`; their tries are refused), models spread over devices or ignoring custom 4D
 attention masks, and CUDA graphs without CUDA or without the compiled kernels. Token trees are
 checked by :func:`~specdecode.engine.static_tree.check_static_tree`: drafters without
 :class:`~specdecode.drafters.StaticTreeDrafter`, builders that decide on the host, and tree
@@ -16,6 +17,7 @@ from typing import Any
 import torch
 
 from specdecode.drafters.base import StaticDrafter
+from specdecode.engine.host_drafts import host_drafts_tree, is_host_drafter
 from specdecode.engine.schedules import ConstantSchedule, DraftSchedule
 from specdecode.engine.settings import EngineSettings
 from specdecode.engine.static_features import drafter_modules
@@ -79,13 +81,19 @@ def check_static_path(target: torch.nn.Module, drafter: Any | None, settings: En
     if drafter is None:
         gamma = 0
     else:
-        if not isinstance(drafter, StaticDrafter):
+        host = is_host_drafter(drafter) and not isinstance(drafter, StaticDrafter)
+        if host and host_drafts_tree(drafter):
+            raise ValueError(f"tree: {type(drafter).__name__} drafts token trees on the host, which {where} does not "
+                             "run yet (it runs a host drafter's chains: tree=None); use decode_path='eager' for its "
+                             "tries")
+        if not host and not isinstance(drafter, StaticDrafter):
             raise ValueError(
                 f"draft: {type(drafter).__name__} cannot draft on the static decode path (it needs static_key, "
                 "static_prefill and static_propose: ModelDrafter, LayerSkipDrafter, EagleDrafter, MedusaDrafter and "
-                "HydraDrafter have them); use decode_path='eager'"
+                "HydraDrafter have them; or static_host_drafts = True for a host drafter of deterministic chains, as "
+                "NgramDrafter and SuffixDrafter); use decode_path='eager'"
             )
-        if drafts_tree(drafter):
+        if not host and drafts_tree(drafter):
             tree = check_static_tree(drafter, settings, decode_path, graphed=graphed)
         elif type(settings.schedule) not in (ConstantSchedule, DraftSchedule):
             raise ValueError(f"draft_schedule: only the constant schedule runs with {where} (every step has one "

@@ -47,7 +47,9 @@ and verify phases are :mod:`specdecode.engine.static_tree`'s, the commit phase i
 Not supported here (``ValueError``, use the eager path): Hugging Face logits processors,
 stopping criteria, streamers, adaptive draft schedules, Python rules, drafters without
 :class:`~specdecode.drafters.StaticDrafter` (or, for trees,
-:class:`~specdecode.drafters.StaticTreeDrafter`), sharded or offloaded models, models that
+:class:`~specdecode.drafters.StaticTreeDrafter`) other than host drafters of deterministic
+chains (:mod:`~specdecode.engine.host_drafts`: NgramDrafter and SuffixDrafter propose on the host
+before each step, into buffers the step reads), sharded or offloaded models, models that
 ignore custom 4D attention masks, inputs with gaps in their attention mask (only left padding);
 :mod:`~specdecode.engine.static_checks` refuses them up front. The buffers a drafter reads are
 :class:`~specdecode.engine.static_state.StaticState` (with the target's features at every column
@@ -70,6 +72,7 @@ from specdecode.engine.accounting import (FIXED_COUNTERS, add_step_counters, cou
                                           counted_drafts, label_run, num_counters, record_logged_lengths,
                                           step_counters, timed_run, tree_step_counters)
 from specdecode.engine.graphs import StepProgram
+from specdecode.engine.host_drafts import HostDrafts, is_host_drafter
 from specdecode.engine.settings import EngineSettings
 from specdecode.engine.static_checks import check_static_path
 from specdecode.engine.static_features import drafter_modules, feature_layers_of, target_forward
@@ -136,6 +139,8 @@ class _Session:
         self.flag_host = torch.zeros(2, dtype=torch.bool, pin_memory=device.type == "cuda")
         self.drafter: Any = None  # set only while a generation runs
         self.program: StepProgram | None = None
+        # a host drafter's proposal buffers (engine/host_drafts.py), None for other drafters
+        self.host = HostDrafts(batch, gamma, device) if engine.host else None
         self.prefill: StepProgram | None = None  # the target's prefill, where the layout fixes the prompt block
         # Steps run by the host (the static path): the columns a step may attend to, a host bound
         # on every row's last column (None: the whole capacity, as recorded steps need)
@@ -167,6 +172,7 @@ class StaticEngine:
         self.rule = get_rule(settings.rule or "token") if self.tree is None else None
         self._logits_to_keep_ok = facts.accepts_logits_to_keep(target)
         self.feature_layers = feature_layers_of(target, drafter)  # the target features the drafter reads
+        self.host = is_host_drafter(drafter)  # it proposes on the host between steps (engine/host_drafts.py)
 
     # ------------------------------------------------------------------ public
     @torch.no_grad()
@@ -197,6 +203,8 @@ class StaticEngine:
             program.reset_timings()
             captures = program.captures
             steps = self._decode(session, program)
+            if self.host:
+                self.drafter.reset()  # as the eager loop, at the end too (a SuffixDrafter remembers the generation)
             log = session.accepted_log[:steps].flatten()
             host = syncs.fetch(torch.cat([session.counters, session.generated, log]))  # the one read at the end
             program.collect_timings()
@@ -266,7 +274,8 @@ class StaticEngine:
     def _session(self, batch: int, capacity: int, prompt_width: int | None) -> _Session:
         s = self.settings
         rule = self.rule.name if self.rule is not None else self.tree.key  # type: ignore[union-attr]
-        key = (self.drafter.static_key(), str(self.device), batch, capacity, prompt_width, self.gamma, s.sampling,
+        drafter_key = ("host drafter",) if self.host else self.drafter.static_key()  # host drafters: any one
+        key = (drafter_key, str(self.device), batch, capacity, prompt_width, self.gamma, s.sampling,
                rule, tuple(sorted(s.rule_options.items())), s.vocab_size, s.eos_ids, s.max_new_tokens,
                self.decode_path, self.phase_timing, self.feature_layers)
         models = (self.target, *drafter_modules(self.drafter))
@@ -323,7 +332,12 @@ class StaticEngine:
             self._prefill_phase(session, state.prompt_width)()
         count_prefill(stats, time.perf_counter() - t0)
         t0 = time.perf_counter()
-        self.drafter.static_prefill(state, self.gamma)
+        if session.host is not None:  # a host drafter absorbs nothing ahead: it reads the layout at each step
+            self.drafter.reset()
+            session.host.begin()
+            session.host.seconds = 0.0
+        else:
+            self.drafter.static_prefill(state, self.gamma)
         stats.draft_prefill_time += time.perf_counter() - t0
         stats.draft_time += time.perf_counter() - t0
 
@@ -359,9 +373,13 @@ class StaticEngine:
         layers = self.feature_layers
         scratch = StepScratch()
         is_tree = self.tree is not None
+        host = session.host
 
         def draft() -> None:
-            tokens, logits = session.drafter.static_propose(state, gamma)
+            if host is not None:  # proposed on the host before the step (propose_on_host): deterministic chains
+                tokens, logits = host.tokens, None
+            else:
+                tokens, logits = session.drafter.static_propose(state, gamma)
             scratch.draft_tokens, scratch.draft_logits = tokens, logits
             state.tokens.scatter_(1, state.lengths[:, None] + session.arange[None, 1:], tokens)
 
@@ -388,6 +406,8 @@ class StaticEngine:
                 verified = accepted
             else:
                 verified = torch.where(active, verify_budget(s.max_new_tokens - session.generated, gamma), 0)
+                if host is not None:  # a row's padded drafts are never verified
+                    verified = torch.minimum(verified, host.counts)
                 result = verify_chain(scratch.target_logits, scratch.draft_tokens, scratch.draft_logits,
                                       verified, rule, s, philox_seed=state.philox_seed,
                                       philox_offset=state.philox_offset)
@@ -432,8 +452,10 @@ class StaticEngine:
         phases += [("target", score), ("verify", verify), ("bookkeeping", commit)]
         if isinstance(self.drafter, TargetOnly) and self.drafter.label_top_k is not None:  # training labels
             phases.insert(-2, ("labels", label_phase(state, scratch, self.drafter.label_top_k)))
+        propose_on_host = None if host is None else (  # the host drafter, before each step
+            lambda: host.step(session.drafter, state, session.finished, scratch.accepted, session.syncs))
         return StepProgram(phases, self.device, graphed=self.graphed, phase_timing=self.phase_timing,
-                           syncs=session.syncs, compiled=self.compiled)
+                           syncs=session.syncs, compiled=self.compiled, host=propose_on_host)
 
     # ------------------------------------------------------------------ statistics
     def _record(self, session: _Session, counters: Tensor, steps_run: int, captures: int) -> None:
@@ -452,11 +474,12 @@ class StaticEngine:
             c = c[:FIXED_COUNTERS] + [c[FIXED_COUNTERS + i * gamma + d] for i in range(3) for d in range(listed)]
         add_step_counters(stats, c, listed)
         stats.target_calls += steps
-        stats.draft_calls += steps * gamma + (1 if gamma and session.state.prompt_columns > 1 else 0)
+        if session.host is None:  # a host drafter runs no model
+            stats.draft_calls += steps * gamma + (1 if gamma and session.state.prompt_columns > 1 else 0)
         if gamma:
             stats.num_draft_tokens_history.extend([gamma] * steps)
         seconds = program.seconds
-        stats.draft_time += seconds.get("draft", 0.0)
+        stats.draft_time += seconds.get("draft", 0.0) + (session.host.seconds if session.host is not None else 0.0)
         stats.target_time += seconds.get("target", 0.0)
         stats.verify_time += seconds.get("verify", 0.0)
         stats.bookkeeping_time += seconds.get("bookkeeping", 0.0)
