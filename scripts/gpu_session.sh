@@ -3,7 +3,7 @@
 # benchmark (`python -m specdecode bench --device cuda --preset gpu-session`: the 1B pair and SmolLM2
 # with its shipped EAGLE drafter; every method: the target alone through HF generate, HF's static-cache
 # compiled generate, specdecode's graphed and compiled paths; HF assisted; eager / graphed / compiled
-# chains; eager, graphed static and graphed dynamic trees; batch 1 and 8, greedy; the time split,
+# chains; eager, graphed static and graphed dynamic trees; prompt lookup (host drafts) eager and graphed; batch 1 and 8, greedy; the time split,
 # kernels per step, greedy identity and the cost per call from 64 and 256 tokens; at most 6 minutes
 # on an H100, results written after every method: docs/gpu.md, "The decode-path benchmark"), then
 # the training run of every drafter kind for SmolLM2 (scripts/gpu_train_drafters.sh).

@@ -31,7 +31,7 @@ def test_quick_cpu_run_covers_every_method(tmp_path: Path) -> None:
     rows = list(csv.DictReader((tmp_path / "res" / "bench_gpu.csv").open()))
     methods = {r["method"] for r in rows}
     assert methods == {"target HF", "target graphed", "HF assisted", "eager chain", "graphed chain", "eager tree",
-                       "graphed static tree", "graphed dynamic tree"}
+                       "graphed static tree", "graphed dynamic tree", "eager lookup", "graphed lookup"}
     assert {float(r["temperature"]) for r in rows} == {0.0, 1.0} and {r["batch"] for r in rows} == {"1", "3"}
     assert all(float(r["tok_per_s"]) > 0 for r in rows)
     assert not any(r["method"] == "HF assisted" and r["batch"] != "1" for r in rows)  # batch 1 only
@@ -45,6 +45,8 @@ def test_quick_cpu_run_covers_every_method(tmp_path: Path) -> None:
             assert float(r["host_syncs_per_step"]) >= 2.0
         if r["method"] == "graphed chain":
             assert float(r["predicted"]) > 0 and float(r["draft_ms_per_forward"]) > 0
+        if r["method"] == "graphed lookup":  # prompt lookup proposed on the host, the step static
+            assert r["path"] == "static" and float(r["tokens_per_call"]) >= 1.0
     meta = json.loads((tmp_path / "res" / "bench_gpu.json").read_text())["meta"]
     check = {(c["dtype"], c["path"]): c for c in meta["greedy_check"]}
     assert set(check) == {("bfloat16", "eager"), ("bfloat16", "static"), ("float32", "eager"), ("float32", "static")}

@@ -25,6 +25,9 @@ tokens/s is the median. Methods (``--methods`` picks some; :mod:`specdecode.benc
 - ``eager chain`` / ``graphed chain``: ``specdecode.generate`` with the token rule on the
   eager path and on the graphed static path (CPU: static), the pair's draft model or drafter;
 - ``eager tree``: a dynamic (EAGLE-2) tree of ``--tree-nodes`` nodes on the eager path;
+- ``eager lookup`` / ``graphed lookup``: prompt lookup (``NgramDrafter``, no draft model), its
+  chains proposed on the host before each step and fed to the eager path and to the graphed
+  static path (CPU: static), as vLLM feeds its n-gram proposer to a graphed target;
 - ``graphed static tree`` / ``graphed dynamic tree``: a fixed tree (``tree="static"``) and an
   EAGLE-2 dynamic tree of ``--tree-nodes`` nodes on the graphed static path (CPU: static); the
   tree methods are skipped where ``verify_tree`` has no kernel for the device;

@@ -14,10 +14,12 @@ import torch
 from specdecode.bench.gpu_pairs import chain_drafter, tree_drafter
 
 METHODS = ("target HF", "target graphed", "HF assisted", "eager chain", "graphed chain", "eager tree",
-           "graphed static tree", "graphed dynamic tree", "target compiled", "compiled chain", "HF static compiled")
+           "graphed static tree", "graphed dynamic tree", "eager lookup", "graphed lookup", "target compiled",
+           "compiled chain", "HF static compiled")
 #: The methods that run on a static path (kernels per step counted), with the path's name.
 STATIC_METHODS = {"target graphed": "graphed", "graphed chain": "graphed", "graphed static tree": "graphed",
-                  "graphed dynamic tree": "graphed", "target compiled": "compiled", "compiled chain": "compiled"}
+                  "graphed dynamic tree": "graphed", "graphed lookup": "graphed", "target compiled": "compiled",
+                  "compiled chain": "compiled"}
 #: The methods that compile (``torch.compile``) once per layout: ``--quick`` leaves them out
 #: unless ``--methods`` names them, ``--compiled-batch-sizes`` limits their batch sizes.
 COMPILED_METHODS = ("target compiled", "compiled chain", "HF static compiled")
@@ -88,6 +90,10 @@ class Runner:
             self.drafter = tree_drafter(draft, TREES[method], args.tree_nodes)
         elif method in ("eager chain", "graphed chain", "compiled chain"):
             self.drafter = chain_drafter(draft)
+        elif method in ("eager lookup", "graphed lookup"):  # prompt lookup, proposed on the host
+            from specdecode.drafters import NgramDrafter
+
+            self.drafter = NgramDrafter()
         self.hf_static: dict[str, Any] = {}
         if method == "HF static compiled":
             from transformers import GenerationConfig
