@@ -4,17 +4,21 @@ compiled or CUDA-graphed step their deterministic chains.
 
 A drafter opts in with ``static_host_drafts = True`` (:class:`~specdecode.drafters.NgramDrafter`,
 :class:`~specdecode.drafters.SuffixDrafter`). Its ``propose`` then sees a :class:`HostView` (a
-:class:`~specdecode.drafters.DraftState` built on the CPU from the static layout) and must return
-a deterministic chain (``draft_logits`` None, no tree). Its ``commit`` gets only
+:class:`~specdecode.drafters.DraftState` built on the CPU from the static layout) and must propose
+deterministically (``draft_logits`` None): chains, or tries when it has ``num_nodes`` (its
+``tree_depth`` bounds their depth; :func:`host_tree_plan`). Its ``commit`` gets only
 ``accepted_len`` and ``num_columns`` (the view is rebuilt at every step: no ``column_order``),
 one step late: just before the next ``propose``.
 
-:class:`HostDrafts` keeps two persistent device buffers that the recorded step reads: the
+:class:`HostDrafts` keeps persistent device buffers that the recorded step reads. Chains: the
 proposals padded to ``k`` tokens per row (``tokens [B, k]``) and how many of them each row
-proposed (``counts [B]``; the verify phase verifies no more). Its :meth:`~HostDrafts.step` is the
-only host work of a step (:class:`~specdecode.engine.graphs.StepProgram`'s ``host``): one read of
-the layout (tokens, lengths, start, finished rows, the last step's accepted lengths) and the
-copies of the proposals in (tokens, counts). Padding is lossless: a padded position is never verified.
+proposed (``counts [B]``; the verify phase verifies no more). Tries: a
+:class:`~specdecode.trees.static_growth.StaticTreeDraft` of ``num_nodes`` slots per row (``tree``;
+a row's unused slots repeat its root with parent 0, as the static tree step pads). Its
+:meth:`~HostDrafts.step` is the only host work of a step
+(:class:`~specdecode.engine.graphs.StepProgram`'s ``host``): one read of the layout (tokens,
+lengths, start, finished rows, the last step's accepted lengths) and the copies of the proposals
+in. Padding is lossless: a padded position or slot is never verified.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from torch import Tensor
 
 from specdecode.drafters.base import CommitUpdate, Proposal
 from specdecode.sampling import SamplingParams
+from specdecode.trees.static_growth import StaticTreeDraft, StaticTreePlan
 
 
 def is_host_drafter(drafter: Any) -> bool:
@@ -38,6 +43,18 @@ def is_host_drafter(drafter: Any) -> bool:
 def host_drafts_tree(drafter: Any) -> bool:
     """Whether a host drafter is set to draft tries (``num_nodes``) or any other tree."""
     return getattr(drafter, "num_nodes", None) is not None or getattr(drafter, "tree", None) is not None
+
+
+def host_tree_plan(drafter: Any) -> StaticTreePlan:
+    """The fixed plan of a host drafter's tries on the static path: ``num_nodes`` slots (root
+    included), depth at most ``tree_depth`` (and ``num_nodes - 1``); ``ValueError`` naming
+    ``tree`` for a host drafter that drafts trees without both."""
+    num_nodes, depth = getattr(drafter, "num_nodes", None), getattr(drafter, "tree_depth", None)
+    if not isinstance(num_nodes, int) or not isinstance(depth, int) or num_nodes < 2 or depth < 1:
+        raise ValueError(f"tree: {type(drafter).__name__} drafts trees on the host, which the static decode path runs "
+                         "as tries sized by num_nodes (>= 2) and tree_depth (>= 1); it has num_nodes="
+                         f"{num_nodes!r}, tree_depth={depth!r} (use decode_path='eager')")
+    return StaticTreePlan("host", num_nodes, min(depth, num_nodes - 1), "deterministic")
 
 
 class HostView:
@@ -107,25 +124,35 @@ class HostDrafts:
     """The persistent proposal buffers of one static layout and the host step that fills them.
 
     Shape:
-        tokens: ``[B, k]`` int64 — every row's proposal, padded with its pending token.
+        tokens: ``[B, k]`` int64 — every row's chain, padded with its pending token.
         counts: ``[B]`` int64 — the drafts each row proposed (0 for finished rows).
+        tree (tries, ``plan`` given): tokens and parents ``[B, N]`` int64, num_nodes ``[B]``
+            (1 for a row that proposed nothing), ``N = plan.num_nodes``.
     """
 
-    def __init__(self, batch: int, k: int, device: torch.device) -> None:
+    def __init__(self, batch: int, k: int, device: torch.device, plan: StaticTreePlan | None = None) -> None:
         self.k, self.device = k, device
-        self.tokens = torch.zeros((batch, k), dtype=torch.long, device=device)
-        self.counts = torch.zeros(batch, dtype=torch.long, device=device)
         pinned = device.type == "cuda"
-        # contiguous host copies of both (pinned on CUDA: copied in without blocking)
-        self._host_tokens = torch.zeros((batch, k), dtype=torch.long, pin_memory=pinned)
+        width = k if plan is None else plan.num_nodes
+        self.max_depth = k if plan is None else plan.max_depth
+        self.tokens = torch.zeros((batch, width), dtype=torch.long, device=device)
+        self.counts = torch.zeros(batch, dtype=torch.long, device=device)
+        # contiguous host copies (pinned on CUDA: copied in without blocking); tries: parents too
+        self._host_tokens = torch.zeros((batch, width), dtype=torch.long, pin_memory=pinned)
         self._host_counts = torch.zeros(batch, dtype=torch.long, pin_memory=pinned)
+        self.tree: StaticTreeDraft | None = None
+        if plan is not None:
+            self.parents = torch.zeros((batch, width), dtype=torch.long, device=device)
+            self._host_parents = torch.zeros((batch, width), dtype=torch.long, pin_memory=pinned)
+            offsets = torch.arange(width, device=device).expand(batch, -1).contiguous()
+            self.tree = StaticTreeDraft(self.tokens, self.parents, self.counts, None, offsets)
         self._rows: np.ndarray | None = None  # rows of the last proposal of this generation
         self.seconds = 0.0
 
     def begin(self) -> None:
         """A new generation: no proposal yet (nothing to commit)."""
         self._rows = None
-        self.counts.zero_()
+        self.counts.fill_(0 if self.tree is None else 1)
 
     def step(self, drafter: Any, state: Any, finished: Tensor, accepted: Tensor | None, syncs: Any) -> None:
         """Read the layout once, commit the last step's accepted lengths, propose, copy in."""
@@ -144,22 +171,36 @@ class HostDrafts:
         rows = np.flatnonzero(done == 0)
         # (the fetch above waited for the device, so the last step's copies from these are done)
         out, out_counts = self._host_tokens.numpy(), self._host_counts.numpy()
-        out_counts[:] = 0
         pending = tokens[np.arange(B), lengths]
         out[:] = pending[:, None]
+        out_counts[:] = 0 if self.tree is None else 1
+        if self.tree is not None:
+            out_parents = self._host_parents.numpy()
+            out_parents[:] = 0
+            out_parents[:, 0] = -1
         if len(rows):
             view_tokens, mask = layout_view(tokens, lengths, start, rows)
             view = HostView(view_tokens, mask, rows.astype(np.int64), state.vocab_size, state.sampling)
             proposal = drafter.propose(view, self.k)
-            drafts, counts = self._checked(drafter, proposal, len(rows), state.vocab_size)
-            width = drafts.shape[1]
-            filled = np.arange(width)[None, :] < counts[:, None]
-            out[rows, :width] = np.where(filled, drafts, pending[rows, None])
-            out_counts[rows] = counts
+            if self.tree is None:
+                drafts, counts = self._checked(drafter, proposal, len(rows), state.vocab_size)
+                width = drafts.shape[1]
+                filled = np.arange(width)[None, :] < counts[:, None]
+                out[rows, :width] = np.where(filled, drafts, pending[rows, None])
+                out_counts[rows] = counts
+            else:
+                nodes, parents, sizes = self._checked_tree(drafter, proposal, len(rows), state.vocab_size)
+                width = nodes.shape[1]
+                used = np.arange(width)[None, :] < sizes[:, None]
+                out[rows, 1:width] = np.where(used, nodes, pending[rows, None])[:, 1:]
+                out_parents[rows, 1:width] = np.where(used, parents, 0)[:, 1:]
+                out_counts[rows] = sizes
         self._rows = rows
         cuda = self.device.type == "cuda"
         self.tokens.copy_(self._host_tokens, non_blocking=cuda)
         self.counts.copy_(self._host_counts, non_blocking=cuda)
+        if self.tree is not None:
+            self.parents.copy_(self._host_parents, non_blocking=cuda)
         self.seconds += time.perf_counter() - t0
 
     def _checked(self, drafter: Any, proposal: Any, b: int, vocab_size: int) -> tuple[np.ndarray, np.ndarray]:
@@ -169,8 +210,8 @@ class HostDrafts:
         if not isinstance(proposal, Proposal):
             raise TypeError(f"{who}.propose: expected a specdecode.drafters.Proposal, got {type(proposal).__name__}")
         if proposal.tree is not None:
-            raise ValueError(f"tree: {who} proposed a token tree; host drafters draft chains on the static decode "
-                             "path (trees: decode_path='eager')")
+            raise ValueError(f"tree: {who} proposed a token tree, but it has no num_nodes; host drafters draft tries "
+                             "sized by num_nodes on the static decode path (or use decode_path='eager')")
         if proposal.draft_logits is not None:
             raise ValueError(f"draft: {who} proposed sampled drafts (draft_logits); a host drafter on the static "
                              "decode path must propose deterministically (draft_logits None); use decode_path='eager'")
@@ -188,3 +229,43 @@ class HostDrafts:
         # an id the target cannot score ends a row's proposal
         counts = np.minimum(counts, np.where(bad.any(1), bad.argmax(1), width))
         return np.where(bad, 0, drafts), counts
+
+    def _checked_tree(self, drafter: Any, proposal: Any, b: int, vocab_size: int
+                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """A host proposal as tries: node tokens and parents ``[b, n <= N]`` and sizes ``[b]``
+        (a chain becomes a path; nothing proposed: the root alone), after refusing tries the
+        plan cannot hold (``ValueError`` naming ``tree``) or ids the target cannot score."""
+        who, N = type(drafter).__name__, self.tokens.shape[1]
+        if isinstance(proposal, Proposal) and proposal.tree is None:
+            if proposal.draft_logits is not None:
+                raise ValueError(f"draft: {who} proposed sampled drafts (draft_logits); a host drafter on the static "
+                                 "decode path must propose deterministically; use decode_path='eager'")
+            drafts, counts = self._checked(drafter, proposal, b, vocab_size)
+            width = min(drafts.shape[1], N - 1, self.max_depth)
+            nodes = np.concatenate([np.zeros((b, 1), np.int64), drafts[:, :width]], 1)
+            parents = np.arange(-1, width)[None, :].repeat(b, 0)
+            return nodes, parents, 1 + np.minimum(counts, width)
+        if not isinstance(proposal, Proposal):
+            raise TypeError(f"{who}.propose: expected a specdecode.drafters.Proposal, got {type(proposal).__name__}")
+        tree = proposal.tree
+        nodes, parents = tree.tokens.detach().cpu().numpy(), tree.parents.detach().cpu().numpy()
+        sizes = tree.num_nodes.detach().cpu().numpy().astype(np.int64)
+        if nodes.shape[0] != b or sizes.max(initial=1) > N:
+            raise ValueError(f"tree: {who} proposed tries of up to {int(sizes.max(initial=1))} nodes for {nodes.shape[0]} "
+                             f"rows; the static decode path holds {N} nodes (num_nodes) for {b} rows")
+        width = int(sizes.max(initial=1))
+        nodes, parents = nodes[:, :width], parents[:, :width]
+        used = np.arange(width)[None, :] < sizes[:, None]
+        depth = np.zeros(nodes.shape, dtype=np.int64)
+        for j in range(1, width):  # parents come first: one pass in index order
+            depth[:, j] = depth[np.arange(b), np.clip(parents[:, j], 0, width - 1)] + 1
+        if (used & (depth > self.max_depth)).any():
+            raise ValueError(f"tree: {who} proposed a trie deeper than {self.max_depth} (tree_depth); the static decode "
+                             "path verifies no deeper")
+        index = np.arange(1, width)[None, :]
+        if (used[:, 1:] & ((parents[:, 1:] < 0) | (parents[:, 1:] >= index))).any():
+            raise ValueError(f"tree: {who} proposed a trie whose parents are not in topological order "
+                             "(0 <= parents[b, i] < i)")
+        if (used[:, 1:] & ((nodes[:, 1:] < 0) | (nodes[:, 1:] >= vocab_size))).any():
+            raise ValueError(f"draft: {who} proposed a token id outside the target's vocabulary [0, {vocab_size})")
+        return nodes, parents, sizes

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from specdecode.drafters.base import StaticDrafter
-from specdecode.engine.host_drafts import host_drafts_tree, is_host_drafter
+from specdecode.engine.host_drafts import host_drafts_tree, host_tree_plan, is_host_drafter
 from specdecode.engine.schedules import ConstantSchedule, DraftSchedule
 from specdecode.engine.settings import EngineSettings
 from specdecode.engine.static_features import drafter_modules
@@ -82,10 +82,8 @@ def check_static_path(target: torch.nn.Module, drafter: Any | None, settings: En
         gamma = 0
     else:
         host = is_host_drafter(drafter) and not isinstance(drafter, StaticDrafter)
-        if host and host_drafts_tree(drafter):
-            raise ValueError(f"tree: {type(drafter).__name__} drafts token trees on the host, which {where} does not "
-                             "run yet (it runs a host drafter's chains: tree=None); use decode_path='eager' for its "
-                             "tries")
+        if host and host_drafts_tree(drafter):  # tries proposed on the host, verified as static trees
+            tree = check_static_tree(drafter, settings, decode_path, graphed=graphed, plan=host_tree_plan(drafter))
         if not host and not isinstance(drafter, StaticDrafter):
             raise ValueError(
                 f"draft: {type(drafter).__name__} cannot draft on the static decode path (it needs static_key, "
@@ -95,7 +93,7 @@ def check_static_path(target: torch.nn.Module, drafter: Any | None, settings: En
             )
         if not host and drafts_tree(drafter):
             tree = check_static_tree(drafter, settings, decode_path, graphed=graphed)
-        elif type(settings.schedule) not in (ConstantSchedule, DraftSchedule):
+        elif tree is None and type(settings.schedule) not in (ConstantSchedule, DraftSchedule):
             raise ValueError(f"draft_schedule: only the constant schedule runs with {where} (every step has one "
                              f"shape), got {getattr(settings.schedule, 'name', type(settings.schedule).__name__)!r}")
         gamma = settings.schedule.initial if tree is None else tree.plan.max_depth

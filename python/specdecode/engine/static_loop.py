@@ -48,8 +48,8 @@ Not supported here (``ValueError``, use the eager path): Hugging Face logits pro
 stopping criteria, streamers, adaptive draft schedules, Python rules, drafters without
 :class:`~specdecode.drafters.StaticDrafter` (or, for trees,
 :class:`~specdecode.drafters.StaticTreeDrafter`) other than host drafters of deterministic
-chains (:mod:`~specdecode.engine.host_drafts`: NgramDrafter and SuffixDrafter propose on the host
-before each step, into buffers the step reads), sharded or offloaded models, models that
+chains and tries (:mod:`~specdecode.engine.host_drafts`: NgramDrafter and SuffixDrafter propose on
+the host before each step, into buffers the step reads), sharded or offloaded models, models that
 ignore custom 4D attention masks, inputs with gaps in their attention mask (only left padding);
 :mod:`~specdecode.engine.static_checks` refuses them up front. The buffers a drafter reads are
 :class:`~specdecode.engine.static_state.StaticState` (with the target's features at every column
@@ -140,7 +140,7 @@ class _Session:
         self.drafter: Any = None  # set only while a generation runs
         self.program: StepProgram | None = None
         # a host drafter's proposal buffers (engine/host_drafts.py), None for other drafters
-        self.host = HostDrafts(batch, gamma, device) if engine.host else None
+        self.host = HostDrafts(batch, gamma, device, engine.tree and engine.tree.plan) if engine.host else None
         self.prefill: StepProgram | None = None  # the target's prefill, where the layout fixes the prompt block
         # Steps run by the host (the static path): the columns a step may attend to, a host bound
         # on every row's last column (None: the whole capacity, as recorded steps need)
@@ -376,7 +376,7 @@ class StaticEngine:
         host = session.host
 
         def draft() -> None:
-            if host is not None:  # proposed on the host before the step (propose_on_host): deterministic chains
+            if host is not None:  # proposed on the host before the step (propose_on_host)
                 tokens, logits = host.tokens, None
             else:
                 tokens, logits = session.drafter.static_propose(state, gamma)

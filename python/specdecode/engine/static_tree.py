@@ -77,20 +77,23 @@ def drafts_tree(drafter: Any) -> bool:
     return getattr(drafter, "tree", None) is not None or getattr(drafter, "choices", None) is not None
 
 
-def check_static_tree(drafter: Any, settings: EngineSettings, decode_path: str, *, graphed: bool | None = None
-                      ) -> TreeSetup:
+def check_static_tree(drafter: Any, settings: EngineSettings, decode_path: str, *, graphed: bool | None = None,
+                      plan: StaticTreePlan | None = None) -> TreeSetup:
     """Refuse what ``decode_path`` (``"static"``, ``"compiled"`` or ``"graphed"``) cannot do
     with ``drafter``'s token trees (``ValueError`` naming the argument); returns the generation's
     :class:`TreeSetup`. ``graphed``: whether the steps are recorded as CUDA graphs (default:
-    ``decode_path == "graphed"``; ``"compiled"`` records them on CUDA)."""
+    ``decode_path == "graphed"``; ``"compiled"`` records them on CUDA). ``plan``: the plan of a
+    host drafter's tries (:func:`~specdecode.engine.host_drafts.host_tree_plan`; the step's
+    trees then come from the host); None asks the drafter."""
     where = f"decode_path={decode_path!r}"
     graphed = decode_path == "graphed" if graphed is None else graphed
-    if not isinstance(drafter, StaticTreeDrafter):
+    if plan is None and not isinstance(drafter, StaticTreeDrafter):
         raise ValueError(f"tree: {type(drafter).__name__} cannot draft token trees with {where} (it needs "
                          "static_tree_plan, static_propose_tree and static_accept_path: ModelDrafter, "
                          "LayerSkipDrafter, EagleDrafter, MedusaDrafter and HydraDrafter have them); draft a chain "
                          "(tree=None) or use decode_path='eager'")
-    plan = drafter.static_tree_plan(settings.sampling, settings.vocab_size)
+    if plan is None:
+        plan = drafter.static_tree_plan(settings.sampling, settings.vocab_size)
     if graphed and needs_processed_probs(plan.children, settings.sampling):
         when = "" if plan.children == "hub" else " under top_k / top_p / min_p"
         raise ValueError(f"tree_children: {plan.children!r} children{when} are drawn from the processed distribution "
@@ -143,8 +146,10 @@ def tree_phases(session: Any, scratch: StepScratch, setup: TreeSetup, target: Ca
     drafted_full = torch.full((state.batch_size,), N - 1, dtype=torch.long, device=device)
     no_prefix = torch.zeros((state.batch_size, 0), dtype=torch.bool, device=device)
 
+    host = session.host  # a host drafter's tries, proposed before the step (engine/host_drafts.py), or None
+
     def draft() -> None:
-        scratch.tree = session.drafter.static_propose_tree(state, plan)
+        scratch.tree = host.tree if host is not None else session.drafter.static_propose_tree(state, plan)
 
     def score() -> None:
         from specdecode.models.static_cache import tree_inputs
@@ -179,7 +184,8 @@ def tree_phases(session: Any, scratch: StepScratch, setup: TreeSetup, target: Ca
         move_columns(session.cache, source, target_columns)
         if layers is not None:
             move_feature_columns(state.features, source, target_columns)
-        session.drafter.static_accept_path(state, tree, nodes, accepted)
+        if host is None:  # (a host drafter keeps nothing per column)
+            session.drafter.static_accept_path(state, tree, nodes, accepted)
         state.tokens.scatter_(1, target_columns, tokens[:, :D].clamp_min(0))
         active = ~session.finished
         scratch.tokens, scratch.accepted = tokens, accepted
