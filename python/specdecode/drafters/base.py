@@ -394,9 +394,9 @@ class DrafterBase:
     #: only greedily (``specdecode.load_drafter``).
     sampling_drafter: Any = None
     #: True: ``propose`` may run on the host between the steps of the static decode path
-    #: (:mod:`specdecode.engine.host_drafts`): it returns deterministic chains, reads only the
-    #: layout of :class:`DraftState` (no coins, no processors) and needs from ``commit`` only
-    #: ``accepted_len``.
+    #: (:mod:`specdecode.engine.host_drafts`): it returns deterministic chains (or tries, with
+    #: ``num_nodes`` and ``tree_depth``), reads only the layout of :class:`DraftState` (no
+    #: coins, no processors) and needs from ``commit`` only ``accepted_len`` and ``kept_rows``.
     static_host_drafts: bool = False
 
     def reset(self) -> None:  # noqa: D102

@@ -83,6 +83,15 @@ class FallbackDrafter(DrafterBase):
         self.fallback_steps = 0
         self._used_first = False
 
+    @property
+    def static_host_drafts(self) -> bool:  # type: ignore[override]
+        """Whether both drafters propose on the host between steps on the static decode path
+        (:mod:`specdecode.engine.host_drafts`): ``first`` always does, the fallback when it is a
+        host drafter too (a :class:`~specdecode.drafters.TokenizerBridgeDrafter`, prompt lookup,
+        suffix retrieval). A fallback that drafts on the device (EAGLE, a draft model) keeps this
+        drafter on the eager path."""
+        return bool(getattr(self.fallback, "static_host_drafts", False))
+
     def reset(self) -> None:
         self.first.reset()
         self.fallback.reset()

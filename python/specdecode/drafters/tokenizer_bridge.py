@@ -295,6 +295,9 @@ class TokenizerBridgeDrafter(DrafterBase):
     """
 
     name = "tokenizer-bridge"
+    #: On the static decode path it proposes on the host between steps (its draft model runs
+    #: eagerly with its own cache), feeding a static, compiled or graphed target step.
+    static_host_drafts = True
 
     def __init__(self, draft_model: torch.nn.Module, draft_tokenizer: Any, target_tokenizer: Any,
                  draft_tokens_per_step: int | None = None) -> None:

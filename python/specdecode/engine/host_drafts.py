@@ -7,8 +7,10 @@ A drafter opts in with ``static_host_drafts = True`` (:class:`~specdecode.drafte
 :class:`~specdecode.drafters.DraftState` built on the CPU from the static layout) and must propose
 deterministically (``draft_logits`` None): chains, or tries when it has ``num_nodes`` (its
 ``tree_depth`` bounds their depth; :func:`host_tree_plan`). Its ``commit`` gets only
-``accepted_len`` and ``num_columns`` (the view is rebuilt at every step: no ``column_order``),
-one step late: just before the next ``propose``.
+``accepted_len``, ``num_columns`` and ``kept_rows`` (the view is rebuilt at every step: no
+``column_order``), one step late: just before the next ``propose``. A drafter that runs a model
+of its own on the host between steps (:class:`~specdecode.drafters.TokenizerBridgeDrafter`'s draft
+model, with its own cache) opts in the same way; its ``forward_calls`` are counted.
 
 :class:`HostDrafts` keeps persistent device buffers that the recorded step reads. Chains: the
 proposals padded to ``k`` tokens per row (``tokens [B, k]``) and how many of them each row
@@ -147,11 +149,13 @@ class HostDrafts:
             offsets = torch.arange(width, device=device).expand(batch, -1).contiguous()
             self.tree = StaticTreeDraft(self.tokens, self.parents, self.counts, None, offsets)
         self._rows: np.ndarray | None = None  # rows of the last proposal of this generation
-        self.seconds = 0.0
+        self.seconds = 0.0  # host time of this generation's proposals
+        self.forward_calls = 0  # the drafter's model forwards in them (Proposal.forward_calls)
 
     def begin(self) -> None:
-        """A new generation: no proposal yet (nothing to commit)."""
+        """A new generation: no proposal yet (nothing to commit), nothing counted."""
         self._rows = None
+        self.seconds, self.forward_calls = 0.0, 0
         self.counts.fill_(0 if self.tree is None else 1)
 
     def step(self, drafter: Any, state: Any, finished: Tensor, accepted: Tensor | None, syncs: Any) -> None:
@@ -164,11 +168,14 @@ class HostDrafts:
         host = syncs.fetch(torch.cat(parts)).numpy()
         tokens = host[: B * capacity].reshape(B, capacity)
         lengths, start, done = (host[B * capacity + i * B: B * capacity + (i + 1) * B] for i in range(3))
+        rows = np.flatnonzero(done == 0)
         if len(parts) == 5:
             last = host[B * capacity + 3 * B:]
+            assert self._rows is not None
+            kept = np.flatnonzero(done[self._rows] == 0)  # rows only leave: the survivors, in their order
             drafter.commit(CommitUpdate(torch.from_numpy(np.maximum(last[self._rows], 0)),
-                                        int((lengths - start).max()) + 1))
-        rows = np.flatnonzero(done == 0)
+                                        int((lengths - start).max()) + 1,
+                                        None if len(kept) == len(self._rows) else torch.from_numpy(kept)))
         # (the fetch above waited for the device, so the last step's copies from these are done)
         out, out_counts = self._host_tokens.numpy(), self._host_counts.numpy()
         pending = tokens[np.arange(B), lengths]
@@ -182,6 +189,7 @@ class HostDrafts:
             view_tokens, mask = layout_view(tokens, lengths, start, rows)
             view = HostView(view_tokens, mask, rows.astype(np.int64), state.vocab_size, state.sampling)
             proposal = drafter.propose(view, self.k)
+            self.forward_calls += int(getattr(proposal, "forward_calls", 0) or 0)
             if self.tree is None:
                 drafts, counts = self._checked(drafter, proposal, len(rows), state.vocab_size)
                 width = drafts.shape[1]

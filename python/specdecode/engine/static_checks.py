@@ -89,7 +89,8 @@ def check_static_path(target: torch.nn.Module, drafter: Any | None, settings: En
                 f"draft: {type(drafter).__name__} cannot draft on the static decode path (it needs static_key, "
                 "static_prefill and static_propose: ModelDrafter, LayerSkipDrafter, EagleDrafter, MedusaDrafter and "
                 "HydraDrafter have them; or static_host_drafts = True for a host drafter of deterministic chains, as "
-                "NgramDrafter and SuffixDrafter); use decode_path='eager'"
+                "NgramDrafter, SuffixDrafter, TokenizerBridgeDrafter and a FallbackDrafter of two of them); use "
+                "decode_path='eager'"
             )
         if not host and drafts_tree(drafter):
             tree = check_static_tree(drafter, settings, decode_path, graphed=graphed)
@@ -98,7 +99,7 @@ def check_static_path(target: torch.nn.Module, drafter: Any | None, settings: En
                              f"shape), got {getattr(settings.schedule, 'name', type(settings.schedule).__name__)!r}")
         gamma = settings.schedule.initial if tree is None else tree.plan.max_depth
         features = getattr(drafter, "feature_layers", None) is not None  # its network is no causal LM to probe
-        for model in drafter_modules(drafter):
+        for model in () if host else drafter_modules(drafter):  # (a host drafter's model runs eagerly on the host)
             if not isinstance(model, torch.nn.Module) or model is target:
                 continue
             draft_device = _single_device(model, "draft")

@@ -335,7 +335,6 @@ class StaticEngine:
         if session.host is not None:  # a host drafter absorbs nothing ahead: it reads the layout at each step
             self.drafter.reset()
             session.host.begin()
-            session.host.seconds = 0.0
         else:
             self.drafter.static_prefill(state, self.gamma)
         stats.draft_prefill_time += time.perf_counter() - t0
@@ -474,12 +473,12 @@ class StaticEngine:
             c = c[:FIXED_COUNTERS] + [c[FIXED_COUNTERS + i * gamma + d] for i in range(3) for d in range(listed)]
         add_step_counters(stats, c, listed)
         stats.target_calls += steps
-        if session.host is None:  # a host drafter runs no model
-            stats.draft_calls += steps * gamma + (1 if gamma and session.state.prompt_columns > 1 else 0)
+        host = session.host  # a host drafter counts its model's forward calls (prompt lookup runs none)
+        stats.draft_calls += host.forward_calls if host else steps * gamma + (gamma and session.state.prompt_columns > 1)
         if gamma:
             stats.num_draft_tokens_history.extend([gamma] * steps)
         seconds = program.seconds
-        stats.draft_time += seconds.get("draft", 0.0) + (session.host.seconds if session.host is not None else 0.0)
+        stats.draft_time += seconds.get("draft", 0.0) + (host.seconds if host is not None else 0.0)
         stats.target_time += seconds.get("target", 0.0)
         stats.verify_time += seconds.get("verify", 0.0)
         stats.bookkeeping_time += seconds.get("bookkeeping", 0.0)
