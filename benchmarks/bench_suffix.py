@@ -43,19 +43,7 @@ from tqdm.auto import tqdm
 HF = "HF target.generate"
 LOOKUP = "HF prompt lookup"
 
-# --workload records: one structured task over many inputs (the same output format every time);
-# the tune and report people are disjoint
-RECORD_TASK = ("Give a JSON object with the keys \"name\", \"born\" (a year), \"country\", \"field\" and "
-               "\"known_for\" (one short phrase) for this person: {}. Answer with the JSON only.")
-RECORD_PEOPLE = {
-    "tune": ["Marie Curie", "Isaac Newton", "Ada Lovelace", "Charles Darwin", "Nikola Tesla", "Jane Austen",
-             "Ludwig van Beethoven", "Leonardo da Vinci", "Galileo Galilei", "Florence Nightingale",
-             "Albert Einstein", "William Shakespeare", "Alan Turing", "Rosalind Franklin", "Louis Pasteur",
-             "Johann Sebastian Bach"],
-    "report": ["Michael Faraday", "Emily Dickinson", "Gregor Mendel", "Frida Kahlo", "James Clerk Maxwell",
-               "Wolfgang Amadeus Mozart", "Dmitri Mendeleev", "Virginia Woolf", "Niels Bohr", "Mark Twain",
-               "Grace Hopper", "Claude Monet", "Carl Linnaeus", "Lise Meitner", "Johannes Kepler", "Leo Tolstoy"],
-}
+# --workload records: one structured task over many inputs (specdecode.prompt_sets.record_prompt_set)
 
 
 def parse_setting(text: str) -> dict[str, Any]:
@@ -101,6 +89,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     import specdecode
     from specdecode.bench.harness import environment, format_table, write_results
     from specdecode.bench.real_pair import chat_ids, chat_prompts
+    from specdecode.prompt_sets import record_prompt_set
     from specdecode.cli_args import sampling
     from specdecode.drafters import FallbackDrafter
 
@@ -111,8 +100,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     if args.workload == "chat":
         prompts = chat_prompts(tok, args.prompt_set, args.num_prompts)
     else:
-        people = RECORD_PEOPLE[args.prompt_set][: args.num_prompts]
-        prompts = [chat_ids(tok, RECORD_TASK.format(person)) for person in people]
+        prompts = [chat_ids(tok, text) for text in record_prompt_set(args.prompt_set)[: args.num_prompts]]
     warm = chat_ids(tok, "Say hello.")
     methods: list[tuple[str, Any, dict[str, Any]]] = [(HF, None, {}), (LOOKUP, None, {}),
                                                       ("ngram chain:4", specdecode.NgramDrafter(),

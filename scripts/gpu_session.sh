@@ -36,6 +36,10 @@
 #   5. with 4 or more minutes left:
 #      run  command='TESTS_S=40 BENCH_S=150 bash scripts/gpu_session.sh bench'  timeout_s=220
 #           carry=[".gguf-parts/manifest", ".gguf-parts/site"]
+#   6. with 3 or more minutes left (issue 54: host drafters feeding the graphed target):
+#      run  command='HOST_S=100 bash scripts/gpu_session.sh host'  timeout_s=240
+#           carry=[".gguf-parts/manifest", ".gguf-parts/site"]
+#      (rehearsed here on the CPU by `bash scripts/gpu_session.sh hostdry`: the same calls, eager and static)
 #   then give_back, and here: the files of each call (probe: probe.log, data_stage.csv/json and
 #   data_stage_profiles.txt; training: KIND.tar per kind, train.log, summary.json, see
 #   scripts/gpu_train_drafters.sh; benchmark: bench.log, cuda_tests.log, bench_gpu.csv/json).
@@ -68,6 +72,12 @@
 #           TESTS_S seconds) and the GPU benchmark (at most BENCH_S seconds; it writes its results
 #           after every group, so a cut-short run still returns what it finished)
 #   train   scripts/gpu_train_drafters.sh train, with this script's OUT
+#   host    join the GGUF, restore the extension, then host drafters on SmolLM2's graphed target
+#           (benchmarks/bench_host_drafters.py --pair smollm2 --device cuda --paths graphed --drafters
+#           lookup,suffix,lookup-trie,suffix-trie: the graphed target alone, then each drafter feeding it;
+#           report halves of the records and the code workloads, 4 prompts of 128 new tokens, 2 rounds;
+#           at most HOST_S [100] seconds each)
+#   hostdry the host stage's calls on the CPU (the demo-sized rehearsal: 1 prompt, 8 tokens, eager and static)
 #   dry     everything `bench` does but the CUDA tests, on the CPU: the same preset with --quick (the
 #           demo pair, tiny sizes, the compiled methods left out: their compiles take minutes on a
 #           CPU; tests/test_bench_gpu_rows.py runs HF's) (the test suite runs it:
@@ -82,7 +92,7 @@ OUT=${OUT:-$PWD/gpu_out}
 PY=${PY:-python3}
 TESTS_S=${TESTS_S:-60}
 BENCH_S=${BENCH_S:-360}
-CUDA_TESTS=${CUDA_TESTS:-tests/test_cuda_static_compiled.py tests/test_cuda_static_trees.py tests/test_cuda_windows.py tests/test_cuda_dflash.py tests/test_training_cuda.py tests/test_training_data_path.py}
+CUDA_TESTS=${CUDA_TESTS:-tests/test_cuda_static_compiled.py tests/test_cuda_static_trees.py tests/test_cuda_windows.py tests/test_cuda_dflash.py tests/test_static_host_drafters.py tests/test_training_cuda.py tests/test_training_data_path.py}
 BENCH_ARGS=${BENCH_ARGS:---preset gpu-session}
 PROBE_S=${PROBE_S:-110}
 PROBE_TESTS=${PROBE_TESTS:-tests/test_training_decode_labels.py}
@@ -97,11 +107,11 @@ here=$(dirname "$0")
 case "$STAGE" in
   stash) exec bash "$here/gpu_train_drafters.sh" stash ;;
   train) exec bash "$here/gpu_train_drafters.sh" train ;;
-  probe|bench|dry) ;;
-  *) echo "usage: bash scripts/gpu_session.sh stash|probe|train|bench|dry" >&2; exit 2 ;;
+  probe|bench|dry|host|hostdry) ;;
+  *) echo "usage: bash scripts/gpu_session.sh stash|probe|train|bench|dry|host|hostdry" >&2; exit 2 ;;
 esac
 
-if [ "$STAGE" = bench ] || [ "$STAGE" = probe ]; then
+if [ "$STAGE" = bench ] || [ "$STAGE" = probe ] || [ "$STAGE" = host ]; then
   bash "$here/gpu_train_drafters.sh" join || exit 2
   bash "$here/gpu_train_drafters.sh" ext || exit 2
   SITE=${SITE:-/tmp/specdecode-site}
@@ -136,6 +146,21 @@ if [ "$STAGE" = probe ]; then
   # the train call reads it from the machine's /tmp (gpu_train_drafters.sh PROBE_PICK)
   [ -f "$OUT/data_stage.csv" ] && cp "$OUT/data_stage.csv" "${STASH:-/tmp/specdecode-gguf}/probe.csv"
   log "$OUT holds $(ls "$OUT" | tr '\n' ' ')"
+  exit "$rc"
+fi
+if [ "$STAGE" = host ] || [ "$STAGE" = hostdry ]; then
+  if [ "$STAGE" = host ]; then HOST_ARGS="--device cuda --paths graphed --num-prompts 4 --max-new-tokens 128 --repeats 2"
+  else HOST_ARGS="--device cpu --paths eager,static --num-prompts 1 --max-new-tokens 8 --repeats 1"; fi
+  HOST_S=${HOST_S:-$([ "$STAGE" = host ] && echo 100 || echo 600)}
+  rc=0
+  for workload in records code; do
+    log "host drafters, $workload (at most ${HOST_S}s): python benchmarks/bench_host_drafters.py --pair smollm2 --workload $workload $HOST_ARGS"
+    # shellcheck disable=SC2086  # HOST_ARGS is a word list
+    timeout "$HOST_S" $PY benchmarks/bench_host_drafters.py --pair smollm2 --workload "$workload" \
+      --prompt-set report --drafters lookup,suffix,lookup-trie,suffix-trie $HOST_ARGS --out "$OUT" \
+      > "$OUT/host_$workload.log" 2>&1 || rc=$?
+    log "host drafters, $workload: rc=$rc; $(grep -v Converting "$OUT/host_$workload.log" | tail -n 12)"
+  done
   exit "$rc"
 fi
 if [ "$STAGE" = bench ]; then

@@ -181,3 +181,31 @@ def chat_prompt_set(name: str) -> list[str]:
     if name not in CHAT_PROMPT_SETS:
         raise ValueError(f"name: expected one of {', '.join(sorted(CHAT_PROMPT_SETS))}, got {name!r}")
     return list(CHAT_PROMPT_SETS[name])
+
+
+#: **Records**: one structured task over many inputs (the same output format every time, as a
+#: batch job that fills one JSON record per person), for chat targets; the tune and report people
+#: are disjoint (:func:`record_prompt_set`).
+RECORD_TASK = ("Give a JSON object with the keys \"name\", \"born\" (a year), \"country\", \"field\" and "
+               "\"known_for\" (one short phrase) for this person: {}. Answer with the JSON only.")
+RECORD_PEOPLE: dict[str, list[str]] = {
+    "tune": ["Marie Curie", "Isaac Newton", "Ada Lovelace", "Charles Darwin", "Nikola Tesla", "Jane Austen",
+             "Ludwig van Beethoven", "Leonardo da Vinci", "Galileo Galilei", "Florence Nightingale",
+             "Albert Einstein", "William Shakespeare", "Alan Turing", "Rosalind Franklin", "Louis Pasteur",
+             "Johann Sebastian Bach"],
+    "report": ["Michael Faraday", "Emily Dickinson", "Gregor Mendel", "Frida Kahlo", "James Clerk Maxwell",
+               "Wolfgang Amadeus Mozart", "Dmitri Mendeleev", "Virginia Woolf", "Niels Bohr", "Mark Twain",
+               "Grace Hopper", "Claude Monet", "Carl Linnaeus", "Lise Meitner", "Johannes Kepler", "Leo Tolstoy"],
+}
+
+
+def record_prompt_set(name: str) -> list[str]:
+    """The record requests of half ``name`` (``"tune"`` or ``"report"``): :data:`RECORD_TASK`
+    for each of that half's people, a new list.
+
+    >>> record_prompt_set("report")[0][-60:]
+    'for this person: Michael Faraday. Answer with the JSON only.'
+    """
+    if name not in RECORD_PEOPLE:
+        raise ValueError(f"name: expected one of {', '.join(sorted(RECORD_PEOPLE))}, got {name!r}")
+    return [RECORD_TASK.format(person) for person in RECORD_PEOPLE[name]]

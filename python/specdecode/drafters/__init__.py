@@ -30,6 +30,12 @@
   (chains and top-k rank trees).
 - :func:`load_dflash`: a :class:`DFlashDrafter` from a published DFlash checkpoint folder
   (``DFlashDraftModel``; :mod:`specdecode.drafters.dflash_checkpoint`).
+- :class:`MTPDrafter`: the multi-token-prediction layers a model ships (DeepSeek-V3, GLM-4-MoE:
+  ``num_mtp_layers``), as transformers loads them, reading the target's last hidden state
+  (chains, rank trees; :mod:`specdecode.drafters.mtp`).
+- :class:`Gemma4AssistantDrafter`: Gemma 4's assistant model (``Gemma4AssistantForCausalLM``),
+  drafting from the target's last hidden state and the keys/values of the target layers it
+  shares (chains, rank trees; :mod:`specdecode.drafters.gemma4_assistant`).
 - :class:`PartialCacheDrafter`: the target over a partial KV cache (attention sinks plus a recent
   window), TriForce's middle drafter; under a :class:`VerticalCascadeDrafter`, the hierarchy.
 """
@@ -51,12 +57,14 @@ from specdecode.drafters.eagle import EagleDrafter
 from specdecode.drafters.jacobi import JacobiDrafter
 from specdecode.drafters.cascade import HorizontalCascadeDrafter, VerticalCascadeDrafter
 from specdecode.drafters.fallback import FallbackDrafter
+from specdecode.drafters.gemma4_assistant import Gemma4AssistantDrafter
 from specdecode.drafters.exit_adapter import ExitAdapter, ExitAdapterDrafter
 from specdecode.drafters.hydra import HydraDrafter
 from specdecode.drafters.layer_skip import LayerSkipDrafter
 from specdecode.drafters.lookahead import LookaheadDrafter
 from specdecode.drafters.medusa import MedusaDrafter
 from specdecode.drafters.model import ModelDrafter
+from specdecode.drafters.mtp import MTPDrafter
 from specdecode.drafters.ngram import NgramDrafter
 from specdecode.drafters.partial_cache import PartialCacheDrafter
 from specdecode.drafters.suffix import SuffixDrafter, TokenCorpus
@@ -66,6 +74,8 @@ from specdecode.drafters.tokenizer_bridge import TokenizerBridgeDrafter
 __all__ = [
     "CommitUpdate",
     "DFlashDrafter",
+    "MTPDrafter",
+    "Gemma4AssistantDrafter",
     "DraftState",
     "Drafter",
     "DrafterBase",

@@ -42,6 +42,7 @@ import torch
 from torch import Tensor, nn
 
 from specdecode.drafters.base import CommitUpdate, DrafterBase, DraftState, Proposal, StaticDraftState
+from specdecode.drafters.column_store import ColumnStore
 from specdecode.drafters.dflash_model import DFlashModel, block_mask, block_positions
 from specdecode.drafters.last_feature import draw, static_features_at, static_rank_tree, tree_layout, tree_proposal
 from specdecode.drafters.medusa import check_choices
@@ -52,56 +53,6 @@ from specdecode.trees.shapes import TreeShape
 from specdecode.trees.static_growth import StaticTreeDraft, StaticTreePlan
 
 __all__ = ["DFlashDrafter"]
-
-
-class _ColumnStore:
-    """Per-row tensors with a column axis (``axis``; grown by doubling), moved with the engine's
-    row selections and column re-packs: ``[b, columns, ...]`` for ``axis=1``, ``[b, h, columns,
-    d]`` for ``axis=2``."""
-
-    def __init__(self, axis: int = 1) -> None:
-        self.axis = axis
-        self.data: Tensor | None = None
-
-    def write(self, start: int, values: Tensor) -> None:
-        """Shape: ``values`` has ``m`` columns on the axis, stored at columns ``start .. start + m - 1``."""
-        axis = self.axis
-        end = start + values.shape[axis]
-        have = self.data
-        if have is None or have.shape[axis] < end or have.shape[0] != values.shape[0]:
-            width = max(end + 16, 0 if have is None else 2 * have.shape[axis])
-            shape = list(values.shape)
-            shape[axis] = width
-            grown = values.new_zeros(shape)
-            if have is not None and have.shape[0] == values.shape[0]:
-                grown.narrow(axis, 0, have.shape[axis]).copy_(have)
-            self.data = grown
-        self.data.narrow(axis, start, end - start).copy_(values)
-
-    def columns(self, count: int) -> Tensor:
-        """The first ``count`` columns (a view)."""
-        assert self.data is not None
-        return self.data.narrow(self.axis, 0, count)
-
-    def rows(self, rows: Tensor) -> None:
-        if self.data is not None:
-            self.data = self.data[rows.to(self.data.device)]
-
-    def reorder(self, order: Tensor) -> None:
-        """Column ``j`` of row ``r`` takes what column ``order[r, j]`` held. Shape: ``[b, n]``."""
-        if self.data is None:
-            return
-        axis, n = self.axis, order.shape[1]
-        if self.data.shape[axis] < n:  # columns never written: zeros (never read before written)
-            shape = list(self.data.shape)
-            shape[axis] = 1
-            self.write(n - 1, self.data.new_zeros(shape))
-        data = self.data
-        index = order.to(data.device).clamp_max(data.shape[axis] - 1)
-        expanded = list(data.shape)
-        expanded[axis] = n
-        index = index.view(index.shape[0], *([1] * (axis - 1)), n, *([1] * (data.dim() - axis - 1)))
-        data.narrow(axis, 0, n).copy_(data.gather(axis, index.expand(expanded)))
 
 
 class DFlashDrafter(DrafterBase):
@@ -145,9 +96,9 @@ class DFlashDrafter(DrafterBase):
         self.reset()
 
     def reset(self) -> None:
-        self.features = _ColumnStore()  # [b, columns, F]: the target's features of committed columns
+        self.features = ColumnStore()  # [b, columns, F]: the target's features of committed columns
         # per layer, keys and values [b, kv_heads, columns, head_dim] projected from those features
-        self.context = [(_ColumnStore(2), _ColumnStore(2)) for _ in range(self.model.config.num_layers)]
+        self.context = [(ColumnStore(2), ColumnStore(2)) for _ in range(self.model.config.num_layers)]
         self.projected = 0  # columns [0, projected) have their keys/values in self.context
 
     def describe(self) -> dict:

@@ -269,7 +269,7 @@ class NgramDrafter(DrafterBase):
     """
 
     name = "ngram"
-    #: Its chains run on the static decode path too, proposed on the host between steps.
+    #: Its chains and tries run on the static decode path too, proposed on the host between steps.
     static_host_drafts = True
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1, max_lookback: int | None = None,

@@ -266,7 +266,7 @@ class SuffixDrafter(DrafterBase):
     """
 
     name = "suffix"
-    #: Its chains run on the static decode path too, proposed on the host between steps.
+    #: Its chains and tries run on the static decode path too, proposed on the host between steps.
     static_host_drafts = True
     #: Chains ``generate`` drafts when not told (chosen with ``min_token_prob`` and
     #: ``max_spec_factor`` on the tune inputs of ``benchmarks/bench_suffix.py``).

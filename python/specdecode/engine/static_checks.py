@@ -2,8 +2,8 @@
 front with a ``ValueError`` that names the argument and says what to use instead (mostly
 ``decode_path='eager'``): host work at every token (processors, stopping criteria, streamers),
 changing shapes (adaptive schedules), Python rules, drafters without
-:class:`~specdecode.drafters.StaticDrafter` (except host drafters of chains,
-:mod:`~specdecode.engine.host_drafts`; their tries are refused), models spread over devices or ignoring custom 4D
+:class:`~specdecode.drafters.StaticDrafter` (except host drafters of chains and tries,
+:mod:`~specdecode.engine.host_drafts`), models spread over devices or ignoring custom 4D
 attention masks, and CUDA graphs without CUDA or without the compiled kernels. Token trees are
 checked by :func:`~specdecode.engine.static_tree.check_static_tree`: drafters without
 :class:`~specdecode.drafters.StaticTreeDrafter`, builders that decide on the host, and tree

@@ -186,10 +186,11 @@ def gather_columns(cache: Any, order: Tensor, start: int = 0) -> None:
         order: ``[b, n]`` int64, each entry a column index below the cache's length.
     """
     for layer in _filled_layers(cache, "gather columns"):
-        b, h, _, d = layer.keys.shape
-        index = order.to(layer.keys.device)[:, None, :, None].expand(b, h, order.shape[1], d)
-        layer.keys = _join(layer.keys, index, start)
-        layer.values = _join(layer.values, index, start)
+        for name in ("keys", "values"):  # (their head sizes may differ: DeepSeek's latent attention)
+            tensor = getattr(layer, name)
+            b, h, _, d = tensor.shape
+            index = order.to(tensor.device)[:, None, :, None].expand(b, h, order.shape[1], d)
+            setattr(layer, name, _join(tensor, index, start))
 
 
 def _join(tensor: Tensor, index: Tensor, start: int) -> Tensor:
