@@ -181,8 +181,7 @@ def read_dflash_config(path: str | Path, target: nn.Module) -> DFlashConfig:
                         head_dim=head_dim, intermediate_size=ffn, block_size=block_size,
                         target_layer_ids=tuple(ids), mask_token_id=mask_token,
                         rms_norm_eps=float(raw.get("rms_norm_eps") or 1e-6), rope_theta=theta,
-                        attention_bias=bool(raw.get("attention_bias", False)), qk_norm=qk_norm,
-                        extra={"source": str(path), "model_type": raw.get("model_type")})
+                        attention_bias=bool(raw.get("attention_bias", False)), qk_norm=qk_norm)
 
 
 def _read_weights(path: str | Path, like: dict[str, Tensor]) -> dict[str, Tensor]:

@@ -29,13 +29,14 @@ target head's rows for those ids: :mod:`specdecode.models.reduced_head`).
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from specdecode.drafters.last_feature import check_count
 from specdecode.models import decoder_layers, vocab_rows
 
 __all__ = ["DFlashConfig", "DFlashModel", "block_mask", "block_positions", "check_target_layer_ids",
@@ -79,17 +80,15 @@ class DFlashConfig:
     rope_theta: float = 10000.0
     attention_bias: bool = False
     qk_norm: bool = True
-    extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def as_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out["target_layer_ids"] = list(self.target_layer_ids)
-        out.pop("extra")
         return out
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> "DFlashConfig":
-        known = {k: v for k, v in values.items() if k in cls.__dataclass_fields__ and k != "extra"}
+        known = {k: v for k, v in values.items() if k in cls.__dataclass_fields__}
         known["target_layer_ids"] = tuple(known.get("target_layer_ids", ()))
         return cls(**known)
 
@@ -109,10 +108,10 @@ class DFlashConfig:
         kv_heads = int(getattr(text, "num_key_value_heads", None) or heads)
         ffn = int(getattr(text, "intermediate_size", None) or 4 * hidden)
         total = len(decoder_layers(target))
-        _check_int("num_layers", num_layers, 1)
-        _check_int("block_size", block_size, 2)
+        check_count("num_layers", num_layers)
+        check_block_size(block_size)
         if target_layer_ids is None:
-            count = num_layers if num_feature_layers is None else _check_int("num_feature_layers", num_feature_layers, 1)
+            count = num_layers if num_feature_layers is None else check_count("num_feature_layers", num_feature_layers)
             target_layer_ids = default_target_layer_ids(total, min(count, total))
         return cls(hidden_size=hidden, num_layers=num_layers, num_heads=heads, num_kv_heads=kv_heads,
                    head_dim=head_dim, intermediate_size=ffn, block_size=block_size,
@@ -120,9 +119,11 @@ class DFlashConfig:
                    rms_norm_eps=float(getattr(text, "rms_norm_eps", 1e-6) or 1e-6), rope_theta=rope_base(text))
 
 
-def _check_int(name: str, value: Any, low: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ValueError(f"{name}: expected an int >= {low}, got {value!r}")
+def check_block_size(value: Any, name: str = "block_size") -> int:
+    """``value``, or ``ValueError`` naming ``name`` unless it is an int >= 2 (the pending token
+    and at least one draft)."""
+    if check_count(name, value) < 2:
+        raise ValueError(f"{name}: expected an int >= 2, got {value!r}")
     return value
 
 
@@ -148,11 +149,16 @@ def rope_base(config: Any) -> float:
     return float(theta or getattr(config, "rope_theta", None) or 10000.0)
 
 
-def rotary(positions: Tensor, head_dim: int, theta: float, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+def inverse_frequencies(head_dim: int, theta: float, device: torch.device | None = None) -> Tensor:
+    """The rotary embedding's inverse frequencies ``[head_dim / 2]`` float32 (base ``theta``)."""
+    return 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim))
+
+
+def rotary(positions: Tensor, inv_freq: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
     """Cosines and sines of the rotary embedding at ``positions`` (halves repeated, the
-    ``rotate_half`` layout). Shape: positions ``[b, n]``; returns two ``[b, 1, n, head_dim]``."""
-    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim))
-    angles = positions.float()[..., None] * inv
+    ``rotate_half`` layout). Shape: positions ``[b, n]``; inv_freq ``[head_dim / 2]``
+    (:func:`inverse_frequencies`); returns two ``[b, 1, n, head_dim]``."""
+    angles = positions.float()[..., None] * inv_freq
     angles = torch.cat([angles, angles], -1)[:, None]
     return angles.cos().to(dtype), angles.sin().to(dtype)
 
@@ -273,7 +279,7 @@ class DFlashModel(nn.Module):
         if config.num_heads % config.num_kv_heads or config.head_dim % 2:
             raise ValueError(f"config: num_heads ({config.num_heads}) must be a multiple of num_kv_heads "
                              f"({config.num_kv_heads}) and head_dim ({config.head_dim}) even")
-        _check_int("block_size", config.block_size, 2)
+        check_block_size(config.block_size)
         check_target_layer_ids(list(config.target_layer_ids), len(decoder_layers(target)))
         self.target_vocab = vocab_rows(target)
         if config.mask_token_id is not None and not 0 <= config.mask_token_id < target.get_input_embeddings().weight.shape[0]:
@@ -285,6 +291,9 @@ class DFlashModel(nn.Module):
         self.hidden_norm = RMSNorm(hidden, config.rms_norm_eps, **factory)
         self.layers = nn.ModuleList(DFlashLayer(config, **factory) for _ in range(config.num_layers))
         self.norm = RMSNorm(hidden, config.rms_norm_eps, **factory)
+        # computed once (not saved: the config has the rotary base)
+        self.register_buffer("inv_freq", inverse_frequencies(config.head_dim, config.rope_theta, reference.device),
+                             persistent=False)
         if config.mask_token_id is None:
             scale = float(target.get_input_embeddings().weight.detach().float().std())
             generator = torch.Generator().manual_seed(0)
@@ -318,6 +327,12 @@ class DFlashModel(nn.Module):
     def draft_vocab_size(self) -> int | None:
         return None if self.draft_to_target is None else int(self.draft_to_target.numel())
 
+    def _inverse_frequencies(self) -> Tensor:
+        """The kept inverse frequencies, recomputed in float32 if a cast of the module lowered them."""
+        if self.inv_freq.dtype == torch.float32:
+            return self.inv_freq
+        return inverse_frequencies(self.config.head_dim, self.config.rope_theta, self.inv_freq.device)
+
     def context_keys_values(self, features: Tensor, positions: Tensor) -> list[tuple[Tensor, Tensor]]:
         """Every layer's keys and values of context columns from the target's features.
 
@@ -326,7 +341,7 @@ class DFlashModel(nn.Module):
             Returns per layer two ``[b, kv_heads, n, head_dim]``.
         """
         context = self.hidden_norm(self.fc(features.to(self.dtype)))
-        cos, sin = rotary(positions, self.config.head_dim, self.config.rope_theta, self.dtype)
+        cos, sin = rotary(positions, self._inverse_frequencies(), self.dtype)
         return [layer.self_attn.keys_values(context, cos, sin) for layer in self.layers]
 
     def block_embeddings(self, target: nn.Module, tokens: Tensor, is_mask: Tensor) -> Tensor:
@@ -347,7 +362,7 @@ class DFlashModel(nn.Module):
             ``[b, kv_heads, C, head_dim]``; mask: ``[b, 1, n, C + n]`` bool (True: attend).
             Returns ``[b, n, H]``.
         """
-        cos, sin = rotary(positions, self.config.head_dim, self.config.rope_theta, self.dtype)
+        cos, sin = rotary(positions, self._inverse_frequencies(), self.dtype)
         x = embeds
         for layer, (keys, values) in zip(self.layers, context):
             x = layer(x, cos, sin, keys, values, mask)

@@ -43,6 +43,7 @@ from specdecode.drafters.dflash import DFlashDrafter
 from specdecode.drafters.dflash_model import DFlashConfig, DFlashModel
 from specdecode.models import decoder_layers, vocab_rows
 from specdecode.training.artifacts import WEIGHTS_FILE
+from specdecode.training.kinds import check_number
 from specdecode.training.losses import PlacedLogits, SubsetLogits
 from specdecode.training.vocab import column_map, draft_vocabulary, subset_head
 
@@ -127,13 +128,6 @@ def _trainable(model: DFlashTraining) -> dict[str, nn.Parameter]:
     return {name: p for name, p in model.named_parameters() if p.requires_grad}
 
 
-def _check_int(name: str, value: Any, low: int, allow_none: bool = False) -> None:
-    if value is None and allow_none:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ValueError(f"{name}: expected an int >= {low}{' or None' if allow_none else ''}, got {value!r}")
-
-
 def build(target: nn.Module, *, block_size: int = 16, num_layers: int = 1,
           target_layer_ids: tuple[int, ...] | list[int] | None = None, num_feature_layers: int | None = None,
           draft_vocab_size: int | None = None, decay_gamma: float | None = None, num_anchors: int | None = None,
@@ -159,7 +153,7 @@ def build(target: nn.Module, *, block_size: int = 16, num_layers: int = 1,
     gamma = (block_size - 1) / 2 if decay_gamma is None else decay_gamma
     if isinstance(gamma, bool) or not isinstance(gamma, (int, float)) or not gamma > 0:
         raise ValueError(f"decay_gamma: expected a number > 0, got {decay_gamma!r}")
-    _check_int("num_anchors", num_anchors, 1, allow_none=True)
+    check_number("num_anchors", num_anchors, integer=True, minimum=1)
     if not isinstance(init_from_target, bool):
         raise ValueError(f"init_from_target: expected a bool, got {init_from_target!r}")
     model = DFlashTraining(target, _new_model(target, config, None, init_from_target), float(gamma), num_anchors)
