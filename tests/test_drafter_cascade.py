@@ -37,7 +37,7 @@ def assert_greedy_is_the_targets(target, make_drafter) -> list:
         ids, mask = repetitive_prompts(lengths, seed=len(lengths))
         drafter = make_drafter()
         out = specdecode.generate(target, drafter, ids, mask, num_draft_tokens=4, max_new_tokens=20,
-                                  pad_token_id=PAD)
+                                  pad_token_id=PAD, draft_schedule="constant")
         assert torch.equal(out.sequences, hf_greedy(target, ids, mask, max_new_tokens=20))
         assert out.stats.drafter == drafter.name and out.stats.accepted_tokens > 0
         drafters.append(drafter)
@@ -57,9 +57,9 @@ def test_vertical_needs_fewer_draft_forwards_for_the_same_proposals():
     target, draft = make_pair("llama")
     ids, mask = repetitive_prompts([11, 7], seed=5)
     plain = specdecode.generate(target, ModelDrafter(draft), ids, mask, num_draft_tokens=5, max_new_tokens=24,
-                                pad_token_id=PAD)
+                                pad_token_id=PAD, draft_schedule="constant")
     vertical = specdecode.generate(target, VerticalCascadeDrafter(draft, NgramDrafter()), ids, mask,
-                                   num_draft_tokens=5, max_new_tokens=24, pad_token_id=PAD)
+                                   num_draft_tokens=5, max_new_tokens=24, pad_token_id=PAD, draft_schedule="constant")
     assert torch.equal(vertical.sequences, plain.sequences)
     assert vertical.stats.accepted_tokens == plain.stats.accepted_tokens  # the same drafts, greedily
     assert vertical.stats.draft_calls < plain.stats.draft_calls
@@ -103,7 +103,8 @@ def test_every_vertical_draft_distribution_is_the_draft_models_own(arch):
     target, draft = make_pair(arch)
     ids, mask = repetitive_prompts([9, 12, 6], seed=2)
     drafter = RecordingVertical(draft, NgramDrafter(min_acceptance=0.0), inner_tokens=3)
-    specdecode.generate(target, drafter, ids, mask, num_draft_tokens=4, max_new_tokens=16, pad_token_id=PAD)
+    specdecode.generate(target, drafter, ids, mask, num_draft_tokens=4, max_new_tokens=16, pad_token_id=PAD,
+                        draft_schedule="constant")
     assert drafter.guesses_used > 0 and drafter.guessed > drafter.guesses_used  # some guesses failed
     assert_draft_logits_are_the_models(draft, drafter.seen)
 
@@ -123,7 +124,8 @@ def test_horizontal_positions_carry_the_model_q_then_point_masses():
     target, draft = make_pair("llama")
     ids, mask = repetitive_prompts([11, 8, 13], seed=1)
     drafter = RecordingHorizontal(draft, NgramDrafter(min_acceptance=0.0), first_tokens=2)
-    specdecode.generate(target, drafter, ids, mask, num_draft_tokens=5, max_new_tokens=16, pad_token_id=PAD)
+    specdecode.generate(target, drafter, ids, mask, num_draft_tokens=5, max_new_tokens=16, pad_token_id=PAD,
+                        draft_schedule="constant")
     tails = 0
     for proposal in drafter.seen:
         logits = proposal.draft_logits

@@ -58,7 +58,8 @@ def test_static_drafts_equal_the_eager_drafts():
     target = target_model("llama", seed=4, vocab=7)
     drafter = DFlashDrafter(target, often_right(target))
     ids, mask = left_padded([6, 3], vocab=7, seed=5)
-    eager = specdecode.generate(target, drafter, ids, mask, num_draft_tokens=4, max_new_tokens=20)
+    eager = specdecode.generate(target, drafter, ids, mask, num_draft_tokens=4, max_new_tokens=20,
+                                draft_schedule="constant")
     static = specdecode.generate(target, drafter, ids, mask, num_draft_tokens=4, max_new_tokens=20,
                                  decode_path="static")
     assert torch.equal(eager.sequences, static.sequences)
@@ -122,7 +123,7 @@ def test_block_logits_equal_a_from_scratch_reference(shape, monkeypatch):
                            pad_token_id=PAD)
     drafter = Checking(target, often_right(target), tree=tree)
     out = specdecode.generate(target, drafter, ids, mask, num_draft_tokens=3, max_new_tokens=24, eos_token_id=[6],
-                              pad_token_id=PAD)
+                              pad_token_id=PAD, draft_schedule="constant")
     assert torch.equal(out.sequences, want)
     assert Checking.checked > 10 and out.stats.accepted_tokens > 5
     if shape == "chain":

@@ -107,7 +107,7 @@ def test_features_equal_a_plain_forward(trained, shape, monkeypatch):
     drafter = Checking(target, model, tree=tree)
     ids, mask = left_padded([5, 9, 2], vocab=111, seed=4)
     out = specdecode.generate(target, drafter, ids, mask, num_draft_tokens=3, max_new_tokens=24, eos_token_id=[7],
-                              pad_token_id=PAD)
+                              pad_token_id=PAD, draft_schedule="constant")
     assert torch.equal(out.sequences, target.generate(ids, attention_mask=mask, max_new_tokens=24, do_sample=False,
                                                       eos_token_id=[7], pad_token_id=PAD))
     assert Checking.checked > 10 and out.stats.accepted_tokens > 0
@@ -162,9 +162,11 @@ def test_target_logits_are_the_same_with_a_feature_drafter(shape):
 
     tree = DynamicTree(5) if shape == "tree" else None
     drafter = Keeping(target, eagle(target).model, tree=tree)
-    first = specdecode.generate(target, drafter, ids, mask, num_draft_tokens=3, max_new_tokens=12)
+    first = specdecode.generate(target, drafter, ids, mask, num_draft_tokens=3, max_new_tokens=12,
+                                draft_schedule="constant")
     with_features, seen[:] = list(seen), []
-    second = specdecode.generate(target, Replay(proposals), ids, mask, num_draft_tokens=3, max_new_tokens=12)
+    second = specdecode.generate(target, Replay(proposals), ids, mask, num_draft_tokens=3, max_new_tokens=12,
+                                 draft_schedule="constant")
     assert torch.equal(first.sequences, second.sequences)
     # Without features the prompt is scored with the first chain draft (one forward, so the
     # cache and every later logit equal up to rounding); a feature drafter needs the prompt's

@@ -50,7 +50,8 @@ def test_greedy_equals_target_greedy(arch, spec):
     ids, mask = left_padded([5, 9, 2], seed=3)
     out_one = specdecode.generate(target, drafter, one, num_draft_tokens=3, max_new_tokens=16)
     assert torch.equal(out_one.sequences, hf_greedy(target, one, max_new_tokens=16))
-    out = specdecode.generate(target, drafter, ids, mask, num_draft_tokens=3, max_new_tokens=16)
+    out = specdecode.generate(target, drafter, ids, mask, num_draft_tokens=3, max_new_tokens=16,
+                              draft_schedule="constant")
     assert torch.equal(out.sequences, hf_greedy(target, ids, mask, max_new_tokens=16))
     assert out.stats.drafter == "exit_adapter" and out.stats.accepted_tokens > 0
 

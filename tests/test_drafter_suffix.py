@@ -181,7 +181,7 @@ def test_greedy_generation_equals_the_targets_greedy_generate(arch):
         for drafter in (SuffixDrafter(), SuffixDrafter(corpus, min_token_prob=0.0, max_spec_factor=3.0),
                         SuffixDrafter(num_nodes=8), SuffixDrafter(corpus, num_nodes=6, tree_depth=3)):
             out = specdecode.generate(target, drafter, ids, mask, num_draft_tokens=4, max_new_tokens=24,
-                                      pad_token_id=PAD)
+                                      pad_token_id=PAD, draft_schedule="constant")
             assert torch.equal(out.sequences, want), (arch, lengths, drafter.describe())
             assert out.stats.drafter == "suffix" and out.stats.draft_calls == 0
             assert out.stats.accepted_tokens > 0

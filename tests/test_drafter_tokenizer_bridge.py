@@ -241,7 +241,7 @@ def test_perfect_draft_through_a_permuted_tokenizer_is_always_accepted(arch):
         ids, mask = left_padded(lengths, seed=len(lengths))
         want = hf_greedy(target, ids, mask, 20)
         out = specdecode.generate(target, drafter, ids, mask, num_draft_tokens=3, max_new_tokens=20,
-                                  pad_token_id=PAD)
+                                  pad_token_id=PAD, draft_schedule="constant")
         assert torch.equal(out.sequences, want)
         assert out.stats.drafter == "tokenizer-bridge"
         assert out.stats.drafted_tokens >= 10 * len(lengths)
@@ -261,7 +261,7 @@ def test_demo_pair_through_a_permuted_tokenizer_drafts_as_the_model_drafter_does
     bridge = TokenizerBridgeDrafter(permuted_model(draft, perm), ptok, tok)
     tok.padding_side = "left"
     batch = tok([t[-160:] for t in demo_prompts(3)], return_tensors="pt", padding=True)
-    common = dict(num_draft_tokens=4, max_new_tokens=24, eos_token_id=None, pad_token_id=0)
+    common = dict(num_draft_tokens=4, max_new_tokens=24, eos_token_id=None, pad_token_id=0, draft_schedule="constant")
     plain = specdecode.generate(target, draft, batch.input_ids, batch.attention_mask, **common)
     bridged = specdecode.generate(target, bridge, batch.input_ids, batch.attention_mask, **common)
     want = target.generate(batch.input_ids, attention_mask=batch.attention_mask, max_new_tokens=24,

@@ -137,7 +137,7 @@ def test_greedy_equals_target_and_drafts_equal_the_eager_paths(arch, kind):
         assert torch.equal(out.sequences, hf_greedy(target, x, m, max_new_tokens=MAX_NEW)), (arch, kind)
         assert out.stats.decode_path == "static" and out.stats.drafter == drafter.name
         reference = specdecode.generate(target, drafter, x, m, num_draft_tokens=3, max_new_tokens=MAX_NEW,
-                                        pad_token_id=PAD)
+                                        pad_token_id=PAD, draft_schedule="constant")
         assert_same_drafts(eager, steps, x.shape[0])
         assert out.stats.accepted_tokens == reference.stats.accepted_tokens
         del drafter.propose, drafter.static_propose

@@ -267,7 +267,8 @@ def test_eager_path_counts_its_syncs():
     the output length after."""
     target, _ = make_pair("llama")
     ids = left_padded([6], seed=3)[0]
-    out = generate(target, target, ids, num_draft_tokens=3, eos_token_id=[], max_new_tokens=12, pad_token_id=PAD)
+    out = generate(target, target, ids, num_draft_tokens=3, eos_token_id=[], max_new_tokens=12, pad_token_id=PAD,
+                   draft_schedule="constant")
     s = out.stats
     assert s.decode_path == "eager" and s.rejections == 0
     assert s.steps >= 3 and s.step_host_syncs == 3 * s.steps - 1 and s.host_syncs == s.step_host_syncs + 2

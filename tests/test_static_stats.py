@@ -46,7 +46,7 @@ def counted(out: Any) -> dict[str, Any]:
 def both_paths(demo: tuple[Any, Any, Any], prompt: str, **kwargs: Any) -> tuple[Any, Any]:
     target, draft, tok = demo
     ids = tok(prompt, return_tensors="pt").input_ids
-    return tuple(generate(target, draft, ids, decode_path=path, num_draft_tokens=4, **kwargs)
+    return tuple(generate(target, draft, ids, decode_path=path, num_draft_tokens=4, draft_schedule="constant", **kwargs)
                  for path in ("eager", "static"))
 
 
@@ -80,7 +80,8 @@ def test_static_accepted_lengths_per_row_of_a_batch(demo, tree):
         tok.pad_token = tok.eos_token
     batch = tok(list(PROMPTS), return_tensors="pt", padding=True)
     outs = [generate(target, draft, batch.input_ids, batch.attention_mask, decode_path=path, num_draft_tokens=4,
-                     tree=tree, max_new_tokens=21, eos_token_id=[]) for path in ("eager", "static")]
+                     tree=tree, max_new_tokens=21, eos_token_id=[], draft_schedule="constant")
+            for path in ("eager", "static")]
     assert torch.equal(outs[0].sequences, outs[1].sequences)
     assert counted(outs[1]) == counted(outs[0])
     lengths = outs[1].stats.accepted_lengths
@@ -94,6 +95,7 @@ def test_graphed_counts_equal_eager_counts(tree):
     target, draft, tok = specdecode.load_demo_pair(device="cuda")
     ids = tok(PROMPTS[1], return_tensors="pt").input_ids.cuda()
     eager, graphed = (generate(target, draft, ids, decode_path=path, num_draft_tokens=4, tree=TREES[tree],
-                               max_new_tokens=17, eos_token_id=[]) for path in ("eager", "graphed"))
+                               max_new_tokens=17, eos_token_id=[], draft_schedule="constant")
+                      for path in ("eager", "graphed"))
     assert torch.equal(eager.sequences, graphed.sequences)
     assert counted(graphed) == counted(eager)

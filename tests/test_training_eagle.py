@@ -178,8 +178,9 @@ def test_generation_settings_in_the_record(demo_eagle, tmp_path):
     write({"num_draft_tokens": 2})
     chain = specdecode.load_drafter(folder, target)
     assert chain.tree is None and chain.default_num_draft_tokens == 2
-    steps = specdecode.generate(target, chain, ids, max_new_tokens=12, eos_token_id=None)
-    told = specdecode.generate(target, chain, ids, max_new_tokens=12, eos_token_id=None, num_draft_tokens=2)
+    steps = specdecode.generate(target, chain, ids, max_new_tokens=12, eos_token_id=None, draft_schedule="constant")
+    told = specdecode.generate(target, chain, ids, max_new_tokens=12, eos_token_id=None, num_draft_tokens=2,
+                               draft_schedule="constant")
     assert steps.stats.drafted_tokens == told.stats.drafted_tokens
     assert torch.equal(steps.sequences, told.sequences)
     longer = specdecode.generate(target, chain, ids, max_new_tokens=12, eos_token_id=None, num_draft_tokens=4)

@@ -14,6 +14,7 @@ it. It knows drafters only through :class:`specdecode.drafters.Drafter` and
 from specdecode.engine.draft_view import DraftView
 from specdecode.engine.loop import SpeculativeEngine, run_engine
 from specdecode.engine.schedules import (
+    AdaptiveSchedule,
     ConstantSchedule,
     DraftSchedule,
     HeuristicSchedule,
@@ -26,6 +27,7 @@ from specdecode.engine.stats import SpeculativeStats
 from specdecode.engine.syncs import HostSyncs
 
 __all__ = [
+    "AdaptiveSchedule",
     "ConstantSchedule",
     "DraftSchedule",
     "DraftView",

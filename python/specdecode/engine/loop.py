@@ -176,7 +176,9 @@ class SpeculativeEngine:
         b, s = self.batch, self.settings
         remaining = s.max_new_tokens - b.generated[b.rows]
         remaining_max = self.syncs.integer(remaining.max())
-        gamma = max(min(s.schedule.num_draft_tokens(), remaining_max - 1), 0)
+        planned = s.schedule.plan(batch_size=b.num_active, stats=self.stats)
+        self.stats.planned_num_draft_tokens.append(int(planned))
+        gamma = max(min(planned, remaining_max - 1), 0)  # 0: a plain target step
         return self._fit_window(gamma), remaining
 
     def _fit_window(self, gamma: int) -> int:
@@ -392,8 +394,11 @@ class SpeculativeEngine:
             verified = torch.zeros_like(accepted_len)
         else:
             k = 0 if proposal is None else proposal.num_tokens
+            stats.plain_steps += not k
             if k:
                 b.write_draft(proposal.draft_tokens, proposal.num_draft_tokens)
+            else:  # a plain step: room for the next pending token
+                b.ensure_capacity(b.pending + 2)
             target_logits = self._score(proposal.draft_tokens if k else None)
             tokens, accepted_len, verified = self._verify(target_logits, proposal, remaining)
             if self._replays and k:
@@ -450,7 +455,7 @@ class SpeculativeEngine:
                                          column_order=order, accepted_nodes=nodes, target_logits=target_logits,
                                          side_logits=side_logits, features=features))
         stats.alignment_time += self.clock() - ta
-        if k and tree is None:
+        if tree is None:  # plain steps too: a schedule may time them
             s.schedule.update(num_draft_tokens=k, drafted=verified_h, accepted=accepted_h, stats=stats)
         stats.bookkeeping_time += self.clock() - t0
         return True

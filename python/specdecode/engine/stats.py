@@ -58,6 +58,13 @@ class SpeculativeStats:
     - ``position_drafted[i]`` / ``position_accepted[i]``: how often draft position ``i`` (0-based)
       was verified / accepted; ``position_reached[i]``: how often it was verified with every
       position before it accepted (by depth for token trees).
+    - ``num_draft_tokens_history``: per chain step, the tokens drafted (0: a plain target step,
+      no draft); ``planned_num_draft_tokens``: per step, the gamma the draft schedule chose
+      (before the length limit or a drafter's shorter proposal cut it); ``schedule_rates``: the
+      ``"auto"`` schedule's last predicted tokens per second of a row by gamma (index), per batch
+      size; ``plain_steps``: the steps that drafted nothing (the eager path: a schedule's gamma 0,
+      the length limit, or a drafter that proposed no token), the target alone scoring the pending
+      token.
     - ``accepted_lengths``: per step, each active row's accepted length (both paths; the
       static path logs them on the device and reads them once at the end).
     - How the run was made: ``sampling`` (temperature, top_k, top_p, min_p), ``seed`` (the
@@ -102,6 +109,7 @@ class SpeculativeStats:
     rejections: int = 0
     new_tokens: int = 0
     repacks: int = 0
+    plain_steps: int = 0
     host_syncs: int = 0
     step_host_syncs: int = 0
     decode_steps_run: int = 0
@@ -112,6 +120,8 @@ class SpeculativeStats:
     position_drafted: list[int] = field(default_factory=list)
     position_accepted: list[int] = field(default_factory=list)
     num_draft_tokens_history: list[int] = field(default_factory=list)
+    planned_num_draft_tokens: list[int] = field(default_factory=list)
+    schedule_rates: dict[int, list[float]] = field(default_factory=dict)
     position_reached: list[int] = field(default_factory=list)
     accepted_lengths: list[list[int]] = field(default_factory=list)
     sampling: dict[str, Any] = field(default_factory=dict)
@@ -305,8 +315,10 @@ class SpeculativeStats:
             short = sum(1 for g in history if g < self.num_draft_tokens)
             cut = f"; {short} step{'s' if short != 1 else ''} near the length limit drafted fewer" if short else ""
             return (words.GAMMA.name, str(self.num_draft_tokens), f"{words.GAMMA.short} (constant schedule{cut})")
+        plain = self.plain_steps
+        plain = f"; {plain} of {len(self.num_draft_tokens_history)} steps plain (gamma 0)" if plain else ""
         return (words.GAMMA.name, f"{self.mean_num_draft_tokens:.2f}",
-                f"mean {words.GAMMA.short} ({self.draft_schedule} schedule)")
+                f"mean {words.GAMMA.short} ({self.draft_schedule} schedule{plain})")
 
     def time_summary(self) -> list[tuple[str, str, str]]:
         """``(part, milliseconds, share of the total)`` rows of the wall-time split."""

@@ -11,7 +11,7 @@ from torch import Tensor
 
 from specdecode import cpu
 from specdecode.engine.loop import run_engine
-from specdecode.engine.schedules import DraftSchedule, make_schedule
+from specdecode.engine.schedules import DraftSchedule, default_schedule, make_schedule
 from specdecode.engine.settings import EngineSettings
 from specdecode.engine.stats import SpeculativeStats
 from specdecode.integrations.hf import arguments as args
@@ -75,7 +75,7 @@ def generate(
     logits_processor: Any = None,
     stopping_criteria: Any = None,
     streamer: Any = None,
-    draft_schedule: str | DraftSchedule = "constant",
+    draft_schedule: str | DraftSchedule | None = None,
     max_num_draft_tokens: int | None = None,
     generator: torch.Generator | None = None,
     target_tokenizer: Any = None,
@@ -147,8 +147,12 @@ def generate(
     ``eos_token_id`` / ``pad_token_id`` default to the target's generation config; each row
     stops at EOS, ``max_new_tokens`` or a stopping criterion and is then right-padded.
     ``streamer`` (batch 1) receives the prompt, each step's tokens, then ``end()``.
-    ``draft_schedule``: ``"constant"``, ``"heuristic"``, ``"optimal"`` or a
-    :class:`DraftSchedule`. ``num_draft_tokens`` (default 5) is the chain length.
+    ``draft_schedule``: ``"auto"``, ``"constant"``, ``"heuristic"``, ``"optimal"`` or a
+    :class:`DraftSchedule`; None (default) is ``"auto"`` on the eager path (up to
+    ``num_draft_tokens``, shorter or none where the measured costs say drafting does not pay:
+    :class:`~specdecode.engine.schedules.AdaptiveSchedule`), except when sampling with a
+    ``generator`` (its timed choices would change the draws, and a seed fixes the output), and
+    ``"constant"`` on the static paths. ``num_draft_tokens`` (default 5) is the chain length.
     ``generator`` drives every random choice, so a seed fixes the output.
 
     ``decode_path`` picks the engine: ``"eager"`` (default; everything above), ``"static"``
@@ -256,7 +260,8 @@ def generate(
         sampling=prepared.sampling, rule=rule, rule_options=rule_options, max_new_tokens=prepared.max_new_tokens,
         eos_ids=prepared.eos_ids, pad_id=prepared.pad_id, processors=prepared.processors,
         stopping=prepared.stopping, streamer=streamer, generator=generator, vocab_size=vocab,
-        schedule=make_schedule(draft_schedule, num_draft_tokens, max_num_draft_tokens),
+        schedule=make_schedule(draft_schedule if draft_schedule is not None else default_schedule(
+            decode_path, prepared.sampling, generator), num_draft_tokens, max_num_draft_tokens),
     )
     if decode_path != "eager":
         args.check_int("stop_check_every", stop_check_every, 1)

@@ -20,7 +20,7 @@ from torch import Tensor
 
 from specdecode import cpu
 from specdecode.engine.loop import run_engine
-from specdecode.engine.schedules import make_schedule
+from specdecode.engine.schedules import default_schedule, make_schedule
 from specdecode.engine.settings import EngineSettings
 from specdecode.engine.stats import SpeculativeStats
 from specdecode.integrations.hf import arguments as args
@@ -99,7 +99,7 @@ def custom_generate(
     num_nodes: int | None = None,
     tree_depth: int | None = None,
     tree_children: str | None = None,
-    draft_schedule: Any = "constant",
+    draft_schedule: Any = None,
     max_num_draft_tokens: int | None = None,
     generator: torch.Generator | None = None,
     speculative_streamer: Any = None,
@@ -186,7 +186,8 @@ def custom_generate(
         sampling=prepared.sampling, rule=rule, rule_options=options, max_new_tokens=prepared.max_new_tokens,
         eos_ids=prepared.eos_ids, pad_id=prepared.pad_id, processors=prepared.processors,
         stopping=prepared.stopping, streamer=speculative_streamer, generator=generator, vocab_size=vocab,
-        schedule=make_schedule(draft_schedule, num_draft_tokens, max_num_draft_tokens),
+        schedule=make_schedule(draft_schedule if draft_schedule is not None else default_schedule(
+            "eager", prepared.sampling, generator), num_draft_tokens, max_num_draft_tokens),
     )
     enabled = args.check_optional_bool("cpu_fast_path", cpu_fast_path)
     with torch.no_grad(), cpu.accelerated(model, args.draft_model_of(drafter), enabled=enabled):
