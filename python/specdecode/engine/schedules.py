@@ -311,8 +311,13 @@ class AdaptiveSchedule(DraftSchedule):
 def default_schedule(decode_path: str, sampling: SamplingParams, generator: torch.Generator | None) -> str:
     """The schedule ``draft_schedule=None`` means: ``"auto"`` on the eager path, except when
     sampling with a ``generator`` (timed choices would change which coins are drawn, and a seed
-    must fix the output); ``"constant"`` on the static paths (one shape per step)."""
+    must fix the output); ``"constant"`` on the static paths (one shape per step) and under
+    ``torch.distributed`` with more than one rank (each rank would time its own steps and could
+    choose another gamma than the others, whose collectives then never meet)."""
     if decode_path != "eager" or (generator is not None and not sampling.is_greedy):
+        return "constant"
+    distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+    if distributed and torch.distributed.get_world_size() > 1:
         return "constant"
     return "auto"
 

@@ -151,7 +151,8 @@ def generate(
     :class:`DraftSchedule`; None (default) is ``"auto"`` on the eager path (up to
     ``num_draft_tokens``, shorter or none where the measured costs say drafting does not pay:
     :class:`~specdecode.engine.schedules.AdaptiveSchedule`), except when sampling with a
-    ``generator`` (its timed choices would change the draws, and a seed fixes the output), and
+    ``generator`` (its timed choices would change the draws, and a seed fixes the output) or
+    under ``torch.distributed`` with several ranks (they must take the same steps), and
     ``"constant"`` on the static paths. ``num_draft_tokens`` (default 5) is the chain length.
     ``generator`` drives every random choice, so a seed fixes the output.
 
