@@ -71,7 +71,7 @@ class Checking(EagleDrafter):
                 hidden = self.target(context[None], output_hidden_states=True).hidden_states
                 want = torch.cat([hidden[i] for i in self.feature_layers], -1)[0, :-1]  # every column but the pending
                 real = state.attention_mask[r, :pending].bool()
-                got = self.target_features[r, :pending][real]
+                got = self.memory.target_features[r, :pending][real]
                 torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
                 Checking.checked += 1
         return super().propose(state, num_tokens)

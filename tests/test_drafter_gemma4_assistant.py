@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from drafter_harness import checking, greedy_equals_target, repack_often, sampled_p
 from test_generate_models import PAD, left_padded
-from test_generate_sampling import K, N, PROMPT, V, chi_square_p, exact_joint
+from test_generate_sampling import FAIL_P, PASS_P, PROMPT, V, exact_joint
+from test_static_features import guard_static_propose
 
 import specdecode
 from specdecode.drafters.gemma4_assistant import Gemma4AssistantDrafter, producer_layers
@@ -22,7 +24,6 @@ if not hasattr(transformers, "Gemma4AssistantForCausalLM"):  # pragma: no cover 
 from transformers import (Gemma4AssistantConfig, Gemma4AssistantForCausalLM,  # noqa: E402
                           Gemma4ForCausalLM, Gemma4TextConfig)
 
-PASS_P, FAIL_P = 1e-4, 1e-6
 HIDDEN, WINDOW = 32, 5
 
 
@@ -64,12 +65,6 @@ def _scale(model: torch.nn.Module, scale: float) -> None:
                 p.mul_(scale)
 
 
-def hf_greedy(target, ids, mask=None, max_new_tokens=16, **kwargs):
-    mask = torch.ones_like(ids) if mask is None else mask
-    return target.generate(ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False,
-                           pad_token_id=PAD, eos_token_id=None, **kwargs)
-
-
 @pytest.fixture(scope="module")
 def pair():
     return make_target(), make_assistant()
@@ -82,17 +77,15 @@ def pair():
 def test_greedy_equals_the_target_and_hf_assisted_generation(pair, tree):
     target, assistant = pair
     drafter = Gemma4AssistantDrafter(assistant, target, tree=tree)
+    hf = dict(max_new_tokens=16, eos_token_id=[], pad_token_id=PAD)
     one = left_padded([9], vocab=111, seed=2)[0]
-    want = hf_greedy(target, one)
-    assert torch.equal(hf_greedy(target, one, assistant_model=assistant), want)  # HF assisted: batch 1 only
-    out = specdecode.generate(target, drafter, one, num_draft_tokens=3, max_new_tokens=16, eos_token_id=[],
-                              draft_schedule="constant")
-    assert torch.equal(out.sequences, want)
+    out = greedy_equals_target(target, drafter, one, hf=hf, num_draft_tokens=3)
     assert out.stats.drafter == "gemma4_assistant" and out.stats.draft_calls > 0
+    assisted = target.generate(one, attention_mask=torch.ones_like(one), assistant_model=assistant, do_sample=False,
+                               **hf)
+    assert torch.equal(assisted, out.sequences)  # HF assisted: batch 1 only
     ids, mask = left_padded([5, 9, 2], vocab=111, seed=3)
-    out = specdecode.generate(target, drafter, ids, mask, num_draft_tokens=3, max_new_tokens=16, eos_token_id=[],
-                              pad_token_id=PAD)
-    assert torch.equal(out.sequences, hf_greedy(target, ids, mask))
+    greedy_equals_target(target, drafter, ids, mask, hf=hf, num_draft_tokens=3)
 
 
 def test_first_proposal_equals_transformers_candidate_generator(pair):
@@ -150,38 +143,28 @@ def leaning_pair():
     return target, assistant
 
 
-class Checking(Gemma4AssistantDrafter):
-    """Checks every chain proposal against :func:`reference_chain` for every row."""
+def check_row(drafter, proposal, r, context) -> bool:
+    """A chain proposal's row ``r`` against :func:`reference_chain` (trees: not checked)."""
+    if proposal.draft_logits is None or not proposal.num_tokens:
+        return False
+    want = reference_chain(drafter.target, drafter.assistant_model, context, proposal.draft_tokens[r])
+    torch.testing.assert_close(proposal.draft_logits[r], want, rtol=1e-4, atol=1e-4)
+    return True
 
-    checked = 0
 
-    def propose(self, state, num_tokens):
-        proposal = super().propose(state, num_tokens)
-        if proposal.draft_logits is not None and proposal.num_tokens:
-            with torch.no_grad():
-                for r, context in enumerate(state.contexts()):
-                    want = reference_chain(self.target, self.assistant_model, context, proposal.draft_tokens[r])
-                    torch.testing.assert_close(proposal.draft_logits[r], want, rtol=1e-4, atol=1e-4)
-                    type(self).checked += 1
-        return proposal
+Checking = checking(Gemma4AssistantDrafter, check_row)
 
 
 def test_logits_equal_a_from_scratch_reference(monkeypatch):
     """7-token models: rows accept different lengths, leave early (EOS) and get re-packed;
     every proposal still equals the reference, and the output is the target's."""
-    import specdecode.engine.batch as layout
-
-    monkeypatch.setattr(layout, "REPACK_MIN_WASTE", 2)  # re-pack often
-    monkeypatch.setattr(layout, "REPACK_MIN_FRACTION", 0.05)
+    repack_often(monkeypatch)
     target, assistant = leaning_pair()
     ids, mask = left_padded([5, 9, 2], vocab=7, seed=4)
-    want = target.generate(ids, attention_mask=mask, max_new_tokens=20, do_sample=False, eos_token_id=[6],
-                           pad_token_id=PAD)
-    Checking.checked = 0
-    out = specdecode.generate(target, Checking(assistant, target), ids, mask, num_draft_tokens=3, max_new_tokens=20,
-                              eos_token_id=[6], pad_token_id=PAD, draft_schedule="constant")
-    assert torch.equal(out.sequences, want)
-    assert Checking.checked > 10 and 0.0 < out.stats.acceptance_rate < 1.0
+    drafter = Checking(assistant, target)
+    hf = dict(max_new_tokens=20, eos_token_id=[6], pad_token_id=PAD)
+    out = greedy_equals_target(target, drafter, ids, mask, hf=hf, num_draft_tokens=3)
+    assert drafter.checked > 10 and 0.0 < out.stats.acceptance_rate < 1.0
     assert out.stats.repacks > 0
 
 
@@ -190,30 +173,24 @@ def test_ordered_embeddings_head_equals_transformers(pair):
     target, _ = pair
     assistant = make_assistant(ordered=True, scale=2.0)
     prompt = left_padded([8], vocab=111, seed=6)[0]
-    Checking.checked = 0
-    out = specdecode.generate(target, Checking(assistant, target), prompt, num_draft_tokens=2, max_new_tokens=6,
-                              eos_token_id=[], draft_schedule="constant")
-    assert torch.equal(out.sequences, hf_greedy(target, prompt, max_new_tokens=6)) and Checking.checked > 0
+    drafter = Checking(assistant, target)
+    greedy_equals_target(target, drafter, prompt, hf=dict(max_new_tokens=6, eos_token_id=[], pad_token_id=PAD),
+                         num_draft_tokens=2)
+    assert drafter.checked > 0
 
 
 @pytest.mark.parametrize("tree", [None, product_tree([2, 1])])
 def test_static_path_drafts_what_the_eager_path_drafts(tree):
     """Greedy on the static path: the target's output, the eager path's acceptance (the same
     drafts), rows finishing early; static_propose reads no tensor on the host."""
-    from test_static_features import guard_static_propose
-
     target, assistant = leaning_pair()
     ids, mask = left_padded([5, 9, 2], vocab=7, seed=4)
-    want = target.generate(ids, attention_mask=mask, max_new_tokens=16, do_sample=False, eos_token_id=[6],
-                           pad_token_id=PAD)
     runs = {}
     for path in ("eager", "static"):
         drafter = Gemma4AssistantDrafter(assistant, target, tree=tree)
         calls = guard_static_propose(drafter) if tree is None else [0]
-        runs[path] = specdecode.generate(target, drafter, ids, mask, num_draft_tokens=3, max_new_tokens=16,
-                                         eos_token_id=[6], pad_token_id=PAD, decode_path=path,
-                                         draft_schedule="constant")
-        assert torch.equal(runs[path].sequences, want)
+        runs[path] = greedy_equals_target(target, drafter, ids, mask, num_draft_tokens=3, decode_path=path,
+                                          hf=dict(max_new_tokens=16, eos_token_id=[6], pad_token_id=PAD))
     assert runs["static"].stats.decode_path == "static"
     assert runs["eager"].stats.accepted_tokens == runs["static"].stats.accepted_tokens > 0
     assert tree is not None or calls[0] == runs["static"].stats.decode_steps_run > 0
@@ -229,30 +206,19 @@ def sampling_pair():
     return target, assistant, exact_joint(target, PROMPT)
 
 
-def _sample(target, drafter, n: int = N, **kwargs):
-    ids = torch.tensor([PROMPT]).expand(n, -1)
-    out = specdecode.generate(target, drafter, ids, num_draft_tokens=2, do_sample=True, max_new_tokens=K,
-                              eos_token_id=[], pad_token_id=PAD, generator=torch.Generator().manual_seed(3),
-                              draft_schedule="constant", **kwargs)
-    assert out.sequences.shape == (n, len(PROMPT) + K)
-    return out
-
-
 @pytest.mark.parametrize("path", ["eager", "static"])
 def test_sampled_chain_is_lossless(sampling_pair, path):
     target, assistant, joint = sampling_pair
-    out = _sample(target, Gemma4AssistantDrafter(assistant, target), n=10000, decode_path=path)
-    assert 0.05 < out.stats.acceptance_rate < 0.95
-    assert chi_square_p(out.sequences[:, len(PROMPT):], joint) > PASS_P
+    out, p = sampled_p(target, Gemma4AssistantDrafter(assistant, target), joint, n=10000, decode_path=path)
+    assert 0.05 < out.stats.acceptance_rate < 0.95 and p > PASS_P
 
 
 @pytest.mark.parametrize("path", ["eager", "static"])
 def test_tree_is_lossless(sampling_pair, path):
     target, assistant, joint = sampling_pair
-    out = _sample(target, Gemma4AssistantDrafter(assistant, target, tree=product_tree([2, 2])), n=4000,
-                  decode_path=path)
-    assert out.stats.tree_rule == "deterministic" and out.stats.accepted_tokens > 300
-    assert chi_square_p(out.sequences[:, len(PROMPT):], joint) > PASS_P
+    drafter = Gemma4AssistantDrafter(assistant, target, tree=product_tree([2, 2]))
+    out, p = sampled_p(target, drafter, joint, n=4000, decode_path=path)
+    assert out.stats.tree_rule == "deterministic" and out.stats.accepted_tokens > 300 and p > PASS_P
 
 
 class ArgmaxDrafts(Gemma4AssistantDrafter):
@@ -286,8 +252,8 @@ class ArgmaxDrafts(Gemma4AssistantDrafter):
 @pytest.mark.parametrize("path", ["eager", "static"])
 def test_broken_variant_fails_the_same_test(sampling_pair, path):
     target, assistant, joint = sampling_pair
-    out = _sample(target, ArgmaxDrafts(assistant, target), n=4000, decode_path=path)
-    assert chi_square_p(out.sequences[:, len(PROMPT):], joint) < FAIL_P
+    _, p = sampled_p(target, ArgmaxDrafts(assistant, target), joint, n=4000, decode_path=path)
+    assert p < FAIL_P
 
 
 # ------------------------------------------------------------------------ arguments

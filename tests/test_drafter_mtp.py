@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from drafter_harness import checking, greedy_equals_target, repack_often, sampled_p
 from test_generate_models import PAD, left_padded
-from test_generate_sampling import K, N, PROMPT, V, chi_square_p, exact_joint
+from test_generate_sampling import FAIL_P, N, PASS_P, PROMPT, V, exact_joint
+from test_static_features import guard_static_propose
 
 import specdecode
 from specdecode.drafters.mtp import MTPDrafter
@@ -24,8 +26,8 @@ try:  # transformers' MTP layers (the 5.2x releases; the supported floor has non
 except ImportError:  # pragma: no cover - older transformers
     pytest.skip("this transformers has no MtpModel", allow_module_level=True)
 
-PASS_P, FAIL_P = 1e-4, 1e-6
 HIDDEN = 2  # the tiny targets' decoder layers: MTP layer k sits at checkpoint layer HIDDEN + k
+HF = dict(max_new_tokens=20, eos_token_id=[6], pad_token_id=PAD)  # the 7-token targets' greedy runs
 
 
 def tiny_target(num_mtp_layers: int, vocab: int = 111, seed: int = 0, init: float = 0.02, mtp_std: float = 0.3,
@@ -119,17 +121,16 @@ def test_greedy_equals_target_and_transformers_mtp(checkpointed):
     target, _ = checkpointed
     drafter = MTPDrafter.from_target(target)
     one = left_padded([7], vocab=111, seed=2)[0]
-    hf = dict(max_new_tokens=16, do_sample=False, pad_token_id=PAD)
-    want = target.generate(one, **hf)
-    assert torch.equal(target.generate(one, use_mtp=True, **hf), want)
-    out = specdecode.generate(target, drafter, one, max_new_tokens=16)
-    assert torch.equal(out.sequences, want) and out.stats.drafter == "mtp" and out.stats.draft_calls > 0
+    hf = dict(max_new_tokens=16, pad_token_id=PAD)
+    out = greedy_equals_target(target, drafter, one, hf=hf)
+    assert out.stats.drafter == "mtp" and out.stats.draft_calls > 0
+    assert torch.equal(target.generate(one, use_mtp=True, do_sample=False, **hf), out.sequences)
     ids, mask = left_padded([5, 9, 2], vocab=111, seed=3)
-    out = specdecode.generate(target, drafter, ids, mask, max_new_tokens=16, pad_token_id=PAD)
-    assert torch.equal(out.sequences, target.generate(ids, attention_mask=mask, **hf))
+    out = greedy_equals_target(target, drafter, ids, mask, hf=hf)
     for r in range(3):  # transformers' MTP generation runs one row at a time
         row = ids[r, mask[r].bool()][None]
-        assert torch.equal(out.sequences[r, ids.shape[1]:], target.generate(row, use_mtp=True, **hf)[0, row.shape[1]:])
+        mtp = target.generate(row, use_mtp=True, do_sample=False, **hf)
+        assert torch.equal(out.sequences[r, ids.shape[1]:], mtp[0, row.shape[1]:])
 
 
 def reference_logits(target, model, context: torch.Tensor, path: list[int]) -> torch.Tensor:
@@ -153,38 +154,29 @@ def reference_logits(target, model, context: torch.Tensor, path: list[int]) -> t
     return torch.cat(logits)
 
 
-class Checking(MTPDrafter):
-    """After each proposal: per row (at least two real tokens), transformers' ``MtpModel`` from
-    scratch (:func:`reference_logits`) gives the logits this drafter returned as ``q`` (chains)
-    or the tree's tokens, each node's children the top ranks of the reference logits after the
-    node's path; counts the rows checked."""
+def check_row(drafter, proposal, r, context) -> bool:
+    """Row ``r`` (at least two real tokens: ``context``) against transformers' ``MtpModel`` from
+    scratch (:func:`reference_logits`): its logits are the ``q`` returned (chains), or each tree
+    node is the top rank its path names of the reference logits after the node's path."""
+    if len(context) < 2:
+        return False
+    tokens = proposal.draft_tokens[r].tolist()
+    if proposal.tree is None:
+        want = reference_logits(drafter.target, drafter.mtp_model, context, tokens[:-1])
+        torch.testing.assert_close(proposal.draft_logits[r], want, rtol=1e-4, atol=1e-4)
+        return True
+    parents = proposal.tree.parents[r].tolist()
+    for node, path_ranks in enumerate(drafter.choices, start=1):
+        path, up = [], parents[node]
+        while up > 0:
+            path.insert(0, tokens[up])
+            up = parents[up]
+        logits = reference_logits(drafter.target, drafter.mtp_model, context, path)[-1]
+        assert tokens[node] == int(logits.topk(path_ranks[-1] + 1).indices[-1]), (node, path_ranks)
+    return True
 
-    checked = 0
 
-    def propose(self, state, num_tokens):
-        proposal = super().propose(state, num_tokens)
-        with torch.no_grad():
-            for r, context in enumerate(state.contexts()):
-                if len(context) < 2:
-                    continue
-                if proposal.tree is None:
-                    drafts = proposal.draft_tokens[r].tolist()
-                    want = reference_logits(self.target, self.mtp_model, context, drafts[:-1])
-                    torch.testing.assert_close(proposal.draft_logits[r], want, rtol=1e-4, atol=1e-4)
-                else:
-                    self._check_tree(proposal, r, context)
-                type(self).checked += 1
-        return proposal
-
-    def _check_tree(self, proposal, r, context):
-        tokens, parents = proposal.draft_tokens[r].tolist(), proposal.tree.parents[r].tolist()
-        for node, path_ranks in enumerate(self.choices, start=1):
-            path, up = [], parents[node]
-            while up > 0:
-                path.insert(0, tokens[up])
-                up = parents[up]
-            logits = reference_logits(self.target, self.mtp_model, context, path)[-1]
-            assert tokens[node] == int(logits.topk(path_ranks[-1] + 1).indices[-1]), (node, path_ranks)
+Checking = checking(MTPDrafter, check_row)
 
 
 @pytest.mark.parametrize("num_mtp_layers, num_draft_tokens, tree, arch", [
@@ -193,20 +185,13 @@ class Checking(MTPDrafter):
     (3, 3, [(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 1, 0)], "glm4_moe"),
     (2, 2, None, "deepseek_v3"), (2, 2, [(0,), (1,), (0, 0), (1, 0)], "deepseek_v3")])
 def test_drafts_equal_transformers_mtp_model_from_scratch(num_mtp_layers, num_draft_tokens, tree, arch, monkeypatch):
-    import specdecode.engine.batch as layout
-
-    monkeypatch.setattr(layout, "REPACK_MIN_WASTE", 2)  # re-pack often
-    monkeypatch.setattr(layout, "REPACK_MIN_FRACTION", 0.05)
+    repack_often(monkeypatch)
     seed = 4 if arch == "glm4_moe" else 0  # (seeds whose rows accept different lengths: re-packs)
     target, mtp = tiny_target(num_mtp_layers, vocab=7, seed=seed, init=0.3, mtp_std=0.15, repeat=True, arch=arch)
-    Checking.checked = 0
     drafter = Checking(target, mtp, tree=tree)
     ids, mask = left_padded([5, 9, 1], vocab=7, seed=4)
-    hf = dict(max_new_tokens=20, eos_token_id=[6], pad_token_id=PAD)
-    out = specdecode.generate(target, drafter, ids, mask, num_draft_tokens=num_draft_tokens, draft_schedule="constant",
-                              **hf)
-    assert torch.equal(out.sequences, target.generate(ids, attention_mask=mask, do_sample=False, **hf))
-    assert Checking.checked > 10 and out.stats.accepted_tokens > 3
+    out = greedy_equals_target(target, drafter, ids, mask, hf=HF, num_draft_tokens=num_draft_tokens)
+    assert drafter.checked > 10 and out.stats.accepted_tokens > 3
     drafted, accepted = out.stats.position_drafted, out.stats.position_accepted
     if tree is None:
         assert len(drafted) == min(num_draft_tokens, num_mtp_layers) and accepted[-1] > 0  # the last layer's too
@@ -222,15 +207,12 @@ def test_static_path_greedy_with_the_eager_drafts(num_mtp_layers, num_draft_toke
     EOS, and the drafts are the eager path's (the same acceptance, step for step)."""
     target, mtp = tiny_target(num_mtp_layers, vocab=7, seed=4, init=0.3, mtp_std=0.15, repeat=True, arch=arch)
     drafter = MTPDrafter(target, mtp)
-    hf = dict(max_new_tokens=20, eos_token_id=[6], pad_token_id=PAD)
     for lengths in ([7], [5, 9, 1]):
         ids, mask = left_padded(lengths, vocab=7, seed=4)
-        want = target.generate(ids, attention_mask=mask, do_sample=False, **hf)
-        eager = specdecode.generate(target, drafter, ids, mask, num_draft_tokens=num_draft_tokens,
-                                    draft_schedule="constant", **hf)
-        static = specdecode.generate(target, drafter, ids, mask, num_draft_tokens=num_draft_tokens,
-                                     decode_path="static", **hf)
-        assert torch.equal(static.sequences, want) and static.stats.decode_path == "static"
+        eager = greedy_equals_target(target, drafter, ids, mask, hf=HF, num_draft_tokens=num_draft_tokens)
+        static = greedy_equals_target(target, drafter, ids, mask, hf=HF, num_draft_tokens=num_draft_tokens,
+                                      decode_path="static")
+        assert static.stats.decode_path == "static"
         assert static.stats.position_accepted == eager.stats.position_accepted
         assert static.stats.accepted_tokens > 3
 
@@ -258,35 +240,22 @@ class Recording(MTPDrafter):
     (2, [(0,), (1,), (0, 0), (1, 0)], "deepseek_v3")])
 def test_static_trees_are_the_eager_trees(num_mtp_layers, tree, arch):
     target, mtp = tiny_target(num_mtp_layers, vocab=7, seed=4, init=0.3, mtp_std=0.15, repeat=True, arch=arch)
-    hf = dict(max_new_tokens=20, eos_token_id=[6], pad_token_id=PAD)
     one = left_padded([7], vocab=7, seed=4)[0]
     eager, static = Recording(target, mtp, tree=tree), Recording(target, mtp, tree=tree)
-    want = target.generate(one, do_sample=False, **hf)
-    assert torch.equal(specdecode.generate(target, eager, one, draft_schedule="constant", **hf).sequences, want)
-    out = specdecode.generate(target, static, one, decode_path="static", **hf)
-    assert torch.equal(out.sequences, want) and out.stats.tree_rule == "deterministic"
+    greedy_equals_target(target, eager, one, hf=HF)
+    out = greedy_equals_target(target, static, one, hf=HF, decode_path="static")
+    assert out.stats.tree_rule == "deterministic"
     assert len(eager.trees) == len(static.trees) > 3
     assert all(torch.equal(a, b) for a, b in zip(eager.trees, static.trees))
     ids, mask = left_padded([5, 9, 1], vocab=7, seed=4)
-    out = specdecode.generate(target, static, ids, mask, decode_path="static", **hf)
-    assert torch.equal(out.sequences, target.generate(ids, attention_mask=mask, do_sample=False, **hf))
+    out = greedy_equals_target(target, static, ids, mask, hf=HF, decode_path="static")
     assert out.stats.position_accepted[-1] > 0
 
 
 def test_static_tree_reads_nothing_on_the_host():
-    from test_static_features import no_host_reads
-
     target, mtp = tiny_target(2, vocab=111, seed=4)
     drafter = MTPDrafter(target, mtp, tree=[(0,), (1,), (0, 0), (1, 0)])
-    propose, calls = drafter.static_propose_tree, [0]
-
-    def guarded(state, plan):
-        with no_host_reads():
-            draft = propose(state, plan)
-        calls[0] += 1
-        return draft
-
-    drafter.static_propose_tree = guarded
+    calls = guard_static_propose(drafter, "static_propose_tree")
     ids, mask = left_padded([5, 3], vocab=111, seed=8)
     out = specdecode.generate(target, drafter, ids, mask, max_new_tokens=10, do_sample=True, decode_path="static",
                               pad_token_id=PAD, generator=torch.Generator().manual_seed(0))
@@ -294,8 +263,6 @@ def test_static_tree_reads_nothing_on_the_host():
 
 
 def test_static_propose_reads_nothing_on_the_host():
-    from test_static_features import guard_static_propose
-
     target, mtp = tiny_target(2, vocab=111, seed=4)
     drafter = MTPDrafter(target, mtp)
     calls = guard_static_propose(drafter)
@@ -319,30 +286,20 @@ def joint(sampling_target):
     return exact_joint(sampling_target[0], PROMPT)
 
 
-def _sample(target, drafter, n: int = N, **kwargs):
-    ids = torch.tensor([PROMPT]).expand(n, -1)
-    out = specdecode.generate(target, drafter, ids, num_draft_tokens=2, do_sample=True, max_new_tokens=K,
-                              eos_token_id=[], pad_token_id=PAD, generator=torch.Generator().manual_seed(3),
-                              draft_schedule="constant", **kwargs)
-    assert out.sequences.shape == (n, len(PROMPT) + K)
-    return out
-
-
 @pytest.mark.parametrize("path", ["eager", "static"])
 def test_sampled_chain_is_lossless(sampling_target, joint, path):
     target, mtp = sampling_target
-    out = _sample(target, MTPDrafter(target, mtp), decode_path=path)
-    assert 0.05 < out.stats.acceptance_rate < 0.95
-    assert chi_square_p(out.sequences[:, len(PROMPT):], joint) > PASS_P
+    out, p = sampled_p(target, MTPDrafter(target, mtp), joint, decode_path=path)
+    assert 0.05 < out.stats.acceptance_rate < 0.95 and p > PASS_P
 
 
 @pytest.mark.parametrize("path", ["eager", "static"])
 def test_sampled_tree_is_lossless(sampling_target, joint, path):
     target, mtp = sampling_target
     # half the samples: the deterministic rule reads no q (the chain tests check the q path at full size)
-    out = _sample(target, MTPDrafter(target, mtp, tree=[(0,), (1,), (0, 0), (1, 0)]), n=N // 2, decode_path=path)
-    assert out.stats.tree_rule == "deterministic" and out.stats.accepted_tokens > 500
-    assert chi_square_p(out.sequences[:, len(PROMPT):], joint) > PASS_P
+    drafter = MTPDrafter(target, mtp, tree=[(0,), (1,), (0, 0), (1, 0)])
+    out, p = sampled_p(target, drafter, joint, n=N // 2, decode_path=path)
+    assert out.stats.tree_rule == "deterministic" and out.stats.accepted_tokens > 500 and p > PASS_P
 
 
 class WrongQ(MTPDrafter):
@@ -357,8 +314,8 @@ class WrongQ(MTPDrafter):
 
 def test_a_wrong_q_fails_the_same_test(sampling_target, joint):
     target, mtp = sampling_target
-    out = _sample(target, WrongQ(target, mtp), n=N // 4)  # fails by far with fewer samples
-    assert chi_square_p(out.sequences[:, len(PROMPT):], joint) < FAIL_P
+    _, p = sampled_p(target, WrongQ(target, mtp), joint, n=N // 4)  # fails by far with fewer samples
+    assert p < FAIL_P
 
 
 # ------------------------------------------------------------------------ refusals

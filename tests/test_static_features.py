@@ -262,18 +262,18 @@ def no_host_reads():
                 delattr(torch.Tensor, name)
 
 
-def guard_static_propose(drafter) -> list[int]:
-    """Make ``drafter.static_propose`` fail on any host read; returns its call counter."""
-    propose = drafter.static_propose
+def guard_static_propose(drafter, method: str = "static_propose") -> list[int]:
+    """Make ``drafter``'s ``method`` fail on any host read; returns its call counter."""
+    propose = getattr(drafter, method)
     calls = [0]
 
-    def guarded(state, num_tokens):
+    def guarded(*args):
         with no_host_reads():
-            result = propose(state, num_tokens)
+            result = propose(*args)
         calls[0] += 1
         return result
 
-    drafter.static_propose = guarded
+    setattr(drafter, method, guarded)
     return calls
 
 

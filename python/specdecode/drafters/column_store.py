@@ -2,7 +2,8 @@
 projects from them), moved as the engine moves the target's columns: rows selected when rows
 leave the batch, columns gathered when the batch is re-packed. DFlash and Gemma 4's assistant
 keep their context this way (:mod:`specdecode.drafters.dflash`,
-:mod:`specdecode.drafters.gemma4_assistant`).
+:mod:`specdecode.drafters.gemma4_assistant`); EAGLE and MTP drafters the target's features, beside
+their KV cache (:class:`~specdecode.drafters.drafter_cache.DrafterCache`).
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ class ColumnStore:
         return self.data.narrow(self.axis, 0, count)
 
     def rows(self, rows: Tensor) -> None:
+        """Keep the rows ``rows``, in that order. Shape: ``[b']`` int64."""
         if self.data is not None:
             self.data = self.data[rows.to(self.data.device)]
 

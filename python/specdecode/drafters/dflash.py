@@ -43,6 +43,7 @@ from torch import Tensor, nn
 
 from specdecode.drafters.base import CommitUpdate, DrafterBase, DraftState, Proposal, StaticDraftState
 from specdecode.drafters.column_store import ColumnStore
+from specdecode.drafters.drafter_cache import cached_prefix
 from specdecode.drafters.dflash_model import DFlashModel, block_mask, block_positions
 from specdecode.drafters.last_feature import draw, static_features_at, static_rank_tree, tree_layout, tree_proposal
 from specdecode.drafters.medusa import check_choices
@@ -222,8 +223,7 @@ class DFlashDrafter(DrafterBase):
             for store in stores:
                 store.reorder(order)
             # keep the prefix of columns whose projections all moved from projected columns
-            moved = (order.to(self.device) < self.projected).all(0).long().cumprod(0)
-            self.projected = int(moved.sum())
+            self.projected = cached_prefix(order.to(self.device), self.projected)
 
     # ------------------------------------------------------------------ static decode path
     def static_key(self) -> tuple:

@@ -13,9 +13,11 @@ other zero of ``q`` (such a token is never proposed; the target may still emit i
 
 Drafting one step: the target features of the committed columns arrive with each commit
 (:attr:`~specdecode.drafters.base.CommitUpdate.features`, from the verification forward; the
-prompt's after the prefill). ``propose`` feeds the columns the drafter's KV cache has not seen
-(the pending token last), each paired with the feature of the row's previous real column, and
-then continues on its *own* predicted features: draft ``i + 1`` reads ``[h_i, e(x_i)]``.
+prompt's after the prefill) and are kept, with the network's KV cache, in a
+:class:`~specdecode.drafters.drafter_cache.DrafterCache` (``memory``), which each commit moves.
+``propose`` feeds the columns the drafter's KV cache has not seen (the pending token last), each
+paired with the feature of the row's previous real column, and then continues on its *own*
+predicted features: draft ``i + 1`` reads ``[h_i, e(x_i)]``.
 Trees (``tree=``, a :class:`~specdecode.trees.builders.TreeBuilder`) expand one depth per
 forward; a node's input is its parent's predicted feature and its own token.
 
@@ -40,10 +42,11 @@ from torch import Tensor, nn
 
 from specdecode.drafters.base import (CommitUpdate, DrafterBase, DraftState, Proposal, StaticDraftState,
                                       TreeBuilderDrafter)
+from specdecode.drafters.drafter_cache import DrafterCache
 from specdecode.drafters.last_feature import static_features_at
 from specdecode.drafters.static_trees import StaticTreeDraftState
 from specdecode.drafters.model import _TreeSlots
-from specdecode.models import cache_kwargs, check_feature_layers, input_device, kv_cache, vocab_rows
+from specdecode.models import cache_kwargs, check_feature_layers, input_device, vocab_rows
 from specdecode.sampling import SamplingParams, sample_logits
 from specdecode.trees.builders import TreeBuilder
 from specdecode.trees.static_draft import grow_static_tree, prepare_static_tree
@@ -58,9 +61,16 @@ def decoder_config(target: nn.Module) -> object:
     config = copy.deepcopy(target.config)
     total = int(config.num_hidden_layers)
     config.num_hidden_layers = 1
+    # a hybrid target (recurrent mixers between attention layers): the entries of its last
+    # attention layer, since an EAGLE layer attends over the drafted columns
+    kinds = getattr(config, "layer_types", None)
+    keep = total - 1
+    if isinstance(kinds, list) and len(kinds) == total:
+        attending = [i for i, kind in enumerate(kinds) if kind in ("full_attention", "sliding_attention", "attention")]
+        keep = attending[-1] if attending else keep
     for key, value in list(vars(config).items()):
         if "layer" in key and isinstance(value, list) and len(value) == total:
-            setattr(config, key, value[-1:])
+            setattr(config, key, value[keep: keep + 1])
     return config
 
 
@@ -205,42 +215,12 @@ class EagleDrafter(TreeBuilderDrafter, DrafterBase):
         self.reset()
 
     def reset(self) -> None:
-        self.cache = None
-        self.cached_columns = 0
-        self.target_features: Tensor | None = None  # [b, columns, F]: the target's feature at each column
+        self.memory = DrafterCache(self.device)  # its KV cache and the target's feature at each column
 
     def describe(self) -> dict:
         n = sum(p.numel() for p in self.model.parameters())
         return {"drafter": self.name, "draft_params": n, "feature_layers": list(self.feature_layers),
                 "draft_vocab": self.model.draft_vocab_size}
-
-    # ------------------------------------------------------------------ features
-    def _store(self, features: Tensor, num_columns: int) -> None:
-        m = features.shape[1]
-        start = num_columns - 1 - m
-        b, F = features.shape[0], features.shape[-1]
-        have = self.target_features
-        if have is None or have.shape[1] < num_columns:
-            grown = features.new_zeros((b, max(num_columns + 16, 2 * (0 if have is None else have.shape[1])), F))
-            if have is not None:
-                grown[:, : have.shape[1]] = have
-            self.target_features = grown
-        self.target_features[:, start: start + m] = features.to(self.target_features.dtype)
-
-    def _previous_features(self, mask: Tensor, lo: int, hi: int) -> Tensor:
-        """Each column's input feature for columns ``[lo, hi)``: the target feature of the row's
-        previous real column (zeros where there is none). ``mask``: ``[b, >= hi]`` 0/1."""
-        b = mask.shape[0]
-        F = self.model.feature_size
-        if self.target_features is None or hi == 0:
-            return torch.zeros((b, hi - lo, F), dtype=self.model.fc.weight.dtype, device=self.device)
-        cols = torch.arange(hi, device=self.device)
-        real = mask[:, :hi].to(self.device).bool()
-        last = torch.cummax(torch.where(real, cols, torch.full_like(cols, -1)), 1).values
-        previous = torch.cat([last.new_full((b, 1), -1), last[:, :-1]], 1)[:, lo:hi]
-        width = self.target_features.shape[1]
-        gathered = self.target_features.gather(1, previous.clamp(0, width - 1)[:, :, None].expand(-1, -1, F))
-        return gathered * (previous >= 0)[:, :, None].to(gathered.dtype)
 
     # ------------------------------------------------------------------ drafting
     def _embed(self, ids: Tensor) -> Tensor:
@@ -253,19 +233,18 @@ class EagleDrafter(TreeBuilderDrafter, DrafterBase):
     def _catch_up(self, state: DraftState) -> tuple[Tensor, float]:
         """Feed every committed column the cache has not seen, the pending one last; returns the
         predicted feature at the pending column ``[b, hidden]`` and the prefill seconds."""
-        if self.cache is None:
-            self.cache = kv_cache.new_cache()
-            self.cached_columns = 0
-        prefilling = self.cached_columns == 0
+        memory = self.memory
+        cache = memory.open()
+        prefilling = memory.cached_columns == 0
         start = state.clock() if prefilling else 0.0
         pending = state.num_columns - 1
-        lo = self.cached_columns
+        lo = memory.cached_columns
         mask = state.attention_mask[:, : pending + 1].to(self.device)
-        features = self.model.input_features(self._previous_features(mask, lo, pending + 1))
-        hidden = self.model(features, self._embed(state.tokens[:, lo: pending + 1]),
+        previous = memory.previous_features(mask, lo, pending + 1, self.model.feature_size, self.model.fc.weight.dtype)
+        hidden = self.model(self.model.input_features(previous), self._embed(state.tokens[:, lo: pending + 1]),
                             mask if state.has_holes else None, state.positions[:, lo: pending + 1].to(self.device),
-                            self.cache)
-        self.cached_columns = pending + 1
+                            cache)
+        memory.cached_columns = pending + 1
         return hidden[:, -1], (state.clock() - start if prefilling else 0.0)
 
     @torch.no_grad()
@@ -283,7 +262,7 @@ class EagleDrafter(TreeBuilderDrafter, DrafterBase):
             if i > 0:
                 mask = None if committed is None else torch.cat([committed, committed.new_ones((b, i))], 1)
                 hidden = self.model(hidden[:, None], self._embed(tokens[-1][:, None]), mask,
-                                    (position + i)[:, None], self.cache)[:, 0]
+                                    (position + i)[:, None], self.memory.cache)[:, 0]
             drafted = torch.stack(tokens, 1) if tokens else state.tokens[:, :0]
             logits = state.process_draft_logits(self._logits(state, hidden), drafted)
             coins = None if state.sampling.is_greedy else state.uniforms(b)
@@ -291,7 +270,7 @@ class EagleDrafter(TreeBuilderDrafter, DrafterBase):
             logits_out.append(logits)
         # Keep only columns fed with the target's features: accepted drafts are fed again at the
         # next step, with the target's features instead of the drafter's own predictions.
-        kv_cache.crop(self.cache, pending + 1)
+        self.memory.keep(pending + 1)
         return Proposal(torch.stack(tokens, 1), torch.stack(logits_out, 1), forward_calls=num_tokens,
                         prefill_seconds=prefill_seconds)
 
@@ -317,7 +296,7 @@ class EagleDrafter(TreeBuilderDrafter, DrafterBase):
             table = node_hidden["h"]
             parent_hidden = table.gather(1, parents.clamp_min(0)[:, :, None].expand(-1, -1, table.shape[-1]))
             positions = (root_position + depth)[:, None].expand(-1, n)
-            hidden = self.model(parent_hidden, self._embed(tokens), mask, positions, self.cache)
+            hidden = self.model(parent_hidden, self._embed(tokens), mask, positions, self.memory.cache)
             needed = int(node_ids.max()) + 1
             if needed > table.shape[1]:
                 table = torch.cat([table, table.new_zeros((b, needed - table.shape[1], table.shape[-1]))], 1)
@@ -327,45 +306,13 @@ class EagleDrafter(TreeBuilderDrafter, DrafterBase):
 
         root_logits = self._logits(state, root_hidden)
         built = self.tree.build(state.tokens[:, pending], root_logits, expand, state.sampling, state.uniforms)
-        kv_cache.crop(self.cache, pending + 1)  # keep the committed columns only
-        self.cached_columns = pending + 1
+        self.memory.keep(pending + 1)  # keep the committed columns only
         return Proposal(built.tree.tokens, built.draft_logits, tree=built.tree, children=built.children,
                         forward_calls=1 + built.forward_calls, prefill_seconds=prefill_seconds)
 
     # ------------------------------------------------------------------ commit
     def commit(self, update: CommitUpdate) -> None:
-        if update.features is not None:
-            self._store(update.features.to(self.device), update.num_columns)
-        if self.cache is not None:
-            valid = min(self.cached_columns, update.num_columns - 1)  # before the new pending token
-            kv_cache.crop(self.cache, valid)
-            self.cached_columns = valid
-        if update.kept_rows is not None:
-            rows = update.kept_rows.to(self.device)
-            if self.cache is not None:
-                kv_cache.select_rows(self.cache, rows)
-            if self.target_features is not None:
-                self.target_features = self.target_features[rows]
-        order = update.column_order
-        if order is None:
-            return
-        order = order.to(self.device)
-        if self.target_features is not None:
-            F = self.target_features.shape[-1]
-            moved = self.target_features.gather(1, order[:, :, None].expand(-1, -1, F))
-            self.target_features[:, : order.shape[1]] = moved
-        if self.cache is None:
-            return
-        if self.cached_columns == 0:
-            self.cache, self.cached_columns = None, 0
-            return
-        # Columns the cache never held (the last accepted draft of a fully accepted block) are
-        # fed again at the next step: keep the prefix of new columns that all come from the cache.
-        from_cache = (order < self.cached_columns).all(0).long().cumprod(0)
-        keep = int(from_cache.sum())
-        kv_cache.gather_columns(self.cache, order.clamp_max(self.cached_columns - 1))
-        kv_cache.crop(self.cache, keep)
-        self.cached_columns = keep
+        self.memory.commit(update)
 
     # ------------------------------------------------------------------ static decode path
     def static_key(self) -> tuple:

@@ -46,6 +46,7 @@ from torch import Tensor, nn
 
 from specdecode.drafters.base import CommitUpdate, DrafterBase, DraftState, Proposal, StaticDraftState
 from specdecode.drafters.column_store import ColumnStore
+from specdecode.drafters.drafter_cache import cached_prefix
 from specdecode.drafters.last_feature import (draw, static_features_at, static_rank_tree, tree_layout,
                                               tree_proposal)
 from specdecode.drafters.medusa import check_choices
@@ -249,8 +250,7 @@ class Gemma4AssistantDrafter(DrafterBase):
             order = update.column_order
             for store in stores:
                 store.reorder(order)
-            moved = (order.to(self.device) < self.projected).all(0).long().cumprod(0)
-            self.projected = int(moved.sum())
+            self.projected = cached_prefix(order.to(self.device), self.projected)  # what moved from projected columns
 
     # ------------------------------------------------------------------ the assistant
     def _masks(self, real: Tensor, key_positions: Tensor, position: Tensor) -> dict[str, Tensor]:

@@ -10,6 +10,7 @@ from torch import Tensor
 
 from specdecode.drafters.base import (CommitUpdate, DrafterBase, DraftState, Proposal, StaticDraftState,
                                       TreeBuilderDrafter)
+from specdecode.drafters.drafter_cache import repack_cache
 from specdecode.drafters.static_trees import StaticTreeDraftState
 from specdecode.models import facts, kv_cache
 from specdecode.sampling import SamplingParams, sample_logits
@@ -170,14 +171,9 @@ class ModelDrafter(TreeBuilderDrafter, DrafterBase):
             if self.cached_columns == 0:
                 self.reset()
                 return
-            order = order.to(self.device)
             # Columns the cache never held (the last accepted draft of a fully accepted block)
             # are re-fed at the next step: keep the prefix of new columns that all come from cache.
-            fully_cached = (order < self.cached_columns).all(0).long().cumprod(0)
-            keep = int(fully_cached.sum())
-            kv_cache.gather_columns(self.cache, order.clamp_max(self.cached_columns - 1))
-            kv_cache.crop(self.cache, keep)
-            self.cached_columns = keep
+            self.cached_columns = repack_cache(self.cache, order.to(self.device), self.cached_columns)
 
 
     # ------------------------------------------------------------------ static decode path

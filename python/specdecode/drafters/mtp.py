@@ -15,15 +15,17 @@ the result into the distribution of ``x_{t+k+2}``. Layer 0 reads the target's la
 over its own keys and values, one entry per position, at position id ``pos(x_{t+1}) + k``.
 
 Drafting one step: the target's last hidden states of the committed columns arrive with each
-commit (:attr:`~specdecode.drafters.base.CommitUpdate.features`). ``propose`` feeds every layer
-the same window of columns (those its cache lacks, the pending token last): layer 0 pairs each
-column's token with the target feature of the row's previous real column (the first real
-column of a row has none; it is hidden from every other query, as Hugging Face keeps no entry
-for the first token), layer ``k`` pairs layer ``k - 1``'s output with the token ``k`` real columns
-further on (past the pending column: the drafts). Draft ``k + 1`` comes from layer ``k``'s
-output at the pending column, so a chain has at most ``num_mtp_layers`` drafts (what
-transformers drafts too: one per layer). An entry whose tokens reach past the pending column
-was computed from drafts and is dropped after the proposal; the next step feeds it again.
+commit (:attr:`~specdecode.drafters.base.CommitUpdate.features`) and are kept, with the layers'
+KV cache, in a :class:`~specdecode.drafters.drafter_cache.DrafterCache` (``memory``), which each
+commit moves. ``propose`` feeds every layer the same window of columns (those its cache lacks,
+the pending token last): layer 0 pairs each column's token with the target feature of the row's
+previous real column (the first real column of a row has none; it is hidden from every other
+query, as Hugging Face keeps no entry for the first token), layer ``k`` pairs layer ``k - 1``'s
+output with the token ``k`` real columns further on (past the pending column: the drafts).
+Draft ``k + 1`` comes from layer ``k``'s output at the pending column, so a chain has at most
+``num_mtp_layers`` drafts (what transformers drafts too: one per layer). An entry whose tokens
+reach past the pending column was computed from drafts and is dropped after the proposal; the
+next step feeds it again.
 
 Trees (``tree=``, rank paths as Medusa's): the node of path ``(r_1, .., r_d)`` is the
 rank-``r_d`` token of layer ``d - 1`` after the path's first ``d - 1`` tokens, exactly what a chain
@@ -46,6 +48,7 @@ import torch
 from torch import Tensor, nn
 
 from specdecode.drafters.base import CommitUpdate, DrafterBase, DraftState, Proposal, StaticDraftState
+from specdecode.drafters.drafter_cache import DrafterCache
 from specdecode.drafters.last_feature import draw, tree_layout, tree_proposal
 from specdecode.drafters.medusa import check_choices
 from specdecode.models import kv_cache, vocab_rows
@@ -169,45 +172,13 @@ class MTPDrafter(DrafterBase):
         return cls(target, MtpModel.from_pretrained(target, **kwargs).eval(), tree=tree)
 
     def reset(self) -> None:
-        self.cache: Any = None  # one DynamicCache layer per MTP layer, one column per engine column
-        self.cached_columns = 0
-        self.target_features: Tensor | None = None  # [b, columns, H]: the target's last hidden state per column
+        # one cache layer per MTP layer, one column per engine column; the target's last hidden state per column
+        self.memory = DrafterCache(self.device)
 
     def describe(self) -> dict:
         n = sum(p.numel() for layer in self.mtp_model.layers for p in layer.parameters())
         return {"drafter": self.name, "mtp_layers": self.num_layers, "draft_params": n,
                 "tree_nodes": None if self.choices is None else len(self.choices) + 1}
-
-    # ------------------------------------------------------------------ features
-    def _store(self, features: Tensor, num_columns: int) -> None:
-        """Keep the target features of columns ``num_columns - 1 - m .. num_columns - 2``.
-
-        Shape: features ``[b, m, H]``."""
-        m = features.shape[1]
-        start = num_columns - 1 - m
-        have = self.target_features
-        if have is None or have.shape[1] < num_columns:
-            width = max(num_columns + 16, 2 * (0 if have is None else have.shape[1]))
-            grown = features.new_zeros((features.shape[0], width, features.shape[-1]))
-            if have is not None:
-                grown[:, : have.shape[1]] = have
-            self.target_features = grown
-        self.target_features[:, start: start + m] = features.to(self.target_features.dtype)
-
-    def _previous_features(self, real: Tensor, lo: int, hi: int, dtype: torch.dtype) -> Tensor:
-        """For columns ``[lo, hi)``: the target feature of each row's previous real column
-        (zeros where there is none).
-
-        Shape: real ``[b, >= hi]`` bool; returns ``[b, hi - lo, H]``."""
-        b, hidden = real.shape[0], int(self.target.get_input_embeddings().weight.shape[1])
-        have = self.target_features
-        if have is None:
-            return torch.zeros((b, hi - lo, hidden), dtype=dtype, device=self.device)
-        cols = torch.arange(hi, device=self.device)
-        last = torch.cummax(torch.where(real[:, :hi], cols, torch.full_like(cols, -1)), 1).values
-        previous = torch.cat([last.new_full((b, 1), -1), last[:, :-1]], 1)[:, lo:hi]
-        found = have.gather(1, previous.clamp(0, have.shape[1] - 1)[:, :, None].expand(-1, -1, have.shape[-1]))
-        return (found * (previous >= 0)[:, :, None].to(found.dtype)).to(dtype)
 
     # ------------------------------------------------------------------ the layers
     def _dtype(self) -> torch.dtype:
@@ -245,16 +216,13 @@ class MTPDrafter(DrafterBase):
         k = min(num_tokens, self.num_layers)
         if self._layout is None and k <= 0:
             return Proposal(state.tokens[:, :0].to(state.device), None)
-        clock = state.clock() if self.cached_columns == 0 else None
-        if self.cache is None:
-            self.cache, self.cached_columns = kv_cache.new_cache(), 0
+        clock = state.clock() if self.memory.cached_columns == 0 else None
+        self.memory.open()
         draws = 0 if self._layout is not None else k
         tokens, q, outs, window = self._window(state, draws)
         proposal = self._tree(state, outs, window) if self._layout is not None else Proposal(
             torch.stack(tokens, 1), torch.stack(q, 1), forward_calls=self.num_layers)
-        # keep the window's prefix whose every layer read committed tokens only
-        kv_cache.crop(self.cache, window["keep"])
-        self.cached_columns = window["keep"]
+        self.memory.keep(window["keep"])  # the window's prefix whose every layer read committed tokens only
         proposal.prefill_seconds = state.clock() - clock if clock is not None else 0.0
         return proposal
 
@@ -265,7 +233,7 @@ class MTPDrafter(DrafterBase):
         and what the window was (``lo``, ``pending``, ``real`` ``[b, pending + 1]``, ``keep``:
         the columns whose every layer read committed tokens only)."""
         pending = state.num_columns - 1
-        lo, L, dev, b = self.cached_columns, self.num_layers, self.device, state.batch_size
+        lo, L, dev, b = self.memory.cached_columns, self.num_layers, self.device, state.batch_size
         n = pending + 1 - lo
         real = state.attention_mask[:, : pending + 1].to(dev).bool()
         cols = torch.arange(pending + 1 + L, device=dev)
@@ -287,12 +255,14 @@ class MTPDrafter(DrafterBase):
         positions = state.positions[:, lo: pending + 1].to(dev)
         window = cols[lo: pending + 1][None].expand(b, -1)
         column = window  # layer j reads the token j real columns on
-        hidden = self._previous_features(real, lo, pending + 1, dtype)
+        hidden = self.memory.previous_features(real, lo, pending + 1, self.mtp_model.embed_tokens.weight.shape[1],
+                                               dtype)
         tokens: list[Tensor] = []
         q: list[Tensor] = []
         outs: list[Tensor] = []
         for j in range(L):
-            hidden = self._run_layer(j, ext.gather(1, column), hidden, positions + j, mask[:, None], self.cache)
+            hidden = self._run_layer(j, ext.gather(1, column), hidden, positions + j, mask[:, None],
+                                     self.memory.cache)
             outs.append(hidden)
             if j < draws:
                 token, logits = draw(state, self._logits(state, hidden[:, -1]), tokens)
@@ -344,8 +314,8 @@ class MTPDrafter(DrafterBase):
             allowed = torch.cat([seen, among.expand(b, -1, -1)], 2)
             mask = torch.zeros(allowed.shape, dtype=dtype, device=dev).masked_fill(~allowed, torch.finfo(dtype).min)
             positions = root_position[:, None] + nodes[fed][None, :]
-            out = self._run_layer(j, tokens[:, 1:][:, fed], hidden, positions, mask[:, None], self.cache)
-            kv_cache.drop_columns(self.cache, pending + 1, pending + 1 + m)  # only layer j held them
+            out = self._run_layer(j, tokens[:, 1:][:, fed], hidden, positions, mask[:, None], self.memory.cache)
+            kv_cache.drop_columns(self.memory.cache, pending + 1, pending + 1 + m)  # only layer j held them
             calls += 1
             table = out.new_zeros((b, nodes.numel(), out.shape[-1])).index_copy(1, fed, out)
             parent_out = table.index_select(1, parents[1:].to(dev)[here] - 1)  # each drafted node's parent
@@ -355,40 +325,7 @@ class MTPDrafter(DrafterBase):
 
     # ------------------------------------------------------------------ commit
     def commit(self, update: CommitUpdate) -> None:
-        if update.features is not None:
-            self._store(update.features.to(self.device), update.num_columns)
-        if self.cache is not None:
-            valid = min(self.cached_columns, update.num_columns - 1)  # before the new pending token
-            kv_cache.crop(self.cache, valid)
-            self.cached_columns = valid
-        if update.kept_rows is not None:
-            rows = update.kept_rows.to(self.device)
-            if self.cache is not None and self.cached_columns == 0:
-                self.cache = None  # nothing kept (its empty layers still have the old rows)
-            elif self.cache is not None:
-                kv_cache.select_rows(self.cache, rows)
-            if self.target_features is not None:
-                self.target_features = self.target_features[rows]
-        order = update.column_order
-        if order is None:
-            return
-        order = order.to(self.device)
-        if self.target_features is not None:
-            width = self.target_features.shape[-1]
-            moved = self.target_features.gather(1, order[:, :, None].expand(-1, -1, width))
-            self.target_features[:, : order.shape[1]] = moved
-        if self.cache is None:
-            return
-        if self.cached_columns == 0:
-            self.cache, self.cached_columns = None, 0
-            return
-        # keep the prefix of new columns that all come from cached ones (the rest is fed again)
-        from_cache = (order < self.cached_columns).all(0).long().cumprod(0)
-        keep = int(from_cache.sum())
-        kv_cache.gather_columns(self.cache, order.clamp_max(self.cached_columns - 1))
-        kv_cache.crop(self.cache, keep)
-        self.cached_columns = keep
-
+        self.memory.commit(update)
 
     # ------------------------------------------------------------------ static decode path
     # (specdecode.drafters.mtp_static: chains and rank-path trees)
