@@ -72,8 +72,32 @@ def test_every_python_block_is_run_or_says_why_not() -> None:
                 assert first.startswith("#"), f"{path.name}:{block.line}: a no-run block starts with a comment saying why"
 
 
+@pytest.fixture(scope="module")
+def _real_targets_loaded_once():
+    """README.md, docs/pairs.md and docs/drafters.md each load SmolLM2 (``load_pair`` reads it
+    through ``load_target``): within this module each named real target is read once and
+    shared, as the blocks never change a target (tests/test_pair_drafters.py and
+    tests/test_gguf_cache.py test the loading itself)."""
+    import specdecode.training.targets as targets
+
+    real = targets.load_target
+    loaded: dict[str, object] = {}
+
+    def load_once(name: str):
+        if name not in ("smollm2", "gemma3"):
+            return real(name)
+        if name not in loaded:
+            loaded[name] = real(name)
+        return loaded[name]
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(targets, "load_target", load_once)
+        yield
+    loaded.clear()
+
+
 @pytest.mark.parametrize("path", DOCS, ids=[str(p.relative_to(ROOT)) for p in DOCS])
-def test_python_blocks_run(path: Path) -> None:
+def test_python_blocks_run(path: Path, _real_targets_loaded_once: None) -> None:
     runnable = [b for b in blocks(path) if b.info == "python" or (b.info == SMOLLM2 and _has_smollm2())]
     if not runnable:
         pytest.skip(f"{path.name} has no python blocks")

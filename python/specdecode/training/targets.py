@@ -51,10 +51,13 @@ def load_target(name: str) -> tuple[Any, Any]:
         target, _, tokenizer = load_demo_pair()
         return target, tokenizer
     if name in _GGUF:
+        from specdecode.models.gguf_cache import load_gguf_config_and_tokenizer
+
         folder, file = _GGUF[name]()
+        config, tokenizer = load_gguf_config_and_tokenizer(folder, file)  # cached after the first load
         with quiet_loading():
-            target = AutoModelForCausalLM.from_pretrained(folder, gguf_file=file)
-        return target.eval(), AutoTokenizer.from_pretrained(folder, gguf_file=file)
+            target = AutoModelForCausalLM.from_pretrained(folder, gguf_file=file, config=config)
+        return target.eval(), tokenizer
     with quiet_loading():
         target = AutoModelForCausalLM.from_pretrained(name)
     return target.eval(), AutoTokenizer.from_pretrained(name)
