@@ -10,6 +10,12 @@ CUDA device (checked when a test runs).
   bucket compile and record nothing; no host synchronisation inside the replayed loop;
 - a compiled step launches at most a third of the CUDA kernels of the eager static step;
 - the exact whole-loop sampling test (token rule) on the GPU, and a broken variant.
+
+First, the graphed path's bucketed attention widths (:mod:`specdecode.engine.attention_widths`;
+the compiled path attends over the whole capacity): prompts that cross the 64-column bucket edge
+during the generation give the target's greedy output and the static path's, with one capture
+per bucket reached and none in a second generation of the layout; the exact sampling test with
+small buckets (three widths in three steps).
 """
 
 from __future__ import annotations
@@ -22,8 +28,10 @@ from test_generate_sampling import K, PROMPT, chi_square_p
 from test_static_features import eagle_drafter, medusa_heads, target_model
 from torch._dynamo.utils import counters
 
+import specdecode.engine.attention_widths as attention_widths
+import specdecode.engine.graphs as graphs
 import specdecode.engine.static_state as static_state
-from specdecode import ModelDrafter, generate
+from specdecode import ModelDrafter, NgramDrafter, generate
 from specdecode.drafters import MedusaDrafter
 from specdecode.engine.launch_count import step_launches
 from specdecode.engine.static_layouts import kept_layouts
@@ -40,6 +48,79 @@ def run(target, draft, ids, mask=None, decode_path="compiled", **kwargs):
 
 def hf_greedy(target, ids, mask=None):
     return target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=MAX_NEW, pad_token_id=PAD)
+
+
+def _recording_variants(monkeypatch) -> list:
+    """The variant (attended width) every step program runs with, the prefill's left out."""
+    variants, original = [], graphs.StepProgram.run
+
+    def recording(self, variant=None):
+        if "target prefill" not in self.seconds:
+            variants.append(variant)
+        return original(self, variant)
+
+    monkeypatch.setattr(graphs.StepProgram, "run", recording)
+    return variants
+
+
+def test_graphed_chains_attend_over_buckets_recorded_once_each(cuda, monkeypatch):
+    """Prompts of up to 47 tokens (a 49-column prompt block), 40 new tokens: the steps start in
+    the 64-column bucket and end in the capacity's (96)."""
+    target, draft = (m.to(cuda) for m in make_pair("llama", vocab=111))
+    ids, mask = _on(cuda, *left_padded([40, 33, 47], vocab=111, seed=5))
+    variants = _recording_variants(monkeypatch)
+    common = dict(max_new_tokens=40, eos_token_id=[], decode_path="graphed")
+    for batch_ids, batch_mask in ((ids[2:], None), (ids, mask)):
+        want = target.generate(batch_ids, attention_mask=batch_mask, do_sample=False, max_new_tokens=40,
+                               pad_token_id=PAD, eos_token_id=None)
+        for source, kwargs in ((None, {}), (draft, dict(num_draft_tokens=4)),
+                               (NgramDrafter(min_acceptance=0.0), dict(num_draft_tokens=3)),
+                               (draft, dict(num_draft_tokens=4, phase_timing=True))):
+            variants.clear()
+            out = run(target, source, batch_ids, batch_mask, **common, **kwargs)
+            reached = sorted(set(variants))
+            assert torch.equal(out.sequences, want), kwargs
+            assert reached == [64, 96] and out.stats.graph_captures == len(reached), (kwargs, reached)
+            variants.clear()
+            again = run(target, source, batch_ids, batch_mask, **common, **kwargs)
+            assert torch.equal(again.sequences, want) and again.stats.graph_captures == 0, kwargs
+            assert sorted(set(variants)) == reached
+            static = run(target, source, batch_ids, batch_mask, **{**common, "decode_path": "static"}, **kwargs)
+            assert torch.equal(static.sequences, want), kwargs
+
+
+def test_a_graphed_host_drafter_reads_every_steps_accepted_lengths(cuda):
+    """Between steps the host reads the last step's accepted lengths (``scratch.accepted``): after
+    a recording, the warm-up step's; after a replay, the replayed bucket's; the same as on the
+    static path, step by step."""
+    target = make_pair("llama", vocab=111)[0].to(cuda)
+    ids, mask = _on(cuda, *left_padded([40, 33, 47], vocab=111, seed=5))
+    logs = []
+    for path in ("graphed", "graphed", "static"):  # recorded, replayed, eager
+        committed: list = []
+        ngram = NgramDrafter(min_acceptance=0.0)
+
+        def commit(update, ngram=ngram, committed=committed):
+            committed.append(update.accepted_len.tolist())
+            NgramDrafter.commit(ngram, update)
+
+        ngram.commit = commit
+        run(target, ngram, ids, mask, decode_path=path, num_draft_tokens=3, max_new_tokens=40, eos_token_id=[])
+        logs.append(committed)
+    assert logs[0] == logs[2] and logs[1] == logs[2] and len(logs[2]) > 10
+
+
+def test_graphed_sampling_over_three_buckets_is_lossless(cuda, gpu_pair, monkeypatch):
+    """Buckets of 4 columns: the three steps attend over 20, 24 and 28 of the layout's 32."""
+    _needs_cuda_sampler()
+    target, draft, joint = gpu_pair
+    monkeypatch.setattr(attention_widths, "BUCKET_COLUMNS", 4)
+    variants = _recording_variants(monkeypatch)
+    ids = torch.tensor([PROMPT], device="cuda").expand(20000, -1)
+    out = run(target, draft, ids, num_draft_tokens=2, rule="token", do_sample=True, max_new_tokens=K,
+              eos_token_id=[], generator=torch.Generator("cuda").manual_seed(0), decode_path="graphed")
+    assert variants == [20, 24, 28] and out.stats.graph_captures == 3
+    assert chi_square_p(out.sequences[:, len(PROMPT):].cpu(), joint) > 1e-4
 
 
 @pytest.mark.parametrize("arch", ["llama", "gpt2"])

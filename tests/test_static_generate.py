@@ -22,6 +22,7 @@ import torch
 from test_generate_models import PAD, _one_thread, left_padded, make_model, make_pair  # noqa: F401
 from test_generate_sampling import K, PROMPT, V, chi_square_p, exact_joint
 
+import specdecode.engine.attention_widths as attention_widths
 import specdecode.engine.static_layouts as static_layouts
 import specdecode.engine.static_loop as static_loop
 import specdecode.engine.static_state as static_state
@@ -150,17 +151,19 @@ def test_static_steps_attend_only_to_reachable_columns(gamma, monkeypatch):
     target, draft = make_pair("llama")
     ids, mask = left_padded([5, 9, 2, 7], seed=1)
     ref = hf_greedy(target, ids, mask)
+    monkeypatch.setattr(attention_widths, "BUCKET_COLUMNS", 1)  # buckets of one column: the bound itself
+    monkeypatch.setattr(attention_widths, "MAX_BUCKETS", 10 ** 6)  # (tests/test_static_buckets.py: real ones)
     steps = _record_key_lengths(monkeypatch, gamma + 1)
     out = static(target, draft if gamma else None, ids, mask, num_draft_tokens=max(gamma, 1))
     assert torch.equal(out.sequences, ref)
     assert steps[0] == ids.shape[1] + 1 + gamma  # the prompt (and its leading pad column), then gamma drafts
     assert all(b - a == gamma + 1 or b == max(steps) for a, b in zip(steps, steps[1:]))  # until the capacity
     assert steps[0] < max(steps)
-    original = static_loop.visible_columns
+    original = attention_widths.visible_columns
     if gamma == 0:  # the target alone moves every row by exactly one column a step: the bound is tight
-        monkeypatch.setattr(static_loop, "visible_columns", lambda *args: original(*args) - 1)  # one column short
+        monkeypatch.setattr(attention_widths, "visible_columns", lambda *args: original(*args) - 1)  # one short
     else:  # a bound that forgets the steps taken
-        monkeypatch.setattr(static_loop, "visible_columns", lambda width, step, g, cap: original(width, 0, g, cap))
+        monkeypatch.setattr(attention_widths, "visible_columns", lambda width, step, g, cap: original(width, 0, g, cap))
     assert not torch.equal(static(target, draft if gamma else None, ids, mask,
                                   num_draft_tokens=max(gamma, 1)).sequences, ref)
 

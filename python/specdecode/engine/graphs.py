@@ -12,7 +12,10 @@ records the compiled phases on CUDA).
 :class:`StepProgram` does each. With CUDA graphs, the first call runs the phases eagerly on a
 side stream (a real step, and the warm-up that graph capture needs: lazy library handles,
 workspace allocations), then records them: one graph for the whole step, or one graph per
-phase when per-phase timings are wanted. Later calls replay. Compiled, the first call runs the
+phase when per-phase timings are wanted. Later calls replay. A step whose shapes change with a
+host-known *variant* (the attended width of a chain step,
+:mod:`specdecode.engine.attention_widths`) keeps one recording per variant, made the first time
+:meth:`StepProgram.run` is given that variant. Compiled, the first call runs the
 phases eagerly (it makes whatever buffers they create on first use), the second compiles them
 (and on CUDA, runs them on a side stream and records them); later calls run the compiled code
 (CPU) or replay (CUDA). A program whose second run changes nothing (``idempotent``: the
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import gc
 import time
+from collections.abc import Hashable
 from typing import Any, Callable
 
 import torch
@@ -44,11 +48,23 @@ class StepProgram:
     ``host``: a function run eagerly at the start of every :meth:`run`, outside any graph or
     compiled code (before the warm-up and the capture too): the step's host work, e.g. a host
     drafter filling the buffers the phases read (:mod:`specdecode.engine.host_drafts`).
+
+    Graphed, :meth:`run`'s ``variant`` (hashable, e.g. the attended width) selects one recording
+    of the phases among several, each made the first time its variant runs (:attr:`captures`
+    counts them). ``owners``: the objects whose attributes the phases set to the tensors they
+    produce (a step's :class:`~specdecode.engine.static_state.StepScratch`); after a recording
+    those attributes would name the recorded variant's tensors whichever variant replays next, so
+    the program snapshots them (``vars(owner)``) after each recording and restores the variant's
+    snapshot before each replay; after a recording it restores the warm-up step's results (the
+    recording itself ran nothing). What the host reads between steps is then always the last
+    step's. The recordings share one memory pool: they never run concurrently (one stream), and
+    the only pool tensors read after a replay (by the host or the next step) are the replayed
+    variant's own outputs, which the snapshots keep allocated, so no later recording reuses them.
     """
 
     def __init__(self, phases: list[tuple[str, Callable[[], None]]], device: torch.device, *, graphed: bool,
                  phase_timing: bool, syncs: Any = None, compiled: bool = False, idempotent: bool = False,
-                 host: Callable[[], None] | None = None) -> None:
+                 host: Callable[[], None] | None = None, owners: tuple[Any, ...] = ()) -> None:
         from specdecode.engine.compiled import compile_phase, in_sequence
 
         if graphed and device.type != "cuda":
@@ -66,7 +82,11 @@ class StepProgram:
         self.device = device
         self.graphed = graphed
         self.phase_timing = phase_timing
-        self.graphs: list[torch.cuda.CUDAGraph] | None = None
+        self.owners = tuple(owners)
+        # variant -> (its graphs, a snapshot of every owner's attributes after its recording)
+        self.recorded: dict[Hashable, tuple[list[torch.cuda.CUDAGraph], list[dict[str, Any]]]] = {}
+        self.variant: Hashable = None  # the variant of the last run
+        self._pool: Any = None  # one graph memory pool for every variant
         self.seconds = {name: 0.0 for name, _ in phases}
         self.step_seconds = 0.0
         self._events: list[list[torch.cuda.Event]] = []
@@ -77,8 +97,14 @@ class StepProgram:
     def cuda(self) -> bool:
         return self.device.type == "cuda"
 
-    def run(self) -> None:
-        """One step."""
+    @property
+    def graphs(self) -> list[torch.cuda.CUDAGraph] | None:
+        """The graphs of the last run's variant (None before it was recorded)."""
+        recorded = self.recorded.get(self.variant)
+        return None if recorded is None else recorded[0]
+
+    def run(self, variant: Hashable = None) -> None:
+        """One step; graphed, the recording of ``variant`` replays (recorded first if new)."""
         first = self.runs == 0
         self.runs += 1
         if self.host is not None:
@@ -87,9 +113,10 @@ class StepProgram:
             self._run_eager(self.eager_phases)  # makes what the phases create on first use
             if not self.idempotent:
                 return  # compiled by the next step
+        self.variant = variant
         if not self.graphed:
             self._run_eager(self.phases)
-        elif self.graphs is None:
+        elif variant not in self.recorded:
             self._warm_up_and_capture()
         else:
             self._replay()
@@ -120,7 +147,10 @@ class StepProgram:
             for _, fn in self.phases:  # the first step, run for real
                 fn()
         torch.cuda.current_stream(self.device).wait_stream(stream)
-        pool = torch.cuda.graph_pool_handle()
+        results = self._snapshot()  # this step's results: the recording below runs nothing
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        pool = self._pool
         groups = [[fn] for _, fn in self.phases] if self.phase_timing else [[fn for _, fn in self.phases]]
         graphs = []
         # No cyclic garbage collection while recording: a collection that frees an earlier
@@ -148,15 +178,25 @@ class StepProgram:
         finally:
             if collecting:
                 gc.enable()
-        self.graphs = graphs
+        self.recorded[self.variant] = (graphs, self._snapshot())
+        self._restore(results)
         self.captures += 1
 
     def _replay(self) -> None:
-        assert self.graphs is not None
-        marks = self._mark() if self.phase_timing else self._mark(len(self.graphs))
-        for i, graph in enumerate(self.graphs):
+        graphs, outputs = self.recorded[self.variant]
+        self._restore(outputs)  # the owners name this variant's tensors, which its replay writes
+        marks = self._mark() if self.phase_timing else self._mark(len(graphs))
+        for i, graph in enumerate(graphs):
             graph.replay()
             marks[i + 1].record()
+
+    def _snapshot(self) -> list[dict[str, Any]]:
+        return [dict(vars(owner)) for owner in self.owners]
+
+    def _restore(self, snapshot: list[dict[str, Any]]) -> None:
+        for owner, attributes in zip(self.owners, snapshot):
+            for name, value in attributes.items():
+                setattr(owner, name, value)
 
     def _mark(self, phases: int | None = None) -> list[torch.cuda.Event]:
         n = len(self.phases) if phases is None else phases

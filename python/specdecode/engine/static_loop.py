@@ -26,7 +26,9 @@ up front so that a whole step can be recorded once as CUDA graphs and replayed:
 
 ``decode_path="static"`` runs the phases eagerly (any device; this is what the CPU tests
 exercise), ``decode_path="graphed"`` records them as CUDA graphs on the first step and replays
-them (:mod:`specdecode.engine.graphs`), ``decode_path="compiled"`` compiles them with
+them (:mod:`specdecode.engine.graphs`; a chain step attends over a bucketed width that grows
+with the steps taken, :mod:`specdecode.engine.attention_widths`, one graph per bucket reached,
+and the static path attends over the same widths), ``decode_path="compiled"`` compiles them with
 ``torch.compile`` (:mod:`specdecode.engine.compiled`; on CUDA it then records the compiled
 phases as CUDA graphs). Graphs, compiled code, caches and buffers are kept for the next
 generation with the same shapes (:mod:`specdecode.engine.static_layouts`: the
@@ -71,6 +73,7 @@ from torch import Tensor
 from specdecode.engine.accounting import (FIXED_COUNTERS, add_step_counters, count_prefill, count_syncs,
                                           counted_drafts, label_run, num_counters, record_logged_lengths,
                                           step_counters, timed_run, tree_step_counters)
+from specdecode.engine.attention_widths import attended_columns, visible_columns  # noqa: F401 (re-exported)
 from specdecode.engine.graphs import StepProgram
 from specdecode.engine.host_drafts import HostDrafts, is_host_drafter
 from specdecode.engine.settings import EngineSettings
@@ -95,19 +98,6 @@ CAPACITY_MULTIPLE = 16
 #: prefill is compiled or recorded once per bucket).
 PROMPT_MULTIPLE = 16
 DECODE_PATHS = ("eager", "static", "compiled", "graphed")
-
-def visible_columns(prompt_width: int, step: int, gamma: int, capacity: int) -> int:
-    """The columns a chain step ``step`` (from 0) of the static path attends to: every row starts
-    at column ``prompt_width - 1``, moves by at most ``gamma + 1`` a step and feeds ``gamma + 1``
-    columns, so none reaches column ``prompt_width + step * (gamma + 1) + gamma``; at most the
-    whole ``capacity``. Recorded steps (graphed, compiled) attend to the whole capacity.
-
-    >>> visible_columns(prompt_width=10, step=0, gamma=3, capacity=64)  # columns 9 .. 12 fed
-    13
-    >>> visible_columns(prompt_width=10, step=20, gamma=3, capacity=64)
-    64
-    """
-    return min(capacity, prompt_width + step * (gamma + 1) + gamma)
 
 
 # ---------------------------------------------------------------------- state
@@ -142,8 +132,8 @@ class _Session:
         # a host drafter's proposal buffers (engine/host_drafts.py), None for other drafters
         self.host = HostDrafts(batch, gamma, device, engine.tree and engine.tree.plan) if engine.host else None
         self.prefill: StepProgram | None = None  # the target's prefill, where the layout fixes the prompt block
-        # Steps run by the host (the static path): the columns a step may attend to, a host bound
-        # on every row's last column (None: the whole capacity, as recorded steps need)
+        # Chain steps (static, graphed): the columns a step attends to, a host bound on every row's
+        # last column rounded up to a bucket (engine/attention_widths.py); None: the whole capacity
         self.visible: int | None = None
 
 
@@ -231,13 +221,14 @@ class StaticEngine:
         steps = 0
         previous: tuple[Any, int] | None = None  # CUDA: the event and host slot of the last flag copy
         syncs.stepping = True
-        bounded = self.decode_path == "static" and self.tree is None  # steps run by the host, chains
+        # chains, static or graphed (one graph per width): bucketed widths; compiled, trees: the whole capacity
+        bounded = self.decode_path in ("static", "graphed") and self.tree is None
         state = session.state
         try:
             while steps < max_steps:
                 if bounded:
-                    session.visible = visible_columns(state.prompt_width, steps, self.gamma, state.capacity)
-                program.run()
+                    session.visible = attended_columns(state.prompt_width, steps, self.gamma, state.capacity)
+                program.run(session.visible)
                 steps += 1
                 if steps % every or steps == max_steps:
                     continue
@@ -385,7 +376,7 @@ class StaticEngine:
         def score() -> None:
             from specdecode.models.static_cache import column_inputs
 
-            visible = session.visible  # None on recorded steps: the whole capacity
+            visible = session.visible  # None: the whole capacity (compiled steps)
             columns, positions, mask = column_inputs(state.lengths, state.start, gamma + 1,
                                                      state.capacity if visible is None else visible, dtype)
             session.cache.columns, session.cache.visible = columns, visible
@@ -454,7 +445,7 @@ class StaticEngine:
         propose_on_host = None if host is None else (  # the host drafter, before each step
             lambda: host.step(session.drafter, state, session.finished, scratch.accepted, session.syncs))
         return StepProgram(phases, self.device, graphed=self.graphed, phase_timing=self.phase_timing,
-                           syncs=session.syncs, compiled=self.compiled, host=propose_on_host)
+                           syncs=session.syncs, compiled=self.compiled, host=propose_on_host, owners=(scratch,))
 
     # ------------------------------------------------------------------ statistics
     def _record(self, session: _Session, counters: Tensor, steps_run: int, captures: int) -> None:

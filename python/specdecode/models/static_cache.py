@@ -12,8 +12,9 @@ and including their own (causal). Nothing beyond a query's own column is ever at
 columns past a row's length may hold anything: a rejected draft is forgotten by not moving the
 length past it, and the next forward overwrites it.
 
-Attention always runs over all ``capacity`` columns with a 4D additive mask (built by
-:func:`column_inputs`): the cost of static shapes.
+Attention runs over all ``capacity`` columns with a 4D additive mask (built by
+:func:`column_inputs`), or over the first :attr:`ColumnCache.visible` ones while that is set: a
+prefill, and a chain step's bucketed width (:mod:`specdecode.engine.attention_widths`).
 
 Sliding-window layers keep a *ring* of ``R = window + span`` columns instead
 (:func:`specdecode.models.layer_masks.ring_sizes`; ``span`` the columns one step writes after
@@ -51,7 +52,8 @@ class ColumnCache(Cache):
     Before each forward set :attr:`columns` (``[B, n]`` int64: the column of every fed token);
     every layer's ``update`` then scatters its new keys/values there and returns the whole
     ``[B, H, capacity, D]`` tensors (the first :attr:`visible` columns only while it is set:
-    :func:`prefill_inputs`). Layers are allocated on their first update (prefill); at the end of
+    :func:`prefill_inputs`, a chain step's width, :mod:`specdecode.engine.attention_widths`).
+    Layers are allocated on their first update (prefill); at the end of
     the prefill they are moved into one tensor, every layer's keys and values a view of it
     (:meth:`stack_layers`), and keep their addresses afterwards.
 
