@@ -10,12 +10,17 @@ The drafts come from an oracle: the target's own greedy continuation (made once 
 wrong one, so every step accepts exactly ``--accept`` drafts (``--accept`` equal to ``--draft``:
 every draft accepted) whatever the weights. Per model, interleaved run by run, the medians of:
 
-- ``target``: the target alone, Hugging Face's ``generate`` (the static path, specdecode's own
-  target-alone decoding, does not hold recurrent states), tokens a second;
+- ``target``: the target alone, Hugging Face's ``generate``, tokens a second;
 - ``all kept``: every draft accepted: verification forwards only, no rollback;
 - ``rollback``: ``--accept`` of ``--draft`` kept: a plain-attention model crops its cache, a hybrid
   copies its states before each verification, puts them back and feeds the kept tokens again
   (one more forward a step; specdecode.engine.replay).
+- ``static alone`` / ``static rollback``: the static path (``decode_path="static"``, or with
+  ``--compiled`` ``"compiled"``), the target
+  alone and the rollback run's drafts; a hybrid's mixers step through each verification forward one
+  position at a time and each row keeps the states after its kept drafts
+  (specdecode.models.recurrent_static: no replay); ``x_static`` is their ratio, the speculative
+  gain on that path.
 
 ``rollback/kept`` is the rollback run's time over the all-kept run's: fewer tokens a step for every
 model, and for a hybrid also the replays (counted among its target calls) and the state copies; a
@@ -49,6 +54,7 @@ class OracleDrafter(DrafterBase):
     """Proposes the next ``k`` tokens of a known continuation, the one at ``accept`` made wrong."""
 
     name = "oracle"
+    static_host_drafts = True  # deterministic chains: it feeds the static path as prompt lookup does
 
     def __init__(self, continuation: torch.Tensor, prompt_len: int, accept: int, vocab: int) -> None:
         self.continuation, self.prompt_len, self.accept, self.vocab = continuation, prompt_len, accept, vocab
@@ -108,10 +114,13 @@ def main() -> None:
     parser.add_argument("--accept", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--compiled", action="store_true",
+                        help="the static runs on decode_path='compiled' (Inductor: minutes of compiling first)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     ids = torch.randint(3, args.vocab, (1, args.prompt_len), generator=torch.Generator().manual_seed(0))
     n = args.max_new_tokens
+    static = "compiled" if args.compiled else "static"
     rows = []
     for kind in ["llama", *args.hybrids]:
         model = build(kind, args.hidden, 3, args.vocab)
@@ -123,7 +132,11 @@ def main() -> None:
                     num_draft_tokens=args.draft, **common),
                 "rollback": lambda: specdecode.generate(
                     model, OracleDrafter(want[0], args.prompt_len, args.accept, args.vocab), ids,
-                    num_draft_tokens=args.draft, **common)}
+                    num_draft_tokens=args.draft, **common),
+                "static alone": lambda: specdecode.generate(model, None, ids, decode_path=static, **common),
+                "static rollback": lambda: specdecode.generate(
+                    model, OracleDrafter(want[0], args.prompt_len, args.accept, args.vocab), ids,
+                    num_draft_tokens=args.draft, decode_path=static, **common)}
         times: dict[str, list[float]] = {name: [] for name in runs}
         calls: dict[str, int] = {}
         for _ in range(args.repeats + 1):  # the first round warms up, then interleaved
@@ -136,14 +149,17 @@ def main() -> None:
                     raise SystemExit(f"{kind} {name}: not the model's own greedy output")
         med = {name: statistics.median(t[1:]) for name, t in times.items()}
         rows.append((kind, n / med["target"], n / med["all kept"], n / med["rollback"], calls["all kept"],
-                     calls["rollback"], med["rollback"] / med["all kept"], med["target"] / med["rollback"]))
+                     calls["rollback"], med["rollback"] / med["all kept"], med["target"] / med["rollback"],
+                     n / med["static alone"], n / med["static rollback"], med["static alone"] / med["static rollback"]))
     print(f"hidden {args.hidden}, 3 layers, vocabulary {args.vocab}, prompt {args.prompt_len}, {n} new tokens, "
-          f"{args.accept} of {args.draft} drafts kept a step, {args.repeats} interleaved runs, medians")
+          f"{args.accept} of {args.draft} drafts kept a step, {args.repeats} interleaved runs, medians; "
+          f"static columns: decode_path={static!r}")
     print(f"{'model':<12}{'target tok/s':>13}{'all kept':>10}{'rollback':>10}{'calls kept':>12}"
-          f"{'calls rollback':>16}{'rollback/kept':>15}{'x_target':>10}")
-    for kind, target, kept, rolled, calls_kept, calls_rolled, ratio, x in rows:
+          f"{'calls rollback':>16}{'rollback/kept':>15}{'x_target':>10}{'static alone':>14}{'static rollback':>17}"
+          f"{'x_static':>10}")
+    for kind, target, kept, rolled, calls_kept, calls_rolled, ratio, x, alone, static, x_static in rows:
         print(f"{kind:<12}{target:>13.1f}{kept:>10.1f}{rolled:>10.1f}{calls_kept:>12}{calls_rolled:>16}"
-              f"{ratio:>15.2f}{x:>10.2f}")
+              f"{ratio:>15.2f}{x:>10.2f}{alone:>14.1f}{static:>17.1f}{x_static:>10.2f}")
     print("rollback/kept: time of the rollback run over the all-kept run (more steps for every model; for a "
           "hybrid also its replays and state copies): a hybrid's ratio over llama's is what the rollback design costs")
 

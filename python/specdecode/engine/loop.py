@@ -379,7 +379,8 @@ class SpeculativeEngine:
         if tree is not None:
             if self._replays:
                 raise ValueError(f"tree: {type(self.target).__name__} ({self.target.config.model_type}) has recurrent "
-                                 "layers, whose state cannot hold a tree's branches; draft a chain (tree=None)")
+                                 "layers, whose state the eager path cannot hold for a tree's branches; draft a chain "
+                                 "(tree=None), or use decode_path='static', which steps each node from its parent")
             if proposal.side is None and self.processors.processors is None and self._is_path(tree):
                 # every row's tree is one path: score it as a chain (a plain mask; the prompt's
                 # forward when it is still unscored), verify it with the tree rule

@@ -70,11 +70,15 @@ def check_static_path(target: torch.nn.Module, drafter: Any | None, settings: En
         if value is not None:
             raise ValueError(f"{name}: not supported with {where} (it needs the host at every token); "
                              "use decode_path='eager'")
-    if kv_cache.has_recurrent_layers(target):
-        raise ValueError(f"decode_path: {type(target).__name__} ({target.config.model_type}) has recurrent layers, "
-                         f"whose states {where} does not hold (static caches hold attention columns); "
-                         "use decode_path='eager'")
-    facts.check_decoder_forward(target)
+    recurrent = kv_cache.has_recurrent_layers(target)
+    if recurrent:
+        from specdecode.models.recurrent_static import mixer_problem
+
+        problem = mixer_problem(target)
+        if problem is not None:
+            raise ValueError(f"decode_path: {type(target).__name__} ({target.config.model_type}) has recurrent layers "
+                             f"that {where} cannot step: {problem}; use decode_path='eager'")
+    facts.check_decoder_forward(target, stepped=recurrent)
     device = _single_device(target, "target")
     graphed = decode_path == "graphed" or (decode_path == "compiled" and device.type == "cuda")
     tree = None

@@ -180,6 +180,7 @@ class StaticEngine:
         capacity = -(-(prompt_width + s.max_new_tokens + span) // CAPACITY_MULTIPLE) * CAPACITY_MULTIPLE
         session = self._session(B, capacity, prompt_width if self.decode_path != "static" else None)
         session.drafter = self.drafter
+        session.cache.attach(self.target)  # (a cache of recurrent layers steps their mixers: recurrent_static)
         try:
             syncs = session.syncs
             syncs.total = syncs.in_steps = 0
@@ -207,6 +208,7 @@ class StaticEngine:
             return sequences
         finally:
             session.drafter = None  # a kept layout holds no model between generations
+            session.cache.detach()
 
     def clock(self) -> float:
         """The host clock: the static path needs no device synchronisation to time a whole
@@ -422,6 +424,8 @@ class StaticEngine:
             torch.all(session.finished, out=session.all_finished)
             # roll back = move the length pointers past the committed columns only
             state.lengths.add_(torch.where(continuing, accepted + 1, 0))
+            if not is_tree:  # (a tree's verify phase keeps its path's states)
+                session.cache.keep_states(accepted)  # states that follow no column (recurrent layers)
             next_token = tokens.gather(1, accepted[:, None]).clamp_min(0)
             current = state.tokens.gather(1, state.lengths[:, None])
             state.tokens.scatter_(1, state.lengths[:, None], torch.where(continuing[:, None], next_token, current))

@@ -161,6 +161,7 @@ def tree_phases(session: Any, scratch: StepScratch, setup: TreeSetup, target: Ca
         state.count_op_sync()  # on CUDA, outside a graph, the op reads its row statuses on the host
         mask, columns = tree_inputs(state.lengths, state.start, tree_mask, state.capacity, dtype)
         session.cache.columns = columns
+        session.cache.feed_tree(tree.parents)  # (a recurrent layer steps each node from its parent)
         logits = target_forward(target(), tree.tokens, mask, positions, session.cache, state, layers,
                                 last_only=False, logits_to_keep_ok=logits_to_keep_ok)
         scratch.target_logits = scored_logits(logits, settings.vocab_size, device)
@@ -195,6 +196,7 @@ def tree_phases(session: Any, scratch: StepScratch, setup: TreeSetup, target: Ca
                 drafting = (active & (session.generated <= settings.max_new_tokens - 2)).any()
                 calibration.count(tree.cells, tree.parents, nodes, active & drafting)
         stop = nodes.gather(1, accepted[:, None])  # the accepted path's last node (the root has parent -1)
+        session.cache.keep_states(stop[:, 0])  # (recurrent layers: the states after that node)
         has_children = tree.parents == stop
         depths = scratch.depths
         if tree.full:  # no padding slots: every row drafted N - 1 nodes

@@ -135,17 +135,22 @@ def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
 def _masks_for(model: torch.nn.Module, attention_mask: Tensor | None, position_ids: Tensor, cache: Any) -> Any:
     """The attention masks of one forward: ``attention_mask`` itself, or one per layer type
     for a model with sliding-window or chunked layers (:func:`specdecode.models.layer_masks.layer_masks`)."""
+    padding = getattr(cache, "recurrent_padding", None)  # a static cache's prefill of recurrent layers
+    if getattr(cache, "attention_free", False):  # Mamba: no attention layer reads a 4D mask
+        return padding
     info = layer_masks.layout(model)
-    if info is None:
-        return attention_mask
-    if attention_mask is not None:
-        num_columns = attention_mask.shape[-1]
-    else:
-        num_columns = int(cache.get_seq_length()) + position_ids.shape[1]
-    masks = layer_masks.layer_masks(model, attention_mask, position_ids, num_columns)
-    ring = getattr(cache, "ring_key_columns", None)
-    key_columns = ring() if callable(ring) else None  # a static cache whose sliding layers keep a ring
-    return masks if key_columns is None else layer_masks.ring_masks(masks, key_columns.to(position_ids.device), info)
+    masks: Any = attention_mask
+    if info is not None:
+        if attention_mask is not None:
+            num_columns = attention_mask.shape[-1]
+        else:
+            num_columns = int(cache.get_seq_length()) + position_ids.shape[1]
+        masks = layer_masks.layer_masks(model, attention_mask, position_ids, num_columns)
+        ring = getattr(cache, "ring_key_columns", None)
+        key_columns = ring() if callable(ring) else None  # a static cache whose sliding layers keep a ring
+        if key_columns is not None:
+            masks = layer_masks.ring_masks(masks, key_columns.to(position_ids.device), info)
+    return masks if padding is None else layer_masks.with_recurrent_padding(model, masks, padding)
 
 
 def forward(model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor | None, position_ids: Tensor,
@@ -234,7 +239,12 @@ def accepts_custom_4d_mask(model: torch.nn.Module) -> bool:
     condition = (getattr(config, "_attn_implementation", None), str(getattr(model, "dtype", None)))
     answers = _TREE_MASK_SUPPORT.setdefault(model, {})
     if condition not in answers:
-        answers[condition] = _probe_tree_attention(model)
+        from specdecode.models.kv_cache import has_recurrent_layers
+
+        # a recurrent layer reads every earlier token, so no tree mask holds for it: its models are
+        # probed with a left-padded chain (their only use of a custom 4D mask: static caches)
+        probe = _probe_padded_chain if has_recurrent_layers(model) else _probe_tree_attention
+        answers[condition] = probe(model)
     return answers[condition]
 
 
@@ -250,29 +260,61 @@ def check_tree_attention(model: torch.nn.Module, name: str = "target") -> None:
         )
 
 
-@torch.no_grad()
 def _probe_tree_attention(model: torch.nn.Module) -> bool:
+    """Query 2 may not see query 1 (a tree's sibling): its logits must be those of the sequence
+    without it."""
+    return _probe_mask(model, [[True, False, False], [True, True, False], [True, False, True]], [0, 1, 1],
+                       lambda mask, positions: layer_masks.layer_masks(model, mask, positions, 3), [0, 2])
+
+
+def _probe_padded_chain(model: torch.nn.Module) -> bool:
+    """A model with recurrent layers: a chain behind a padding column, its 4D mask and the
+    recurrent layers' 2D padding given (:func:`layer_masks.with_recurrent_padding`; the padding
+    alone for a model without attention layers), must give the logits of the chain alone."""
+    from specdecode.models.recurrent_static import attention_free
+
+    def masks(mask: Tensor, positions: Tensor) -> Any:
+        padding = torch.tensor([[0, 1, 1]], device=mask.device)
+        return padding if attention_free(model) else layer_masks.with_recurrent_padding(model, mask, padding)
+
+    return _probe_mask(model, [[True, False, False], [False, True, False], [False, True, True]], [0, 0, 1], masks,
+                       [1, 2])
+
+
+@torch.no_grad()
+def _probe_mask(model: torch.nn.Module, allowed: list[list[bool]], positions: list[int],
+                masks: Any, plain_columns: list[int]) -> bool:
+    """Three tokens with the custom mask ``allowed`` (``masks(mask, positions)`` makes the model's
+    argument of it) and ``positions``: the last token's logits must equal those of the tokens at
+    ``plain_columns`` fed alone (positions from 0), the last of them."""
+    from specdecode.models.kv_cache import new_cache
+
     device = input_device(model)
     vocab = int(model.get_input_embeddings().weight.shape[0])
     ids = torch.tensor([[1 % vocab, 2 % vocab, 3 % vocab]], device=device)
     dtype = getattr(model, "dtype", torch.float32)
-    allowed = torch.tensor([[[[True, False, False], [True, True, False], [True, False, True]]]], device=device)
-    mask = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill(~allowed, torch.finfo(dtype).min)
+    keep = torch.tensor([[allowed]], device=device)
+    mask = torch.zeros(keep.shape, dtype=dtype, device=device).masked_fill(~keep, torch.finfo(dtype).min)
+    where = torch.tensor([positions], device=device)
     try:
-        from specdecode.models.kv_cache import new_cache
-
-        tree_positions = torch.tensor([[0, 1, 1]], device=device)
-        tree = model(input_ids=ids, attention_mask=layer_masks.layer_masks(model, mask, tree_positions, 3),
-                     position_ids=tree_positions, **cache_kwargs(model, new_cache())).logits[0, 2].float()
-        plain = model(input_ids=ids[:, [0, 2]], position_ids=torch.tensor([[0, 1]], device=device),
-                      **cache_kwargs(model, new_cache())).logits[0, 1].float()
+        custom = model(input_ids=ids, attention_mask=masks(mask, where), position_ids=where,
+                       **cache_kwargs(model, new_cache(model))).logits[0, 2].float()
+        plain_positions = torch.arange(len(plain_columns), device=device)[None]
+        plain = model(input_ids=ids[:, plain_columns], position_ids=plain_positions,
+                      **cache_kwargs(model, new_cache(model))).logits[0, -1].float()
     except Exception:  # noqa: BLE001 - any failure means "not supported"
         return False
-    return bool(torch.allclose(tree, plain, atol=1e-3 if dtype == torch.float32 else 5e-2, rtol=1e-3))
+    return bool(torch.allclose(custom, plain, atol=1e-3 if dtype == torch.float32 else 5e-2, rtol=1e-3))
 
 
 # Per-model answers of the forward probe, kept with the model itself (as the mask probe's).
 _FORWARD_PROBE: "weakref.WeakKeyDictionary[torch.nn.Module, dict[tuple, str | None]]" = weakref.WeakKeyDictionary()
+
+
+#: :func:`forward_problem`'s reason for recurrent mixers that take a forward of several tokens from a
+#: cache for a prompt: the static path, which steps them one token at a time, may still run them.
+RESTARTS_STATE = ("it has recurrent layers that restart their state on a forward of several tokens from a cache "
+                  "(they take it for a prompt)")
 
 
 def forward_problem(model: torch.nn.Module) -> str | None:
@@ -324,17 +366,27 @@ def _probe_forward(model: torch.nn.Module) -> str | None:
                 "loaded as a causal LM attends both ways; BERT-like models need is_decoder=True)")
     if not torch.allclose(whole[3:], parts, atol=tol, rtol=tol):
         if has_recurrent_layers(model):
-            return ("it has recurrent layers that restart their state on a forward of several tokens from a "
-                    "cache (they take it for a prompt)")
+            return RESTARTS_STATE
         return "a forward of several tokens does not continue from its KV cache (it ignores or restarts the cache)"
     return None
 
 
-def check_decoder_forward(model: torch.nn.Module, name: str = "target") -> None:
+def check_decoder_forward(model: torch.nn.Module, name: str = "target", *, stepped: bool = False) -> None:
     """``ValueError`` naming ``name`` and the model type when :func:`forward_problem` finds a
-    reason that drafts cannot be verified with ``model``."""
+    reason that drafts cannot be verified with ``model``. ``stepped``: the caller (the static
+    path) steps recurrent mixers one token at a time through a verification forward, so mixers
+    that restart on a forward of several tokens are probed that way instead
+    (:func:`specdecode.models.recurrent_static.stepped_forward_problem`)."""
+    from specdecode.models.recurrent_static import stepped_forward_problem
+
     problem = forward_problem(model)
+    where = "no speculative decoding path supports this model"
+    if problem == RESTARTS_STATE:
+        steps = stepped_forward_problem(model)
+        if steps is None and stepped:
+            return
+        if steps is None:
+            where = "decode_path='static' runs it (its recurrent layers stepped one token at a time)"
     if problem is not None:
         model_type = getattr(getattr(model, "config", None), "model_type", "?")
-        raise ValueError(f"{name}: {type(model).__name__} ({model_type}) cannot verify drafts: {problem}; "
-                         "no speculative decoding path supports this model")
+        raise ValueError(f"{name}: {type(model).__name__} ({model_type}) cannot verify drafts: {problem}; {where}")

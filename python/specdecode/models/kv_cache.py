@@ -43,11 +43,13 @@ def _full_windows(cache: Any) -> Any:
     for i, layer in enumerate(cache.layers):
         if isinstance(layer, DynamicSlidingWindowLayer):
             cache.layers[i] = (LinearAttentionAndFullAttentionLayer(number_of_states=layer.number_of_states)
-                               if _is_recurrent(layer) else DynamicLayer())
+                               if is_recurrent_layer(layer) else DynamicLayer())
     return cache
 
 
-def _is_recurrent(layer: Any) -> bool:
+def is_recurrent_layer(layer: Any) -> bool:
+    """Whether ``layer`` (a Hugging Face cache layer) holds recurrent states (a linear-attention
+    cache layer: Mamba, gated delta rule, short convolutions)."""
     try:
         from transformers.cache_utils import LinearAttentionCacheLayerMixin
     except ImportError:  # transformers before its linear-attention cache layers: none to find
@@ -67,13 +69,13 @@ def has_recurrent_layers(model: torch.nn.Module) -> bool:
         layers = DynamicCache(config=config).layers
     except Exception:  # noqa: BLE001 - a config the cache cannot lay out has no recurrent layers it knows
         return False
-    return any(_is_recurrent(layer) for layer in layers)
+    return any(is_recurrent_layer(layer) for layer in layers)
 
 
 def replays(cache: Any) -> bool:
     """Whether ``cache`` holds recurrent states: rolled back by :func:`checkpoint` /
     :func:`rewind` and feeding the kept tokens again, not by :func:`crop` alone."""
-    return any(_is_recurrent(layer) for layer in getattr(cache, "layers", ()))
+    return any(is_recurrent_layer(layer) for layer in getattr(cache, "layers", ()))
 
 
 def checkpoint(cache: Any) -> list[tuple[Any, dict[int, Tensor], dict[int, Tensor]]]:
@@ -81,7 +83,7 @@ def checkpoint(cache: Any) -> list[tuple[Any, dict[int, Tensor], dict[int, Tenso
     empty for a cache without them or before its first forward."""
     saved = []
     for layer in getattr(cache, "layers", ()):
-        if _is_recurrent(layer):
+        if is_recurrent_layer(layer):
             conv = {i: t.clone() for i, t in layer.conv_states.items() if isinstance(t, Tensor)}
             recurrent = {i: t.clone() for i, t in layer.recurrent_states.items() if isinstance(t, Tensor)}
             saved.append((layer, conv, recurrent))
@@ -144,7 +146,7 @@ def select_rows(cache: Any, index: Tensor) -> None:
     """Keep the rows ``index`` (``[b']`` int64), in that order."""
     if replays(cache):
         for layer in cache.layers:
-            if _is_recurrent(layer):
+            if is_recurrent_layer(layer):
                 for states in (layer.conv_states, layer.recurrent_states):
                     for i, t in states.items():
                         if isinstance(t, Tensor):

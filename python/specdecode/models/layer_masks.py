@@ -193,3 +193,35 @@ def ring_masks(masks: Tensor | dict[str, Any], key_columns: Tensor, info: LayerL
     if not info.mapping:
         return gather(masks)  # type: ignore[arg-type]
     return {kind: gather(mask) if kind == "sliding_attention" else mask for kind, mask in masks.items()}
+
+
+def with_recurrent_padding(model: torch.nn.Module, masks: Any, padding: Tensor) -> dict[str, Any]:
+    """The mapping a hybrid model takes as ``attention_mask`` (one entry per kind of its
+    ``config.layer_types``): the attention kinds get ``masks`` (a 4D mask, or theirs from a
+    mapping), the recurrent kinds the 2D ``padding`` of the fed columns (what Hugging Face's
+    recurrent layers zero), a ``hybrid`` layer both. For a static cache's prefill, whose 4D mask
+    cannot tell the recurrent layers which columns are padding.
+
+    Shape:
+        masks: ``[b, 1, n, T]`` (or a mapping of them); padding: ``[b, n]`` (1 = a real token).
+    """
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    kinds = list(dict.fromkeys(str(t) for t in (getattr(config, "layer_types", None) or ())))
+
+    def attention(kind: str) -> Any:
+        if isinstance(masks, dict):
+            return masks.get(kind, masks.get("full_attention"))
+        return masks
+
+    mapping: dict[str, Any] = {}
+    for kind in kinds:
+        if kind in ATTENTION_TYPES or kind == "attention":
+            mapping[kind] = attention(kind)
+        elif kind.startswith("hybrid"):
+            attending = "sliding_attention" if "sliding" in kind else "full_attention"
+            mapping[kind] = {attending: attention(attending), "linear_attention": padding}
+        else:  # recurrent mixers (conv, linear_attention, mamba), and layers that take no mask
+            mapping[kind] = padding
+    mapping.setdefault("full_attention", attention("full_attention"))
+    mapping.setdefault("linear_attention", padding)
+    return mapping

@@ -74,15 +74,72 @@ class ColumnCache(Cache):
         self.values: list[Tensor | None] = []
         self.stacked: Tensor | None = None  # [2 * layers, B, H, capacity, D]: see stack_layers
         self._starts: Tensor | None = None  # see _row_starts
+        #: the recurrent layers' states (:mod:`specdecode.models.recurrent_static`), None without any
+        self.recurrent: Any = None
 
     @classmethod
     def for_model(cls, model: torch.nn.Module, capacity: int, span: int) -> "ColumnCache":
         """The cache of ``model`` with ``capacity`` columns, its sliding-window layers keeping a
         ring of their window plus the ``span`` columns one step writes after the pending one,
         where that is smaller (:func:`specdecode.models.layer_masks.ring_sizes`)."""
+        from specdecode.models.kv_cache import has_recurrent_layers
         from specdecode.models.layer_masks import ring_sizes
+        from specdecode.models.recurrent_static import RecurrentLayers
 
-        return cls(capacity, ring_sizes(model, span, capacity))
+        cache = cls(capacity, ring_sizes(model, span, capacity))
+        if has_recurrent_layers(model):  # Hugging Face's mixers reach their states through cache.layers
+            cache.recurrent = RecurrentLayers(model)
+            cache.layers = cache.recurrent.layers
+        return cache
+
+    # --- recurrent layers (no-ops without any) ----------------------------------------------
+    @property
+    def attention_free(self) -> bool:
+        """Whether every layer of the cache is recurrent (a Mamba model: its forward takes the 2D
+        padding mask, or None, never a 4D one)."""
+        return self.recurrent is not None and self.recurrent.attention_free
+
+    @property
+    def recurrent_padding(self) -> Tensor | None:
+        """``[B, width]`` int64 during a prefill of a cache with recurrent layers (1 = a real
+        token), else None: the recurrent layers' padding mask."""
+        return None if self.recurrent is None else self.recurrent.padding
+
+    def attach(self, model: torch.nn.Module) -> None:
+        """Before a generation of ``model`` on this cache (outside compiled code and graphs): its
+        recurrent mixers step through verification forwards one position at a time, their
+        states recorded for :meth:`keep_states`. Undone by :meth:`detach`."""
+        if self.recurrent is not None:
+            self.recurrent.attach(model)
+
+    def detach(self) -> None:
+        """After the generation: the model is as it was."""
+        if self.recurrent is not None:
+            self.recurrent.detach()
+
+    def feed_tree(self, parents: Tensor | None) -> None:
+        """The coming forwards feed token trees whose node ``i`` has parent ``parents[b, i]`` among
+        the fed positions (-1: the root); None: chains. Attention layers read the tree from the
+        mask; recurrent layers step each node from its parent's states.
+
+        Shape:
+            parents: ``[B, n]`` int64.
+        """
+        if self.recurrent is not None:
+            self.recurrent.parents = parents
+
+    def keep_states(self, accepted: Tensor) -> None:
+        """After a verification forward: row ``b`` keeps its fed position ``accepted[b]`` and what
+        leads to it (a chain's first ``accepted[b] + 1`` columns; a tree's accepted path, whose
+        last node it is). Attention layers need nothing here (the row's length pointer, and for a
+        tree the path's keys moved into place, say it); recurrent layers take the states recorded
+        after that position.
+
+        Shape:
+            accepted: ``[B]`` int64.
+        """
+        if self.recurrent is not None:
+            self.recurrent.keep(accepted)
 
     # --- the interface decoder layers call --------------------------------------------------
     def update(self, key_states: Tensor, value_states: Tensor, layer_idx: int, *args: Any, **kwargs: Any
@@ -251,10 +308,15 @@ def prefill_inputs(cache: ColumnCache, start: Tensor, width: int, dtype: torch.d
     first = torch.zeros_like(start)
     columns, positions, mask = column_inputs(first, start, width, width, dtype)
     cache.columns, cache.visible = columns, width
+    if cache.recurrent is not None:  # the states start empty; padding columns must not enter them
+        cache.recurrent.reset()
+        cache.recurrent.padding = (columns >= start[:, None]).long()
     try:
         yield columns, positions, mask
     finally:
         cache.visible = None
+        if cache.recurrent is not None:
+            cache.recurrent.padding = None
     cache.stack_layers()
 
 
