@@ -165,8 +165,12 @@ class RecurrentLayers:
     """
 
     def __init__(self, model: torch.nn.Module) -> None:
-        from transformers.cache_utils import DummyLayer, LinearAttentionLayer
+        from transformers.cache_utils import LinearAttentionLayer
 
+        try:
+            from transformers.cache_utils import DummyLayer
+        except ImportError:  # transformers before its DummyLayer (5.17): a slot that holds nothing
+            DummyLayer = _NoStates  # noqa: N806
         indices = _recurrent_indices(model)
         count = int(getattr(model.config.get_text_config() if hasattr(model.config, "get_text_config")
                             else model.config, "num_hidden_layers", 0) or 0)
@@ -258,6 +262,16 @@ class RecurrentLayers:
                 position = accepted.clamp(0, record.shape[0] - 2) + 1
                 rows = torch.arange(tensor.shape[0], device=tensor.device)
                 tensor.copy_(record[position.to(tensor.device), rows])
+
+
+class _NoStates:
+    """The entry of ``cache.layers`` at a layer without recurrent states (its keys and values live
+    in the :class:`~specdecode.models.static_cache.ColumnCache` itself), where transformers has no
+    ``DummyLayer``."""
+
+    is_compileable = True
+    is_initialized = True
+    keys = values = None
 
 
 def _stepped_forward(mixer: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
